@@ -1,0 +1,5 @@
+import sys
+
+from gac.cli import main
+
+sys.exit(main())

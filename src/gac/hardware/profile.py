@@ -1,0 +1,264 @@
+"""The shape contract: a per-GPU, per-dtype record of which dims are fast.
+
+A profile is a small versioned JSON document (schema ``gac.profile/1``)::
+
+    {
+      "schema": "gac.profile/1",
+      "id": "nvidia-h200-bfloat16-torch2.11-cuda13.0",
+      "measured": true,                 # false for the built-in default
+      "label": "NVIDIA H200, bfloat16, torch 2.11.0+cu130 (measured 2026-11-21)",
+      "dtype": "bfloat16",
+      "env": {...},                     # gac.hardware.timing.environment()
+      "ops": {
+        "gemm_n": {
+          "rule": {"modulus": 8, "prefer": 64, "tolerance": 0.05},
+          "class_efficiency": {"1": 0.15, "2": 0.2, ..., "128": 1.0},
+          "curve": {"dims": [...], "ms": [...], "tflops": [...], "context": {"M": 8192, "K": 4096}},
+          "cliffs": [{"dim": 1001, "ratio": 6.6}, ...]
+        },
+        ...
+      }
+    }
+
+Operator classes (:data:`OPS`): ``gemm_k`` (reduction dim of a GEMM), ``gemm_n`` (output dim
+of a linear layer), ``gemv`` (output dim at M=1, decode), ``sdpa_head_dim`` and
+``lowrank_r`` (inner rank of an x -> r -> d factorized pair).
+
+``rule.modulus`` is the smallest modulus m such that dims = 0 (mod m) run within
+``tolerance`` of the best nearby dim; ``rule.prefer`` is the modulus that reaches the best
+throughput.  ``class_efficiency`` maps the alignment class of a dim (the largest power of
+two dividing it, capped at 128) to its median throughput relative to the best aligned dim;
+it lets gac predict the penalty of any dim, also far from the measured curve.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from gac.alignment import aligned_candidates, is_aligned, pow2_class, round_up
+from gac.errors import GacError
+
+SCHEMA = "gac.profile/1"
+OPS: tuple[str, ...] = ("gemm_k", "gemm_n", "gemv", "sdpa_head_dim", "lowrank_r")
+
+# Conservative built-in rule, used (and labelled) when no measured profile matches.
+_DEFAULT_CLASS_EFF = {"1": 0.25, "2": 0.35, "4": 0.5, "8": 0.9, "16": 1.0, "32": 1.0, "64": 1.0, "128": 1.0}
+
+
+@dataclass
+class OpRule:
+    """The rule and the evidence for one operator class."""
+
+    modulus: int = 8
+    prefer: int = 16
+    tolerance: float = 0.05
+    class_efficiency: dict[str, float] = field(default_factory=lambda: dict(_DEFAULT_CLASS_EFF))
+    curve: dict[str, Any] = field(default_factory=dict)
+    cliffs: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rule": {"modulus": self.modulus, "prefer": self.prefer, "tolerance": self.tolerance},
+            "class_efficiency": self.class_efficiency,
+            "curve": self.curve,
+            "cliffs": self.cliffs,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> OpRule:
+        rule = d.get("rule", {})
+        return cls(
+            modulus=int(rule.get("modulus", 8)),
+            prefer=int(rule.get("prefer", rule.get("modulus", 8))),
+            tolerance=float(rule.get("tolerance", 0.05)),
+            class_efficiency={
+                str(k): float(v) for k, v in d.get("class_efficiency", _DEFAULT_CLASS_EFF).items()
+            },
+            curve=dict(d.get("curve", {})),
+            cliffs=list(d.get("cliffs", [])),
+        )
+
+
+@dataclass
+class Profile:
+    """A shape contract for one GPU and dtype. Load with :func:`load_profile`."""
+
+    id: str
+    ops: dict[str, OpRule]
+    measured: bool = False
+    label: str = ""
+    dtype: str = "float16"
+    env: dict[str, Any] = field(default_factory=dict)
+    schema: str = SCHEMA
+
+    # ------------------------------------------------------------------ rules
+    def rule(self, op: str) -> OpRule:
+        if op not in self.ops:
+            raise GacError(
+                f"profile {self.id!r} has no operator class {op!r}; known: {', '.join(sorted(self.ops))}"
+            )
+        return self.ops[op]
+
+    def modulus(self, op: str) -> int:
+        """Smallest modulus whose multiples run within tolerance of the best."""
+        return self.rule(op).modulus
+
+    def prefer(self, op: str) -> int:
+        """The modulus at which throughput is best."""
+        return self.rule(op).prefer
+
+    def is_aligned(self, op: str, d: int) -> bool:
+        return is_aligned(d, self.modulus(op))
+
+    def efficiency(self, op: str, d: int) -> float:
+        """Predicted throughput of dim ``d`` relative to the best aligned dim (0 < eff <= 1).
+
+        A measured curve point at ``d`` wins; otherwise the dim's alignment class decides.
+        """
+        r = self.rule(op)
+        dims = r.curve.get("dims") or []
+        eff = r.curve.get("efficiency") or []
+        if d in dims and len(eff) == len(dims):
+            return float(eff[dims.index(d)])
+        cls = pow2_class(d)
+        ce = r.class_efficiency
+        while str(cls) not in ce and cls > 1:
+            cls //= 2
+        return float(ce.get(str(cls), 1.0))
+
+    def penalty(self, op: str, d: int) -> float:
+        """Predicted slow-down of ``d`` against a perfectly aligned dim of the same size (>= 1)."""
+        return 1.0 / max(self.efficiency(op, d), 1e-6)
+
+    def repair_target(self, op: str, d: int) -> int:
+        """The dim that zero-padding ``d`` to this profile's rule gives."""
+        return round_up(d, self.modulus(op))
+
+    def candidates(self, op: str, d: int, lo: int = 1, hi: int | None = None, window: int = 4) -> list[int]:
+        """Aligned dims near ``d`` that this profile marks fast."""
+        return aligned_candidates(d, self.modulus(op), lo=lo, hi=hi, window=window)
+
+    # ----------------------------------------------------------- latency model
+    def gemm_ms(self, m: int, k: int, n: int, op: str = "gemm_n") -> float:
+        """Predicted GEMM time (ms) for [m,k] @ [k,n] from the profile's peak and efficiencies.
+
+        The peak is the best measured TFLOP/s on the ``op`` curve (or 100 TFLOP/s, unmeasured);
+        the efficiency is the product of the K and N efficiencies.
+        """
+        r = self.rule(op)
+        peak = max(r.curve.get("tflops") or [100.0])
+        eff_n = self.efficiency(op, n)
+        eff_k = self.efficiency("gemm_k", k) if "gemm_k" in self.ops else 1.0
+        flops = 2.0 * m * k * n
+        return flops / (peak * 1e12 * eff_n * eff_k) * 1e3
+
+    # ------------------------------------------------------------------- I/O
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": self.schema,
+            "id": self.id,
+            "measured": self.measured,
+            "label": self.label,
+            "dtype": self.dtype,
+            "env": self.env,
+            "ops": {k: v.to_dict() for k, v in self.ops.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Profile:
+        if d.get("schema") != SCHEMA:
+            raise GacError(f"not a gac profile (schema {d.get('schema')!r}, expected {SCHEMA!r})")
+        return cls(
+            id=str(d["id"]),
+            ops={k: OpRule.from_dict(v) for k, v in d.get("ops", {}).items()},
+            measured=bool(d.get("measured", False)),
+            label=str(d.get("label", "")),
+            dtype=str(d.get("dtype", "float16")),
+            env=dict(d.get("env", {})),
+        )
+
+    def save(self, path: str | Path) -> None:
+        from gac.utils import atomic_write_text
+
+        atomic_write_text(Path(path), json.dumps(self.to_dict(), indent=1))
+
+
+def default_profile(dtype: str = "float16") -> Profile:
+    """The conservative built-in contract: multiples of 8, prefer 16. Not measured."""
+    return Profile(
+        id=f"builtin-default-{dtype}",
+        ops={op: OpRule() for op in OPS},
+        measured=False,
+        label="built-in default (NOT measured): multiples of 8, prefer 16",
+        dtype=dtype,
+    )
+
+
+def shipped_profiles() -> list[Path]:
+    """Measured profiles shipped inside the package (``gac/profiles/*.json``)."""
+    root = resources.files("gac") / "profiles"
+    try:
+        return sorted(Path(str(p)) for p in root.iterdir() if str(p).endswith(".json"))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def load_profile(spec: str | Path | None = None, dtype: str = "bfloat16", gpu: str | None = None) -> Profile:
+    """Load a profile.
+
+    Args:
+        spec: a JSON path, the id of a shipped profile, ``"default"``, or None (auto: the
+            shipped profile matching ``gpu`` and ``dtype``, else the built-in default).
+        dtype: used for auto selection.
+        gpu: GPU name for auto selection (defaults to the current CUDA device, if any).
+    """
+    if spec is not None and str(spec) != "auto":
+        if str(spec) == "default":
+            return default_profile(dtype)
+        p = Path(spec)
+        if p.is_file():
+            try:
+                return Profile.from_dict(json.loads(p.read_text()))
+            except json.JSONDecodeError as e:
+                raise GacError(f"profile {p} is not valid JSON: {e}") from None
+        for sp in shipped_profiles():
+            prof = Profile.from_dict(json.loads(sp.read_text()))
+            if prof.id == str(spec) or sp.stem == str(spec):
+                return prof
+        known = ", ".join(sp.stem for sp in shipped_profiles()) or "none"
+        raise GacError(
+            f"no profile {str(spec)!r}: not a file and not a shipped profile (shipped: {known}; or 'default')"
+        )
+    if gpu is None:
+        try:
+            import torch
+
+            gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+        except Exception:  # noqa: BLE001 - no usable CUDA means no auto match
+            gpu = None
+    candidates = [Profile.from_dict(json.loads(sp.read_text())) for sp in shipped_profiles()]
+    if gpu:
+        key = gpu.lower()
+        same_gpu = [p for p in candidates if str(p.env.get("gpu", "")).lower() == key]
+        for p in same_gpu:
+            if p.dtype == dtype:
+                return p
+        if same_gpu:
+            return same_gpu[0]
+    return default_profile(dtype)
+
+
+def predicted_speedup(profile: Profile, op: str, before: list[int], after: list[int]) -> float:
+    """Ratio of summed predicted costs (dim / efficiency) before and after a change of dims.
+
+    A crude but profile-driven estimate for reports: each dim's work is taken as proportional
+    to the dim itself, slowed by its predicted efficiency.
+    """
+    t0 = sum(d / profile.efficiency(op, d) for d in before)
+    t1 = sum(d / profile.efficiency(op, d) for d in after)
+    return t0 / t1 if t1 > 0 else math.nan
