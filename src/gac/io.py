@@ -1,0 +1,362 @@
+"""Save and load compressed models: ``config.json`` + ``gac_config.json`` + safetensors.
+
+A saved directory holds:
+
+* ``config.json``: the base architecture's Hugging Face config (the dense skeleton);
+* ``gac_config.json``: how the artefact was made (schema ``gac.model/1``): compressor, ratio,
+  profile id, base model id and revision, gac version, and every factorized site with its
+  ``(in, rank, out)`` and factor shapes, plus the tied weights that were stored once;
+* ``model.safetensors``, or ``model-0000i-of-0000n.safetensors`` shards with
+  ``model.safetensors.index.json`` when larger than ``max_shard_bytes``;
+* the tokenizer files, when a tokenizer is given.
+
+Non-persistent buffers (e.g. the rotary ``inv_freq``) are stored too, under the
+``__buffers__.`` prefix, so a model whose buffers were edited (repair) reloads exactly.
+
+:func:`load` rebuilds the skeleton with its parameters on the meta device, swaps in
+:class:`~gac.surgery.factorized.FactorizedLinear` at the recorded sites, memory-maps the
+shards and assigns the tensors (``load_state_dict(assign=True)``). No pickles, no
+``trust_remote_code``.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from gac.errors import GacError
+from gac.surgery.factorized import FactorizedLinear, replace_module
+from gac.utils import atomic_dir
+
+SCHEMA = "gac.model/1"
+GAC_CONFIG = "gac_config.json"
+WEIGHTS = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+BUFFER_PREFIX = "__buffers__."
+DEFAULT_MAX_SHARD_BYTES = 4 * 1024**3
+
+_ST_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+# ------------------------------------------------------------------------------------ save
+def factorized_sites(model: nn.Module) -> list[dict[str, Any]]:
+    """Every :class:`FactorizedLinear` in ``model``: name, in/rank/out, bias and factor shapes."""
+    out = []
+    for name, m in model.named_modules():
+        if isinstance(m, FactorizedLinear):
+            out.append(
+                {
+                    "name": name,
+                    "in_features": m.in_features,
+                    "rank": m.rank,
+                    "out_features": m.out_features,
+                    "bias": m.bias is not None,
+                    "factor_shapes": {"v": list(m.v.weight.shape), "u": list(m.u.weight.shape)},
+                }
+            )
+    return out
+
+
+def _tensors_to_save(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """State dict with tied tensors stored once, plus non-persistent buffers."""
+    sd = model.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    tied: dict[str, str] = {}
+    seen: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], str] = {}
+    for k, t in sd.items():
+        if t.device.type == "meta":
+            raise GacError(f"tensor {k} is on the meta device; cannot save an unmaterialized model")
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+        if key in seen and t.numel() > 0:
+            tied[k] = seen[key]
+            continue
+        seen[key] = k
+        tensors[k] = t.detach().contiguous().cpu()
+    persistent = set(sd)
+    for mod_name, mod in model.named_modules():
+        for b_name, buf in mod.named_buffers(recurse=False):
+            full = f"{mod_name}.{b_name}" if mod_name else b_name
+            if full not in persistent and buf is not None:
+                tensors[BUFFER_PREFIX + full] = buf.detach().contiguous().cpu()
+    return tensors, tied
+
+
+def _shards(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[dict[str, torch.Tensor]]:
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for k, t in tensors.items():
+        n = t.numel() * t.element_size()
+        if shards[-1] and size + n > max_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][k] = t
+        size += n
+    return shards
+
+
+def save(
+    model: nn.Module,
+    out_dir: str | Path,
+    gac_config: dict[str, Any] | None = None,
+    tokenizer: Any | None = None,
+    overwrite: bool = False,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+) -> Path:
+    """Save ``model`` (compressed or not) to ``out_dir`` atomically.
+
+    Args:
+        model: a Hugging Face causal LM, possibly with :class:`FactorizedLinear` sites.
+        out_dir: the directory to create (must not exist or be empty unless ``overwrite``).
+        gac_config: how the model was made (compressor, ratio, profile id, base model...);
+            the site list, tied weights and versions are added here.
+        tokenizer: saved alongside when given.
+        overwrite: replace an existing directory.
+        max_shard_bytes: shard size above which the weights are split (with an index).
+
+    Returns:
+        The output directory.
+    """
+    from safetensors.torch import save_file
+
+    from gac import __version__
+
+    if not hasattr(model, "config") or not hasattr(model.config, "to_json_string"):
+        raise GacError("gac.save needs a Hugging Face model (with a .config)")
+    tensors, tied = _tensors_to_save(model)
+    meta = dict(gac_config or {})
+    meta.update(
+        schema=SCHEMA,
+        gac_version=__version__,
+        torch_version=torch.__version__.split("+")[0],
+        architecture=type(model).__name__,
+        factorized=factorized_sites(model),
+        tied=tied,
+        dtype=str(next(iter(tensors.values())).dtype).removeprefix("torch.") if tensors else None,
+    )
+    out_dir = Path(out_dir)
+    with atomic_dir(out_dir, overwrite=overwrite) as tmp:
+        model.config.save_pretrained(tmp)
+        shards = _shards(tensors, max_shard_bytes)
+        if len(shards) == 1:
+            save_file(shards[0], str(tmp / WEIGHTS), metadata={"format": "pt"})
+        else:
+            weight_map: dict[str, str] = {}
+            n = len(shards)
+            for i, shard in enumerate(shards, 1):
+                fname = f"model-{i:05d}-of-{n:05d}.safetensors"
+                save_file(shard, str(tmp / fname), metadata={"format": "pt"})
+                weight_map.update(dict.fromkeys(shard, fname))
+            total = sum(t.numel() * t.element_size() for t in tensors.values())
+            (tmp / INDEX).write_text(
+                json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1)
+            )
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        (tmp / GAC_CONFIG).write_text(json.dumps(meta, indent=1, default=str))
+    return out_dir
+
+
+# ------------------------------------------------------------------------------------ load
+def read_gac_config(path: str | Path) -> dict[str, Any]:
+    """The ``gac_config.json`` of a saved directory (validated schema)."""
+    p = Path(path) / GAC_CONFIG
+    if not p.is_file():
+        raise GacError(f"{path} is not a gac-saved model directory (no {GAC_CONFIG})")
+    try:
+        cfg = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise GacError(f"{p} is not valid JSON: {e}") from None
+    if cfg.get("schema") != SCHEMA:
+        raise GacError(f"{p} has schema {cfg.get('schema')!r}; this gac reads {SCHEMA!r}")
+    return cfg
+
+
+def _mmap_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """Memory-map one safetensors file (copy-on-write) and return tensors viewing it.
+
+    Every header entry is checked against the file size, so a truncated or corrupt shard is a
+    :class:`GacError` naming the file rather than garbage weights.
+    """
+    if not path.is_file():
+        raise GacError(f"missing weight file {path}")
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise GacError(f"corrupt weight file {path}: too short for a safetensors header")
+        n = int.from_bytes(head, "little")
+        if n <= 0 or 8 + n > size:
+            raise GacError(f"corrupt weight file {path}: header length {n} does not fit in {size} bytes")
+        try:
+            header = json.loads(f.read(n))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise GacError(f"corrupt weight file {path}: unreadable header") from None
+        if not isinstance(header, dict):
+            raise GacError(f"corrupt weight file {path}: header is not a JSON object")
+        data_len = size - 8 - n
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if size > 0 else None
+    out: dict[str, torch.Tensor] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype = _ST_DTYPES[info["dtype"]]
+            shape = [int(s) for s in info["shape"]]
+            b, e = (int(x) for x in info["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise GacError(f"corrupt weight file {path}: bad entry for tensor {name!r}") from None
+        numel = 1
+        for s in shape:
+            numel *= s
+        itemsize = torch.empty(0, dtype=dtype).element_size()
+        if not (0 <= b <= e <= data_len) or e - b != numel * itemsize:
+            raise GacError(f"corrupt weight file {path}: tensor {name!r} lies outside the file (truncated?)")
+        if numel == 0:
+            out[name] = torch.empty(shape, dtype=dtype)
+            continue
+        t = torch.frombuffer(mm, dtype=dtype, count=numel, offset=8 + n + b)
+        out[name] = t.view(shape)
+    return out
+
+
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    index = path / INDEX
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise GacError(f"corrupt shard index {index}") from None
+        tensors: dict[str, torch.Tensor] = {}
+        for fname in sorted(set(weight_map.values())):
+            shard = _mmap_safetensors(path / fname)
+            expected = {k for k, v in weight_map.items() if v == fname}
+            missing = expected - set(shard)
+            if missing:
+                raise GacError(
+                    f"corrupt weight file {path / fname}: lacks {len(missing)} tensor(s), e.g. {min(missing)}"
+                )
+            tensors.update(shard)
+        return tensors
+    return _mmap_safetensors(path / WEIGHTS)
+
+
+def _set_tensor(model: nn.Module, fqn: str, value: torch.Tensor | nn.Parameter) -> None:
+    mod_name, _, attr = fqn.rpartition(".")
+    mod = model.get_submodule(mod_name) if mod_name else model
+    if isinstance(value, nn.Parameter) or attr in mod._parameters:
+        mod._parameters[attr] = (
+            value if isinstance(value, nn.Parameter) else nn.Parameter(value, requires_grad=False)
+        )
+    else:
+        mod._buffers[attr] = value
+
+
+def load(path: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu") -> nn.Module:
+    """Load a directory written by :func:`save` (or ``gac compress``).
+
+    Args:
+        path: the saved directory.
+        dtype: cast floating-point weights to this dtype (default: as saved).
+        device: where to put the model.
+
+    Returns:
+        The model in eval mode, with :class:`FactorizedLinear` at the recorded sites.
+    """
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = Path(path)
+    cfg = read_gac_config(path)
+    if not (path / "config.json").is_file():
+        raise GacError(f"{path} has no config.json")
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+    except (ValueError, OSError) as e:
+        raise GacError(f"cannot read {path / 'config.json'}: {str(e).splitlines()[0]}") from None
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+    for site in cfg.get("factorized", []):
+        try:
+            model.get_submodule(site["name"])
+        except AttributeError:
+            raise GacError(
+                f"{path / GAC_CONFIG} names site {site['name']!r}, absent from the architecture"
+            ) from None
+        replace_module(
+            model,
+            site["name"],
+            FactorizedLinear(
+                site["in_features"], site["rank"], site["out_features"], bias=site["bias"], device="meta"
+            ),
+        )
+    tensors = _read_weights(path)
+    buffers = {k.removeprefix(BUFFER_PREFIX): v for k, v in tensors.items() if k.startswith(BUFFER_PREFIX)}
+    params = {k: v for k, v in tensors.items() if not k.startswith(BUFFER_PREFIX)}
+    tied: dict[str, str] = cfg.get("tied", {})
+    expected = set(model.state_dict())
+    missing = expected - set(params) - set(tied)
+    unexpected = set(params) - expected
+    if missing:
+        raise GacError(
+            f"{path}: the weights lack {len(missing)} tensor(s), e.g. {min(missing)} (missing shard?)"
+        )
+    if unexpected:
+        raise GacError(
+            f"{path}: the weights hold {len(unexpected)} unknown tensor(s), e.g. {min(unexpected)}"
+        )
+    for k, t in params.items():
+        ref = model.get_parameter(k) if _is_param(model, k) else None
+        if ref is not None and tuple(ref.shape) != tuple(t.shape):
+            raise GacError(
+                f"{path}: tensor {k} has shape {tuple(t.shape)}, the skeleton expects {tuple(ref.shape)}"
+            )
+    model.load_state_dict(params, strict=False, assign=True)
+    for dst, src in tied.items():
+        src_mod, _, src_attr = src.rpartition(".")
+        holder = model.get_submodule(src_mod) if src_mod else model
+        _set_tensor(model, dst, getattr(holder, src_attr))
+    for k, b in buffers.items():
+        _set_tensor(model, k, b)
+    leftover = [
+        n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.device.type == "meta"
+    ]
+    if leftover:
+        raise GacError(f"{path}: {len(leftover)} tensor(s) were not loaded, e.g. {leftover[0]}")
+    if dtype is not None:
+        model.to(dtype=dtype)
+        for k, b in buffers.items():  # keep saved buffers (e.g. inv_freq) at their saved precision
+            _set_tensor(model, k, b)
+    model.to(device)
+    model.gac_config = cfg  # type: ignore[attr-defined]
+    return model.eval()
+
+
+def _is_param(model: nn.Module, fqn: str) -> bool:
+    mod_name, _, attr = fqn.rpartition(".")
+    try:
+        mod = model.get_submodule(mod_name) if mod_name else model
+    except AttributeError:
+        return False
+    return attr in mod._parameters
+
+
+def is_gac_dir(path: str | Path) -> bool:
+    """True when ``path`` is a directory written by :func:`save`."""
+    return os.path.isfile(Path(path) / GAC_CONFIG)
