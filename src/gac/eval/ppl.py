@@ -1,0 +1,149 @@
+"""Perplexity by the standard protocol.
+
+The text is tokenized once (no special tokens added) and cut into non-overlapping windows of
+``seq_len`` tokens. Each window is scored on its own: the first token of a window is context
+only, every later token is predicted, so a full window contributes ``seq_len - 1`` predictions.
+The perplexity is ``exp(total NLL / total predicted tokens)``. The last, partial window is
+evaluated too (when it has at least two tokens) and reported in the result as
+``last_window_tokens``; nothing is dropped silently. With ``max_windows`` only the first windows are
+scored and the result says so (``truncated: True``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gac.errors import GacError
+from gac.utils import track
+
+
+def _device(model: nn.Module) -> torch.device:
+    try:
+        return next(model.parameters()).device
+    except StopIteration:
+        return torch.device("cpu")
+
+
+@torch.no_grad()
+def window_nll(model: nn.Module, batch: torch.Tensor) -> tuple[float, int]:
+    """Summed next-token NLL over a ``[b, t]`` batch of windows, and the number of predictions.
+
+    Logits are upcast to float32 before the log-softmax.
+    """
+    logits = model(input_ids=batch.to(_device(model)), use_cache=False).logits
+    return nll_from_logits(logits, batch)
+
+
+def nll_from_logits(logits: torch.Tensor, batch: torch.Tensor) -> tuple[float, int]:
+    """Summed NLL of ``batch[:, 1:]`` under ``logits[:, :-1]`` (float64 sum) and its token count."""
+    pred = logits[:, :-1].float()
+    target = batch[:, 1:].to(pred.device)
+    loss = F.cross_entropy(pred.reshape(-1, pred.shape[-1]), target.reshape(-1), reduction="sum")
+    return float(loss.double()), int(target.numel())
+
+
+def perplexity_of_ids(
+    model: nn.Module,
+    ids: torch.Tensor,
+    seq_len: int = 2048,
+    batch_size: int = 1,
+    max_windows: int | None = None,
+    description: str = "perplexity",
+) -> dict[str, Any]:
+    """Perplexity of a 1-D token-id tensor (see the module docstring for the protocol).
+
+    Raises:
+        GacError: fewer than two tokens, bad arguments, or a non-finite loss.
+    """
+    if seq_len < 2:
+        raise GacError(f"seq_len must be at least 2, got {seq_len}")
+    if batch_size < 1:
+        raise GacError(f"batch_size must be positive, got {batch_size}")
+    if max_windows is not None and max_windows < 1:
+        raise GacError(f"max_windows must be positive, got {max_windows}")
+    ids = ids.reshape(-1)
+    n = ids.numel()
+    if n < 2:
+        raise GacError(f"text too short for perplexity: {n} token(s)")
+    n_full = n // seq_len
+    rest = n - n_full * seq_len
+    windows: list[torch.Tensor] = [ids[: n_full * seq_len].view(n_full, seq_len)] if n_full else []
+    last = ids[n_full * seq_len :] if rest >= 2 else None
+    total_windows = n_full + (1 if last is not None else 0)
+    truncated = False
+    if max_windows is not None and max_windows < total_windows:
+        truncated = True
+        if max_windows <= n_full:
+            windows = [ids[: max_windows * seq_len].view(max_windows, seq_len)]
+            last = None
+    batches: list[torch.Tensor] = []
+    for w in windows:
+        batches.extend(w.split(batch_size))
+    if last is not None:
+        batches.append(last.view(1, -1))
+    nll, count = _accumulate(model, batches, description)
+    if not math.isfinite(nll):
+        raise GacError(f"perplexity is not finite (summed NLL {nll}); the model produces NaN/inf logits")
+    scored_windows = sum(b.shape[0] for b in batches)
+    return {
+        "ppl": math.exp(nll / count),
+        "nll": nll / count,
+        "seq_len": seq_len,
+        "n_tokens": n,
+        "n_windows": scored_windows,
+        "n_predicted": count,
+        "last_window_tokens": int(last.numel()) if last is not None else 0,
+        "dropped_tokens": int(rest) if rest < 2 else 0,
+        "truncated": truncated,
+    }
+
+
+def _accumulate(model: nn.Module, batches: Iterable[torch.Tensor], description: str) -> tuple[float, int]:
+    was_training = model.training
+    model.eval()
+    nll, count = 0.0, 0
+    try:
+        for b in track(list(batches), description):
+            s, c = window_nll(model, b)
+            nll += s
+            count += c
+    finally:
+        model.train(was_training)
+    return nll, count
+
+
+def perplexity(
+    model: nn.Module,
+    tokenizer: Any,
+    text: str,
+    seq_len: int = 2048,
+    batch_size: int = 1,
+    max_windows: int | None = None,
+) -> dict[str, Any]:
+    """Perplexity of ``model`` on ``text`` by the standard protocol.
+
+    Args:
+        model: a causal LM (``model(input_ids=...).logits``).
+        tokenizer: its tokenizer.
+        text: the evaluation text (concatenated documents).
+        seq_len: window length.
+        batch_size: full windows per forward pass.
+        max_windows: score only the first ``max_windows`` windows (reported as ``truncated``).
+
+    Returns:
+        ``ppl``, ``nll`` (mean per predicted token), ``seq_len``, ``n_tokens``, ``n_windows``,
+        ``n_predicted``, ``last_window_tokens`` (length of the evaluated partial window, 0 if none),
+        ``dropped_tokens`` (a single trailing token that cannot be predicted) and ``truncated``.
+
+    Raises:
+        GacError: text too short, or a NaN/inf loss.
+    """
+    from gac.data import tokenize
+
+    return perplexity_of_ids(model, tokenize(tokenizer, text), seq_len, batch_size, max_windows)
