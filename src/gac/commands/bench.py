@@ -1,9 +1,71 @@
-"""`gac bench` (being written)."""
+"""``gac bench``: run a named shape experiment and write JSON, CSV, PNG (and JSONL as it goes)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
+
+from gac.errors import GacError
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    @app.command("bench")
+    def bench(
+        experiment: str = typer.Option(
+            ...,
+            "--experiment",
+            "-e",
+            help="sdpa_sweep, sdpa_backend, gemm_projection, gemv, lowrank, padding_rescue, repair_kernels or all",
+        ),
+        dtype: str = typer.Option("bfloat16", "--dtype", help="float16 or bfloat16 (float32 also accepted)"),
+        out: Path | None = typer.Option(None, "--out", help="output dir (default benchmarks/results/<gpu>/)"),
+        device: str | None = typer.Option(None, "--device", help="cuda or cpu (default: cuda if available)"),
+        dims: str | None = typer.Option(
+            None, "--dims", help="override swept dims, e.g. 64:256 or 107,112,128"
+        ),
+        batch: int | None = typer.Option(None, "--batch", help="SDPA batch (default 4; CPU 1)"),
+        seq_len: int | None = typer.Option(
+            None, "--seq-len", help="SDPA sequence length (default 2048; CPU 64)"
+        ),
+        heads: int | None = typer.Option(None, "--heads", help="SDPA heads (default 32; CPU 2)"),
+        m: int | None = typer.Option(None, "--m", help="GEMM M for N/K sweeps (default 8192; CPU 64)"),
+        k: int | None = typer.Option(None, "--k", help="GEMM K for N/M sweeps (default 4096; CPU 128)"),
+        n: int | None = typer.Option(None, "--n", help="GEMM N for K/M sweeps (default 4096; CPU 128)"),
+        half_window: int | None = typer.Option(
+            None, "--half-window", help="stride-1 sweep half-width around each centre"
+        ),
+        resume: bool = typer.Option(False, "--resume", help="keep and skip points already in the JSONL"),
+    ) -> None:
+        """Measure how GPU kernels' latency depends on tensor dims (staircase plots, console table)."""
+        from gac.hardware.experiments import Config, parse_dims, run_experiment
+        from gac.hardware.timing import resolve_device
+
+        for name, v in (
+            ("--batch", batch),
+            ("--seq-len", seq_len),
+            ("--heads", heads),
+            ("--m", m),
+            ("--k", k),
+            ("--n", n),
+        ):
+            if v is not None and v < 1:
+                raise GacError(f"{name} must be a positive integer, got {v}")
+        if half_window is not None and half_window < 0:
+            raise GacError(f"--half-window must be >= 0, got {half_window}")
+        dev = resolve_device(device)
+        cfg = Config.default_for(dev)
+        for attr, v in (
+            ("batch", batch),
+            ("seq", seq_len),
+            ("heads", heads),
+            ("m", m),
+            ("k", k),
+            ("n", n),
+            ("half_window", half_window),
+        ):
+            if v is not None:
+                setattr(cfg, attr, v)
+        if dims is not None:
+            cfg.dims = parse_dims(dims)
+        run_experiment(experiment, dtype=dtype, out=out, config=cfg, device=dev, resume=resume)

@@ -1,0 +1,508 @@
+"""Distil measured sweeps into a :class:`~gac.hardware.profile.Profile` (``gac profile``).
+
+For each operator class the profiler measures a curve near typical LLM sizes and derives
+the rule from it.  The method, in the order the code runs:
+
+1. **Coarse sweep** of each window at an odd stride (3 for a full profile, 5 for
+   ``--quick``), so that the coarse grid meets every residue class mod 2^k.
+2. **Refinement.**  Between two consecutive coarse points whose work-normalized cost
+   (ms per unit of dim) differs by more than ``1 + 2*tolerance``, every dim is measured
+   (stride 1).  The intervals refined are stored with the curve.
+3. **Efficiency of a dim** (stored in the curve): the best latency reachable by padding
+   it to any measured dim at most ``lookahead`` larger, over its own latency.  Aligned
+   dims score ~1; a dim on the slow side of a cliff scores its penalty (e.g. 0.43 for
+   SDPA head_dim 107 when 112 runs 2.3x faster).
+4. **Rule.**  ``modulus`` = the smallest power of two m such that the multiples of m
+   run within ``tolerance`` of the best nearby (efficiency >= 1 - tolerance), checked
+   separately for each alignment class of multiples (class 8, 16, ...): all of a class
+   when it has fewer than 10 measured dims, else at least 90% of them (a robustness
+   margin against timing noise; the dims that fall short are listed in
+   ``rule_evidence.exceptions``).  ``prefer`` = the smallest m >= modulus whose multiples
+   reach (within 2%) the best mean throughput relative to their window's best.
+5. **class_efficiency**: the median efficiency of the dims of each alignment class
+   (largest power of two dividing the dim, capped at 128); a class without points takes
+   the nearest lower class's value.
+6. **Cliffs**: each fast dim next to a slower neighbour (d +- 1) by more than
+   ``1 + 4*tolerance`` per unit of work (``kind: "alignment"``), and each step of the
+   same size between consecutive multiples of the modulus (``kind: "boundary"``: a kernel
+   template or tile boundary, such as SDPA head_dim 128 -> 136).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gac.alignment import pow2_class
+from gac.errors import GacError
+from gac.hardware.experiments import Config, _append_jsonl, _op_pt, measure_point
+from gac.hardware.profile import OPS, SCHEMA, OpRule, Profile
+from gac.hardware.timing import dtype_name, environment, gpu_slug, resolve_device, resolve_dtype
+from gac.utils import atomic_write_text, console, progress
+
+MODULI: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
+CLASSES: tuple[int, ...] = MODULI
+
+
+# --------------------------------------------------------------------------- pure logic
+def coarse_grid(lo: int, hi: int, stride: int) -> list[int]:
+    """``lo, lo+stride, ...`` plus ``hi``.
+
+    >>> coarse_grid(1000, 1016, 5)
+    [1000, 1005, 1010, 1015, 1016]
+    """
+    g = list(range(lo, hi + 1, stride))
+    if g[-1] != hi:
+        g.append(hi)
+    return g
+
+
+def jumps(dims: list[int], ms: list[float], tolerance: float = 0.05) -> list[tuple[int, int]]:
+    """Consecutive pairs whose cost per unit of dim differs by more than ``1 + 2*tolerance``.
+
+    >>> jumps([8, 13, 18], [1.0, 4.875, 6.75])
+    [(8, 13)]
+    """
+    out = []
+    for a, b, ma, mb in zip(dims, dims[1:], ms, ms[1:], strict=False):
+        ca, cb = ma / a, mb / b
+        if max(ca, cb) / max(min(ca, cb), 1e-12) > 1.0 + 2.0 * tolerance and b - a > 1:
+            out.append((a, b))
+    return out
+
+
+def efficiencies(dims: list[int], ms: list[float], lookahead: int = 64) -> list[float]:
+    """Best latency reachable by padding each dim (to a measured dim <= d + lookahead) over its own.
+
+    >>> efficiencies([7, 8, 9, 16], [3.0, 1.0, 3.0, 1.5])
+    [0.3333333333333333, 1.0, 0.5, 1.0]
+    """
+    out = []
+    for d, m in zip(dims, ms, strict=True):
+        best = min(mj for dj, mj in zip(dims, ms, strict=True) if d <= dj <= d + lookahead)
+        out.append(best / m if m > 0 else 1.0)
+    return out
+
+
+@dataclass
+class Curve:
+    """A measured curve over one or more windows (each window analysed on its own)."""
+
+    dims: list[int]
+    ms: list[float]
+    window: list[int]  # window index of each point
+    tflops: list[float | None] = field(default_factory=list)
+    iqr_ms: list[float] = field(default_factory=list)
+
+
+def discover_rule(
+    curve: Curve, tolerance: float = 0.05, lookahead: int = 64, min_pass: float = 0.9
+) -> dict[str, Any]:
+    """Derive modulus, prefer, efficiencies, class efficiencies and cliffs from a curve.
+
+    Returns:
+        ``{"modulus", "prefer", "efficiency" (per dim), "class_efficiency", "cliffs",
+        "rule_evidence"}``.
+    """
+    if not curve.dims:
+        raise GacError("cannot discover a rule from an empty curve (every point failed?)")
+    order = sorted(range(len(curve.dims)), key=lambda i: (curve.window[i], curve.dims[i]))
+    dims = [curve.dims[i] for i in order]
+    ms = [curve.ms[i] for i in order]
+    win = [curve.window[i] for i in order]
+    eff: list[float] = [0.0] * len(dims)
+    tput_rel: list[float] = [0.0] * len(dims)
+    for w in sorted(set(win)):
+        idx = [i for i in range(len(dims)) if win[i] == w]
+        e = efficiencies([dims[i] for i in idx], [ms[i] for i in idx], lookahead)
+        tp = [dims[i] / ms[i] for i in idx]
+        best_tp = max(tp)
+        for j, i in enumerate(idx):
+            eff[i] = e[j]
+            tput_rel[i] = tp[j] / best_tp
+    # modulus
+    evidence: dict[str, Any] = {}
+    modulus = None
+    for m in MODULI:
+        members = [i for i, d in enumerate(dims) if d % m == 0]
+        if not members:
+            continue
+        ok = True
+        fracs = {}
+        for c in CLASSES:
+            if c < m:
+                continue
+            cls = [i for i in members if pow2_class(dims[i]) == c]
+            if not cls:
+                continue
+            frac = sum(eff[i] >= 1.0 - tolerance for i in cls) / len(cls)
+            fracs[str(c)] = round(frac, 4)
+            if frac < (1.0 if len(cls) < 10 else min_pass):
+                ok = False
+        evidence[str(m)] = {"multiples": len(members), "pass_fraction_by_class": fracs}
+        if ok and modulus is None:
+            modulus = m
+            evidence["exceptions"] = [
+                {"dim": dims[i], "efficiency": round(eff[i], 4)} for i in members if eff[i] < 1.0 - tolerance
+            ]
+    if modulus is None:
+        modulus = max(m for m in MODULI if any(d % m == 0 for d in dims))
+        evidence["no_modulus_passed"] = True
+    # prefer: best mean relative throughput among multiples
+    scores = {}
+    for m in MODULI:
+        if m < modulus:
+            continue
+        members = [i for i, d in enumerate(dims) if d % m == 0]
+        if len(members) >= 2 or (m == modulus and members):
+            scores[m] = float(np.mean([tput_rel[i] for i in members]))
+    best_score = max(scores.values()) if scores else 1.0
+    prefer = min((m for m, s in scores.items() if s >= best_score - 0.02), default=modulus)
+    evidence["prefer_scores"] = {str(k): round(v, 4) for k, v in scores.items()}
+    # class efficiency
+    ce: dict[str, float] = {}
+    for c in CLASSES:
+        vals = [eff[i] for i, d in enumerate(dims) if pow2_class(d) == c]
+        if vals:
+            ce[str(c)] = round(float(np.median(vals)), 4)
+    filled: dict[str, float] = {}
+    for c in CLASSES:
+        if str(c) in ce:
+            filled[str(c)] = ce[str(c)]
+        else:
+            lower = [x for x in CLASSES if x < c and str(x) in ce]
+            higher = [x for x in CLASSES if x > c and str(x) in ce]
+            src = lower[-1] if lower else (higher[0] if higher else None)
+            filled[str(c)] = ce[str(src)] if src is not None else 1.0
+    evidence["classes_measured"] = sorted(int(c) for c in ce)
+    # cliffs
+    cliffs: list[dict[str, Any]] = []
+    pos = {(win[i], dims[i]): i for i in range(len(dims))}
+    thr = 1.0 + 4.0 * tolerance
+    for i, d in enumerate(dims):
+        cost = ms[i] / d
+        worst = None
+        for nb in (d - 1, d + 1):
+            j = pos.get((win[i], nb))
+            if j is None:
+                continue
+            r = (ms[j] / dims[j]) / cost
+            if r > thr and (worst is None or r > worst[1]):
+                worst = (dims[j], r)
+        if worst is not None:
+            cliffs.append({"dim": worst[0], "fast_dim": d, "ratio": round(worst[1], 3), "kind": "alignment"})
+    for w in sorted(set(win)):
+        mem = [i for i in range(len(dims)) if win[i] == w and dims[i] % modulus == 0]
+        for a, b in zip(mem, mem[1:], strict=False):
+            r = (ms[b] / dims[b]) / (ms[a] / dims[a])
+            if r > thr or r < 1.0 / thr:
+                cliffs.append({"dim": dims[a], "next": dims[b], "ratio": round(r, 3), "kind": "boundary"})
+    return {
+        "modulus": int(modulus),
+        "prefer": int(prefer),
+        "dims": dims,
+        "ms": ms,
+        "window": win,
+        "efficiency": [round(x, 4) for x in eff],
+        "class_efficiency": filled,
+        "cliffs": cliffs,
+        "rule_evidence": evidence,
+    }
+
+
+# --------------------------------------------------------------------------- measuring
+@dataclass
+class OpPlan:
+    """What to sweep for one operator class."""
+
+    op: str
+    windows: list[tuple[int, int]]
+    cfg: Config
+    context: dict[str, Any]
+
+
+def plans(device: torch.device, quick: bool) -> list[OpPlan]:
+    """The sweeps of a profile: typical LLM sizes on CUDA, tiny ones on CPU."""
+    if device.type != "cuda":
+        c = Config.cpu()
+        c.warmup_ms, c.rep_ms, c.max_reps = 1.0, 3.0, 10
+        return [
+            OpPlan("gemm_n", [(48, 80)], c, {"M": c.m, "K": c.k}),
+            OpPlan("gemm_k", [(48, 80)], c, {"M": c.m, "N": c.n}),
+            OpPlan("gemv", [(48, 80)], c, {"M": 1, "K": c.gemv_k}),
+            OpPlan("sdpa_head_dim", [(16, 40)], c, {"B": c.batch, "S": c.seq, "H": c.heads}),
+            OpPlan("lowrank_r", [(16, 48)], c, {"M": c.lowrank_m, "d": c.lowrank_d}),
+        ]
+    c = Config.gpu()
+    if quick:
+        c.warmup_ms, c.rep_ms, c.min_reps = 5.0, 12.0, 5
+        c.seq = 1024
+        c.lowrank_m = 2048
+        return [
+            OpPlan("gemm_n", [(992, 1056)], c, {"M": c.m, "K": c.k}),
+            OpPlan("gemm_k", [(96, 160)], c, {"M": c.m, "N": c.n}),
+            OpPlan("gemv", [(992, 1056)], c, {"M": 1, "K": c.gemv_k}),
+            OpPlan("sdpa_head_dim", [(96, 136)], c, {"B": c.batch, "S": c.seq, "H": c.heads}),
+            OpPlan("lowrank_r", [(992, 1056)], c, {"M": c.lowrank_m, "d": c.lowrank_d}),
+        ]
+    c.warmup_ms, c.rep_ms, c.min_reps = 10.0, 30.0, 10
+    return [
+        OpPlan("gemm_n", [(992, 1088), (4032, 4160)], c, {"M": c.m, "K": c.k}),
+        OpPlan("gemm_k", [(96, 192), (992, 1088)], c, {"M": c.m, "N": c.n}),
+        OpPlan("gemv", [(992, 1088), (4032, 4160)], c, {"M": 1, "K": c.gemv_k}),
+        OpPlan("sdpa_head_dim", [(64, 256)], c, {"B": c.batch, "S": c.seq, "H": c.heads}),
+        OpPlan("lowrank_r", [(224, 320), (992, 1088)], c, {"M": c.lowrank_m, "d": c.lowrank_d}),
+    ]
+
+
+Measure = Callable[[str, int], float | None]
+
+
+def sweep(
+    op: str,
+    windows: list[tuple[int, int]],
+    measure: Measure,
+    stride: int,
+    tolerance: float = 0.05,
+    on_point: Callable[[], None] | None = None,
+) -> tuple[Curve, list[list[int]], list[int]]:
+    """Coarse sweep of each window, then stride-1 refinement between jumps.
+
+    Args:
+        op: operator class (passed to ``measure``).
+        windows: inclusive ``(lo, hi)`` ranges.
+        measure: ``measure(op, dim) -> ms`` (None when the point could not run).
+        stride: coarse stride.
+        tolerance: rule tolerance (jump threshold is ``1 + 2*tolerance``).
+        on_point: called after each measured point (progress).
+
+    Returns:
+        The curve, the refined intervals and the dims that failed.
+    """
+    curve = Curve([], [], [])
+    refined: list[list[int]] = []
+    failed: list[int] = []
+    for wi, (lo, hi) in enumerate(windows):
+        got: dict[int, float] = {}
+
+        def take(d: int, wi: int = wi, got: dict[int, float] = got) -> None:
+            if d in got or d in failed:
+                return
+            v = measure(op, d)
+            if on_point:
+                on_point()
+            if v is None or not np.isfinite(v) or v <= 0:
+                failed.append(d)
+            else:
+                got[d] = float(v)
+
+        for d in coarse_grid(lo, hi, stride):
+            take(d)
+        cd = sorted(got)
+        for a, b in jumps(cd, [got[d] for d in cd], tolerance):
+            refined.append([a, b])
+            for d in range(a + 1, b):
+                take(d)
+        for d in sorted(got):
+            curve.dims.append(d)
+            curve.ms.append(got[d])
+            curve.window.append(wi)
+    return curve, refined, failed
+
+
+def build_profile(
+    dtype: str = "bfloat16",
+    quick: bool = False,
+    device: str | torch.device | None = None,
+    results_dir: str | Path | None = None,
+    tolerance: float = 0.05,
+    lookahead: int = 64,
+    measure: Measure | None = None,
+    op_plans: list[OpPlan] | None = None,
+    command: str | None = None,
+) -> Profile:
+    """Measure the sweeps and distil a profile (see the module docstring for the method).
+
+    Args:
+        dtype: ``float16`` or ``bfloat16`` (``float32`` too).
+        quick: smaller windows, coarser stride, shorter timing (< 60 s on an H100/H200).
+        device: ``cuda``/``cpu``/None (auto).
+        results_dir: where the raw points go, one JSON line each, as they are measured.
+        tolerance: the rule's tolerance (0.05 = within 5% of the best nearby).
+        lookahead: how far (in dims) padding may look for a faster dim.
+        measure: replaces the real measurement ``(op, dim) -> ms`` (tests).
+        op_plans: replaces the default sweeps.
+        command: the command line to record.
+    """
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    dname = dtype_name(dt)
+    env = environment(dev, dt)
+    command = command or " ".join(shlex.quote(a) for a in sys.argv)
+    pl = op_plans or plans(dev, quick)
+    stride = 5 if quick else 3
+    t0 = time.time()
+    raw_f = None
+    if results_dir is not None:
+        rd = Path(results_dir)
+        rd.mkdir(parents=True, exist_ok=True)
+        raw_f = open(rd / f"profile-{dname}{'-quick' if quick else ''}.jsonl", "w")  # noqa: SIM115
+        _append_jsonl(raw_f, {"type": "meta", "env": env, "command": command, "quick": quick})
+    points: dict[str, dict[str, Any]] = {}
+
+    def real_measure(op: str, d: int, plan: OpPlan) -> float | None:
+        p = _op_pt("profile", plan.cfg, op, d, "profile")
+        res = measure_point(p, dev, dt, plan.cfg)
+        rec = {"type": "point", **p, **res}
+        points.setdefault(op, {})[str(d)] = res
+        if raw_f is not None:
+            _append_jsonl(raw_f, rec)
+        return res.get("median_ms") if res.get("status") == "ok" else None
+
+    ops: dict[str, OpRule] = {}
+    try:
+        with progress() as bar:
+            est = sum(len(range(lo, hi + 1)) for p in pl for lo, hi in p.windows)
+            task = bar.add_task(f"profile {env['gpu']} {dname}{' (quick)' if quick else ''}", total=est)
+            for plan in pl:
+                if plan.op not in OPS:
+                    raise GacError(f"unknown operator class {plan.op!r}")
+
+                def m(op: str, d: int, plan: OpPlan = plan) -> float | None:
+                    if measure is not None:
+                        v = measure(op, d)
+                        if raw_f is not None:
+                            _append_jsonl(raw_f, {"type": "point", "op": op, "dim": d, "median_ms": v})
+                        return v
+                    return real_measure(op, d, plan)
+
+                curve, refined, failed = sweep(
+                    plan.op, plan.windows, m, stride, tolerance, on_point=lambda: bar.advance(task)
+                )
+                rule = discover_rule(curve, tolerance=tolerance, lookahead=lookahead)
+                flops = _flops_fn(plan)
+                tf = [flops(d) / (t * 1e-3) / 1e12 for d, t in zip(rule["dims"], rule["ms"], strict=True)]
+                iqr = [points.get(plan.op, {}).get(str(d), {}).get("iqr_ms") for d in rule["dims"]]
+                ops[plan.op] = OpRule(
+                    modulus=rule["modulus"],
+                    prefer=rule["prefer"],
+                    tolerance=tolerance,
+                    class_efficiency=rule["class_efficiency"],
+                    curve={
+                        "dims": rule["dims"],
+                        "ms": [round(x, 6) for x in rule["ms"]],
+                        "tflops": [round(x, 3) for x in tf],
+                        "efficiency": rule["efficiency"],
+                        "iqr_ms": [None if x is None else round(x, 6) for x in iqr],
+                        "window": rule["window"],
+                        "windows": [list(w) for w in plan.windows],
+                        "context": plan.context,
+                        "coarse_stride": stride,
+                        "refined": refined,
+                        "failed": failed,
+                        "lookahead": lookahead,
+                        "rule_evidence": rule["rule_evidence"],
+                    },
+                    cliffs=rule["cliffs"],
+                )
+    finally:
+        if raw_f is not None:
+            raw_f.close()
+    elapsed = time.time() - t0
+    env["profile_elapsed_s"] = round(elapsed, 2)
+    env["profile_quick"] = quick
+    env["command"] = command
+    slug = gpu_slug(env["gpu"])
+    tv = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+    cu = env.get("cuda") or "cpu"
+    date = datetime.now(timezone.utc).date().isoformat()
+    return Profile(
+        id=f"{slug}-{dname}-torch{tv}-cuda{cu}{'-quick' if quick else ''}",
+        ops=ops,
+        measured=True,
+        label=f"{env['gpu']}, {dname}, torch {torch.__version__} (measured {date}{', quick' if quick else ''})",
+        dtype=dname,
+        env=env,
+        schema=SCHEMA,
+    )
+
+
+def _flops_fn(plan: OpPlan) -> Callable[[int], float]:
+    c = plan.cfg
+    if plan.op == "gemm_n":
+        return lambda d: 2.0 * c.m * c.k * d
+    if plan.op == "gemm_k":
+        return lambda d: 2.0 * c.m * c.n * d
+    if plan.op == "gemv":
+        return lambda d: 2.0 * c.gemv_k * d
+    if plan.op == "sdpa_head_dim":
+        return lambda d: 4.0 * c.batch * c.heads * c.seq * c.seq * d
+    return lambda d: 4.0 * c.lowrank_m * c.lowrank_d * d
+
+
+def plot_profile(profile: Profile, path: Path) -> None:
+    """One PNG: each op's curve (ms per unit dim), multiples of the modulus marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ops = [o for o in OPS if o in profile.ops]
+    fig, axes = plt.subplots(1, len(ops), figsize=(4.6 * len(ops), 3.6), squeeze=False)
+    for ax, op in zip(axes.flat, ops, strict=False):
+        r = profile.ops[op]
+        dims, ms = r.curve.get("dims", []), r.curve.get("ms", [])
+        wins = r.curve.get("window", [0] * len(dims))
+        for w in sorted(set(wins)):
+            xs = [d for d, wi in zip(dims, wins, strict=True) if wi == w]
+            ys = [t for t, wi in zip(ms, wins, strict=True) if wi == w]
+            ax.plot(xs, ys, "-", linewidth=0.8, color="C0")
+            al = [(x, y) for x, y in zip(xs, ys, strict=True) if x % r.modulus == 0]
+            if al:
+                ax.scatter(*zip(*al, strict=True), s=12, color="C3", zorder=3)
+        ax.set_title(f"{op}: modulus {r.modulus}, prefer {r.prefer}", fontsize=9)
+        ax.set_xlabel(f"dim (red: multiples of {r.modulus})")
+        ax.set_ylabel("ms")
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+    fig.suptitle(profile.label, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def write_profile_outputs(profile: Profile, out: Path, results_dir: Path | None) -> None:
+    """Save the profile; record its timing, a copy and a plot under ``results_dir``."""
+    profile.save(out)
+    if results_dir is None:
+        return
+    quick = bool(profile.env.get("profile_quick"))
+    stem = f"profile-{profile.dtype}{'-quick' if quick else ''}"
+    profile.save(results_dir / f"{stem}.json")
+    timing = {
+        "profile_id": profile.id,
+        "gpu": profile.env.get("gpu"),
+        "dtype": profile.dtype,
+        "quick": quick,
+        "elapsed_s": profile.env.get("profile_elapsed_s"),
+        "command": profile.env.get("command"),
+        "torch": profile.env.get("torch"),
+        "timestamp": profile.env.get("timestamp"),
+    }
+    atomic_write_text(results_dir / f"{stem}-timing.json", json.dumps(timing, indent=1))
+    plot_profile(profile, results_dir / f"{stem}.png")
+    console.print(f"[green]wrote[/] {results_dir / stem}.{{json,png,jsonl}} and {stem}-timing.json")
