@@ -1,0 +1,549 @@
+"""Exact dimension repair: zero-pad every misaligned dim of a model so that its outputs do not change.
+
+``repair_(model, strategy)`` pads, in place:
+
+* **hidden size** (the residual stream): zero embedding columns, zero output rows of ``o``/``down``,
+  zero input columns of ``q/k/v/gate/up`` and ``lm_head``; every RMSNorm over the hidden size gets
+  ``weight * sqrt(d/d_pad)`` and ``eps * d/d_pad`` so that it normalizes exactly as before;
+* **MLP intermediate width** (per layer): zero rows of ``gate``/``up``, zero columns of ``down``
+  (``SiLU(0) * 0 = 0``);
+* **attention head_dim**: q/k heads are laid out ``[h0, 0, h1, 0]`` (the two RoPE halves padded
+  separately, so every rotary pair ``(i, i + d/2)`` stays a pair), the rotary inverse frequencies of
+  the original pairs are kept, the softmax scale stays ``1/sqrt(d)``, v heads are padded at the end
+  with the matching zero columns of ``o``; Qwen3's q/k RMSNorms are compensated like the hidden norms;
+* **factorized inner ranks** (:class:`~gac.surgery.factorized.FactorizedLinear`): zero rows of ``v``,
+  zero columns of ``u``.
+
+The vocabulary is reported but not padded: extra logits would change the output distribution.
+
+Strategies: ``minimal`` pads to multiples of 8, ``optimal`` to 16, ``profile`` to the profile's
+modulus of each operator class that the dim feeds (the least common multiple when it feeds several).
+
+Saving: :func:`save_repaired` writes a Hugging Face directory plus ``gac_repair.json``, which records
+what the config cannot express (attention scales, norm eps, rotary frequencies, module shapes);
+:func:`load_repaired` (also reached through :func:`gac.models.load_model`) re-installs it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from gac import __version__
+from gac.alignment import round_up
+from gac.errors import GacError
+from gac.hardware.profile import Profile, load_profile
+from gac.models.adapters import FamilyAdapter, get_adapter, in_features, out_features
+from gac.surgery.factorized import FactorizedLinear, replace_module
+from gac.surgery.padding import (
+    head_end_placement,
+    pad_embedding_,
+    pad_in_,
+    pad_out_,
+    pad_rank_,
+    pad_rmsnorm_,
+    rope_head_placement,
+)
+
+STRATEGIES: tuple[str, ...] = ("minimal", "optimal", "profile")
+SCHEMA = "gac.repair/1"
+#: operator classes that each kind of dim feeds (its target is aligned for all of them)
+DIM_OPS: dict[str, tuple[str, ...]] = {
+    "hidden": ("gemm_k", "gemm_n"),
+    "intermediate": ("gemm_n", "gemm_k"),
+    "head_dim": ("sdpa_head_dim",),
+    "rank": ("lowrank_r",),
+}
+_STATIC_ROPE = ("default", "linear", "llama3", "yarn", "longrope")
+
+
+@dataclass
+class DimChange:
+    """One padded dim: ``kind`` (hidden, intermediate, head_dim, rank) at ``where`` (a module or ``model``)."""
+
+    kind: str
+    where: str
+    before: int
+    after: int
+
+
+@dataclass
+class RepairReport:
+    """What :func:`repair_` did.
+
+    Attributes:
+        strategy: minimal, optimal or profile.
+        profile: id of the profile used for targets (``profile`` strategy) and the speed prediction.
+        changes: every padded dim.
+        skipped: dims left misaligned, each with the reason.
+        params_before / params_after: parameter counts (tied weights counted once).
+        predicted_speedup: predicted latency of the linear + attention kernels before / after, for a
+            prefill of ``tokens`` tokens, from the profile (1.0 when nothing changed).
+        tokens: prefill length of that prediction.
+    """
+
+    strategy: str
+    profile: str
+    changes: list[DimChange] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    params_before: int = 0
+    params_after: int = 0
+    predicted_speedup: float = 1.0
+    tokens: int = 2048
+
+    @property
+    def noop(self) -> bool:
+        return not self.changes
+
+    @property
+    def dims_changed(self) -> int:
+        return len(self.changes)
+
+    @property
+    def memory_overhead_pct(self) -> float:
+        if not self.params_before:
+            return 0.0
+        return 100.0 * (self.params_after - self.params_before) / self.params_before
+
+    def summary(self) -> str:
+        """One human line."""
+        if self.noop:
+            return f"already aligned under the {self.strategy} strategy: nothing to repair (no-op)"
+        kinds = sorted({c.kind for c in self.changes})
+        return (
+            f"padded {self.dims_changed} dims ({', '.join(kinds)}) with strategy {self.strategy}: "
+            f"+{self.memory_overhead_pct:.2f}% parameters, predicted speedup {self.predicted_speedup:.2f}x "
+            f"(profile {self.profile}, {self.tokens}-token prefill)"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["noop"] = self.noop
+        d["dims_changed"] = self.dims_changed
+        d["memory_overhead_pct"] = self.memory_overhead_pct
+        return d
+
+
+# ----------------------------------------------------------------------------- targets
+
+
+def target_modulus(strategy: str, kind: str, profile: Profile | None = None) -> int:
+    """The modulus a dim of ``kind`` is padded to under ``strategy``."""
+    if strategy == "minimal":
+        m = 8
+    elif strategy == "optimal":
+        m = 16
+    elif strategy == "profile":
+        if profile is None:
+            raise GacError("strategy 'profile' needs a profile")
+        m = 1
+        for op in DIM_OPS[kind]:
+            m = math.lcm(m, profile.modulus(op))
+    else:
+        raise GacError(f"unknown repair strategy {strategy!r}; choose one of: {', '.join(STRATEGIES)}")
+    if kind == "head_dim":
+        m = math.lcm(m, 2)  # RoPE halves
+    return m
+
+
+def param_count(model: nn.Module) -> int:
+    """Parameters, tied weights counted once."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def _rope_ok(model: nn.Module, ad: FamilyAdapter) -> str | None:
+    """None when head_dim can be padded, else the reason why not."""
+    try:
+        rot = model.get_submodule(ad.rotary_fqn)
+    except AttributeError:
+        return "no rotary embedding module found"
+    rt = getattr(rot, "rope_type", "default")
+    if isinstance(rt, dict) or rt not in _STATIC_ROPE:
+        return f"RoPE type {rt!r} recomputes its frequencies at run time"
+    inv = getattr(rot, "inv_freq", None)
+    if inv is None or 2 * inv.numel() != ad.head_dim:
+        return "partial rotary embeddings are not supported"
+    return None
+
+
+# ----------------------------------------------------------------------------- latency model
+
+
+def predicted_latency_ms(model: nn.Module, profile: Profile, tokens: int = 2048) -> float:
+    """Predicted time (ms) of every projection GEMM and every attention call for a ``tokens`` prefill.
+
+    GEMMs use :meth:`Profile.gemm_ms` (factorized layers as two GEMMs, the inner rank under
+    ``lowrank_r``); attention is ``4 * tokens^2 * heads * head_dim`` FLOPs slowed by the profile's
+    ``sdpa_head_dim`` efficiency.  Only ratios of this number are meaningful.
+    """
+    ad = get_adapter(model)
+    total = 0.0
+    for _, _, fqn in ad.all_projections():
+        total += _module_ms(model.get_submodule(fqn), profile, tokens)
+    head = model.get_submodule(ad.lm_head_fqn)
+    total += _module_ms(head, profile, tokens)
+    peak = max(profile.rule("gemm_n").curve.get("tflops") or [100.0])
+    hd = ad.head_dim
+    flops = 4.0 * tokens * tokens * ad.heads * hd * ad.num_layers
+    total += flops / (peak * 1e12 * profile.efficiency("sdpa_head_dim", hd)) * 1e3
+    return total
+
+
+def _module_ms(mod: nn.Module, profile: Profile, m: int) -> float:
+    if isinstance(mod, FactorizedLinear):
+        return profile.gemm_ms(m, mod.in_features, mod.rank, op="lowrank_r") + profile.gemm_ms(
+            m, mod.rank, mod.out_features, op="gemm_n"
+        )
+    return profile.gemm_ms(m, in_features(mod), out_features(mod), op="gemm_n")
+
+
+# ----------------------------------------------------------------------------- repair
+
+
+def repair_(
+    model: nn.Module,
+    strategy: str = "minimal",
+    profile: Profile | str | None = None,
+    tokens: int = 2048,
+) -> RepairReport:
+    """Zero-pad every misaligned dim of ``model`` in place; the outputs stay the same.
+
+    Args:
+        model: a causal LM of a supported family (see :mod:`gac.models.adapters`).
+        strategy: ``minimal`` (multiples of 8), ``optimal`` (16) or ``profile`` (the profile's rules).
+        profile: a :class:`Profile` or a spec for :func:`load_profile` (default: auto).
+        tokens: prefill length for the predicted speedup.
+
+    Returns:
+        A :class:`RepairReport` (``noop`` when everything was aligned already).
+
+    Raises:
+        GacError: unknown strategy, unsupported architecture, or misaligned dims of which none can
+            be padded.
+    """
+    if strategy not in STRATEGIES:
+        raise GacError(f"unknown repair strategy {strategy!r}; choose one of: {', '.join(STRATEGIES)}")
+    prof = profile if isinstance(profile, Profile) else load_profile(profile)
+    ad = get_adapter(model)
+    report = RepairReport(strategy=strategy, profile=prof.id, tokens=tokens)
+    report.params_before = param_count(model)
+    t_before = predicted_latency_ms(model, prof, tokens)
+
+    def target(kind: str, d: int) -> int:
+        return round_up(d, target_modulus(strategy, kind, prof))
+
+    # -- plan (all checks before any change, so a refusal leaves the model untouched)
+    plan: dict[str, Any] = {}
+    h = ad.hidden
+    if target("hidden", h) != h:
+        plan["hidden"] = (h, target("hidden", h))
+    inter = {
+        i: (ad.intermediate(i), target("intermediate", ad.intermediate(i))) for i in range(ad.num_layers)
+    }
+    plan["intermediate"] = {i: v for i, v in inter.items() if v[0] != v[1]}
+    hd = ad.head_dim
+    if target("head_dim", hd) != hd:
+        why = _rope_ok(model, ad)
+        if why is None:
+            plan["head_dim"] = (hd, target("head_dim", hd))
+        else:
+            report.skipped.append(f"head_dim {hd}: {why}")
+    ranks = {
+        n: (m.rank, target("rank", m.rank))
+        for n, m in model.named_modules()
+        if isinstance(m, FactorizedLinear)
+    }
+    plan["rank"] = {n: v for n, v in ranks.items() if v[0] != v[1]}
+    if ad.num_layers == 0 and not ranks:
+        raise GacError(
+            f"the model has no compressible dims: no decoder layers and no factorized layers ({ad.family})"
+        )
+    unrepairable = list(report.skipped)
+    v = ad.vocab
+    if round_up(v, target_modulus(strategy, "hidden", prof)) != v:
+        report.skipped.append(f"vocab {v}: not padded (extra logits would change the output distribution)")
+
+    if not (plan.get("hidden") or plan["intermediate"] or plan.get("head_dim") or plan["rank"]):
+        if unrepairable:
+            raise GacError(
+                "no repairable dims: the misaligned dims cannot be zero-padded exactly ("
+                + "; ".join(unrepairable)
+                + ")"
+            )
+        report.params_after = report.params_before
+        return report
+
+    # -- apply
+    if plan["rank"]:
+        for name, (r, r_new) in plan["rank"].items():
+            pad_rank_(model.get_submodule(name), r_new)
+            report.changes.append(DimChange("rank", name, r, r_new))
+    for i, (d, d_new) in plan["intermediate"].items():
+        p = ad.projections(i)
+        pad_out_(model.get_submodule(p["gate"]), d_new)
+        pad_out_(model.get_submodule(p["up"]), d_new)
+        pad_in_(model.get_submodule(p["down"]), d_new)
+        mlp = model.get_submodule(ad.mlp_fqn(i))
+        if hasattr(mlp, "intermediate_size"):
+            mlp.intermediate_size = d_new
+        report.changes.append(DimChange("intermediate", ad.mlp_fqn(i), d, d_new))
+    if "head_dim" in plan:
+        d, d_new = plan["head_dim"]
+        _pad_head_dim(model, ad, d, d_new)
+        report.changes.append(DimChange("head_dim", "model", d, d_new))
+    if "hidden" in plan:
+        d, d_new = plan["hidden"]
+        _pad_hidden(model, ad, d, d_new)
+        report.changes.append(DimChange("hidden", "model", d, d_new))
+    _sync_config(model, ad)
+    report.params_after = param_count(model)
+    t_after = predicted_latency_ms(model, prof, tokens)
+    report.predicted_speedup = t_before / t_after if t_after > 0 else 1.0
+    return report
+
+
+def _pad_head_dim(model: nn.Module, ad: FamilyAdapter, d: int, d_new: int) -> None:
+    nq, nkv = ad.heads, ad.kv_heads
+    for i in range(ad.num_layers):
+        p = ad.projections(i)
+        pad_out_(model.get_submodule(p["q"]), nq * d_new, rope_head_placement(nq, d, d_new))
+        pad_out_(model.get_submodule(p["k"]), nkv * d_new, rope_head_placement(nkv, d, d_new))
+        pad_out_(model.get_submodule(p["v"]), nkv * d_new, head_end_placement(nkv, d, d_new))
+        pad_in_(model.get_submodule(p["o"]), nq * d_new, head_end_placement(nq, d, d_new))
+        for f in ad.qk_norm_fqns(i):
+            pad_rmsnorm_(model.get_submodule(f), d_new, rope_head_placement(1, d, d_new))
+        attn = model.get_submodule(ad.attention_fqn(i))
+        attn.scaling = float(getattr(attn, "scaling", d**-0.5))  # keep 1/sqrt(d), not 1/sqrt(d_new)
+        attn.head_dim = d_new
+    rot = model.get_submodule(ad.rotary_fqn)
+    inv = rot.inv_freq
+    new_inv = torch.zeros(d_new // 2, dtype=inv.dtype, device=inv.device)
+    new_inv[: inv.numel()] = inv  # original pairs keep their frequencies; padded pairs hold zeros
+    _set_inv_freq(rot, new_inv)
+
+
+def _set_inv_freq(rot: nn.Module, inv: torch.Tensor) -> None:
+    rot.register_buffer("inv_freq", inv.clone(), persistent=False)
+    if hasattr(rot, "original_inv_freq"):
+        rot.register_buffer("original_inv_freq", inv.clone(), persistent=False)
+
+
+def _pad_hidden(model: nn.Module, ad: FamilyAdapter, d: int, d_new: int) -> None:
+    tied = ad.tied_embeddings
+    emb = model.get_submodule(ad.embed_fqn)
+    pad_embedding_(emb, d_new)
+    for i in range(ad.num_layers):
+        p = ad.projections(i)
+        for role in ("q", "k", "v", "gate", "up"):
+            pad_in_(model.get_submodule(p[role]), d_new)
+        for role in ("o", "down"):
+            pad_out_(model.get_submodule(p[role]), d_new)
+    for f in ad.hidden_norm_fqns():
+        pad_rmsnorm_(model.get_submodule(f), d_new)
+    head = model.get_submodule(ad.lm_head_fqn)
+    if tied:
+        head.weight = emb.weight
+        head.in_features = d_new
+    else:
+        pad_in_(head, d_new)
+
+
+def _sync_config(model: nn.Module, ad: FamilyAdapter) -> None:
+    """Make the HF config describe the padded shapes (so that ``from_pretrained`` rebuilds them)."""
+    cfg = model.config
+    cfg.hidden_size = ad.hidden
+    cfg.head_dim = ad.head_dim
+    inter = {ad.intermediate(i) for i in range(ad.num_layers)}
+    cfg.intermediate_size = max(inter)
+
+
+# ----------------------------------------------------------------------------- save / load
+
+
+def runtime_state(model: nn.Module) -> dict[str, Any]:
+    """What a padded model needs beyond its config and weights: per-module attention scales and
+    norm eps, the rotary inverse frequencies, and the shapes of non-standard modules."""
+    ad = get_adapter(model)
+    scaling = {}
+    for i in range(ad.num_layers):
+        attn = model.get_submodule(ad.attention_fqn(i))
+        if hasattr(attn, "scaling"):
+            scaling[ad.attention_fqn(i)] = float(attn.scaling)
+    eps = {}
+    for name, mod in model.named_modules():
+        e = getattr(mod, "variance_epsilon", None)
+        if isinstance(e, float):
+            eps[name] = e
+    rot = model.get_submodule(ad.rotary_fqn)
+    modules = {}
+    for name, mod in model.named_modules():
+        if isinstance(mod, FactorizedLinear):
+            modules[name] = {
+                "type": "factorized",
+                "in": mod.in_features,
+                "rank": mod.rank,
+                "out": mod.out_features,
+                "bias": mod.bias is not None,
+            }
+        elif isinstance(mod, nn.Linear):
+            modules[name] = {
+                "type": "linear",
+                "in": mod.in_features,
+                "out": mod.out_features,
+                "bias": mod.bias is not None,
+            }
+    return {
+        "attention_scaling": scaling,
+        "norm_eps": eps,
+        "inv_freq": [float(x) for x in rot.inv_freq.detach().float().cpu()],
+        "modules": modules,
+    }
+
+
+def apply_runtime_state(model: nn.Module, state: dict[str, Any]) -> None:
+    """Re-install what :func:`runtime_state` recorded (after the weights are loaded)."""
+    for name, s in state.get("attention_scaling", {}).items():
+        model.get_submodule(name).scaling = float(s)
+    for name, e in state.get("norm_eps", {}).items():
+        model.get_submodule(name).variance_epsilon = float(e)
+    if state.get("inv_freq"):
+        ad = get_adapter(model)
+        rot = model.get_submodule(ad.rotary_fqn)
+        _set_inv_freq(rot, torch.tensor(state["inv_freq"], dtype=torch.float32, device=rot.inv_freq.device))
+
+
+def save_repaired(
+    model: nn.Module,
+    out: str | Path,
+    report: RepairReport | None = None,
+    tokenizer: Any = None,
+    overwrite: bool = False,
+    source: dict[str, Any] | None = None,
+) -> Path:
+    """Write ``model`` as a Hugging Face directory plus ``gac_repair.json``, atomically.
+
+    Load it back with :func:`load_repaired` or :func:`gac.models.load_model`.
+    """
+    from gac.utils import atomic_dir
+
+    out = Path(out)
+    cfg = model.config
+    overrides = {k: getattr(cfg, k) for k in ("hidden_size", "head_dim", "intermediate_size")}
+    saved_hidden = _valid_hidden_for_config(cfg)
+    with atomic_dir(out, overwrite=overwrite) as tmp:
+        try:
+            cfg.hidden_size = saved_hidden
+            model.save_pretrained(tmp)
+        finally:
+            cfg.hidden_size = overrides["hidden_size"]
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        doc = {
+            "schema": SCHEMA,
+            "gac_version": __version__,
+            "source": source or {},
+            "report": report.to_dict() if report is not None else None,
+            "config_overrides": overrides,
+            "runtime": runtime_state(model),
+        }
+        (tmp / "gac_repair.json").write_text(json.dumps(doc, indent=1))
+    return out
+
+
+def _valid_hidden_for_config(cfg: Any) -> int:
+    """The hidden size to write into config.json.
+
+    Some configs (Llama) refuse ``hidden_size % num_attention_heads != 0`` even when ``head_dim`` is
+    explicit.  Then config.json gets the largest valid value below the padded one and the real width
+    is restored from ``gac_repair.json``'s ``config_overrides`` (a plain ``from_pretrained`` fails
+    loudly on the shape mismatch instead of loading a wrong model).
+    """
+    h = int(cfg.hidden_size)
+    validate = getattr(cfg, "validate", None)
+    if validate is None:
+        return h
+    try:
+        validate()
+        return h
+    except Exception:  # noqa: BLE001 - any validator refusal
+        heads = int(cfg.num_attention_heads)
+        return max(heads, (h // heads) * heads)
+
+
+def _needs_skeleton(model: nn.Module, modules: dict[str, Any]) -> bool:
+    for name, spec in modules.items():
+        try:
+            mod = model.get_submodule(name)
+        except AttributeError:
+            return True
+        if spec["type"] == "factorized" and not isinstance(mod, FactorizedLinear):
+            return True
+        if spec["type"] == "linear" and (
+            not isinstance(mod, nn.Linear) or (mod.in_features, mod.out_features) != (spec["in"], spec["out"])
+        ):
+            return True
+    return False
+
+
+def load_repaired(
+    path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> nn.Module:
+    """Load a directory written by :func:`save_repaired`, with its runtime state re-installed."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = Path(path)
+    try:
+        doc = json.loads((path / "gac_repair.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise GacError(f"{path} has no readable gac_repair.json: {e}") from None
+    if doc.get("schema") != SCHEMA:
+        raise GacError(f"{path}/gac_repair.json has schema {doc.get('schema')!r}, expected {SCHEMA!r}")
+    state = doc["runtime"]
+    config = AutoConfig.from_pretrained(str(path))
+    for k, val in (doc.get("config_overrides") or {}).items():
+        setattr(config, k, val)
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:  # older layouts: initialise (slower, same result after loading)
+        import contextlib
+
+        no_init_weights = contextlib.nullcontext
+    with no_init_weights():
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    modules = state.get("modules", {})
+    if _needs_skeleton(model, modules):
+        for name, spec in modules.items():
+            if spec["type"] == "factorized":
+                new: nn.Module = FactorizedLinear(
+                    spec["in"], spec["rank"], spec["out"], bias=spec["bias"], dtype=dtype
+                )
+            else:
+                new = nn.Linear(spec["in"], spec["out"], bias=spec["bias"], dtype=dtype)
+            replace_module(model, name, new)
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise GacError(f"{path} has no .safetensors weights")
+    sd: dict[str, torch.Tensor] = {}
+    for f in files:
+        sd.update(load_file(str(f)))
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    ad = get_adapter(model)
+    allowed_missing = {f"{ad.lm_head_fqn}.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+    bad_missing = [k for k in missing if k not in allowed_missing]
+    if bad_missing or unexpected:
+        raise GacError(
+            f"{path}: weights do not match the recorded shapes (missing {bad_missing[:3]}, unexpected {list(unexpected)[:3]})"
+        )
+    if allowed_missing & set(missing):
+        model.get_submodule(ad.lm_head_fqn).weight = model.get_submodule(ad.embed_fqn).weight
+    for i in range(ad.num_layers):
+        model.get_submodule(ad.attention_fqn(i)).head_dim = int(config.head_dim)
+    apply_runtime_state(model, state)
+    return model.to(device=device, dtype=dtype).eval()
