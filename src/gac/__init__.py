@@ -11,4 +11,23 @@ __version__ = "0.1.0"
 
 from gac.errors import GacError
 
-__all__ = ["GacError", "__version__"]
+__all__ = ["CompressConfig", "GacError", "__version__", "compress_", "load", "save"]
+
+# Lazy exports: ``import gac`` stays cheap (no torch, no transformers) until one is used.
+_LAZY = {
+    "compress_": ("gac.api", "compress_"),
+    "CompressConfig": ("gac.api", "CompressConfig"),
+    "load": ("gac.io", "load"),
+    "save": ("gac.io", "save"),
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        mod, attr = _LAZY[name]
+        value = getattr(importlib.import_module(mod), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'gac' has no attribute {name!r}")

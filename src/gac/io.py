@@ -118,6 +118,7 @@ def save(
     tokenizer: Any | None = None,
     overwrite: bool = False,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    extra_files: dict[str, str] | None = None,
 ) -> Path:
     """Save ``model`` (compressed or not) to ``out_dir`` atomically.
 
@@ -129,6 +130,7 @@ def save(
         tokenizer: saved alongside when given.
         overwrite: replace an existing directory.
         max_shard_bytes: shard size above which the weights are split (with an index).
+        extra_files: file name -> text, written in the same atomic step (e.g. a report).
 
     Returns:
         The output directory.
@@ -169,6 +171,10 @@ def save(
             )
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
+        for name, text in (extra_files or {}).items():
+            if Path(name).name != name or name in (GAC_CONFIG, "config.json"):
+                raise GacError(f"bad extra file name {name!r}")
+            (tmp / name).write_text(text)
         (tmp / GAC_CONFIG).write_text(json.dumps(meta, indent=1, default=str))
     return out_dir
 

@@ -1,9 +1,134 @@
-"""`gac compress` (being written)."""
+"""`gac compress MODEL --compressor NAME --param-ratio R --align gac --out DIR`."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import typer
+
+from gac.errors import GacError
+
+
+def parse_options(items: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs; a VALUE that parses as JSON is taken as such (numbers, lists...).
+
+    >>> parse_options(["alpha=0.5", "curve=spectrum", "probe_ratios=[0.5,0.9]"])
+    {'alpha': 0.5, 'curve': 'spectrum', 'probe_ratios': [0.5, 0.9]}
+    """
+    out: dict[str, Any] = {}
+    for it in items:
+        key, sep, val = it.partition("=")
+        if not sep or not key:
+            raise GacError(f"compressor option {it!r} is not KEY=VALUE")
+        try:
+            out[key.replace("-", "_")] = json.loads(val)
+        except json.JSONDecodeError:
+            out[key.replace("-", "_")] = val
+    return out
+
+
+def resolve_device_dtype(device: str, dtype: str):
+    """``auto`` picks CUDA + bfloat16 when a GPU is present, CPU + float32 otherwise."""
+    import torch
+
+    dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    if dev.startswith("cuda") and not torch.cuda.is_available():
+        raise GacError(f"device {dev} requested but CUDA is not available")
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype == "auto":
+        dt = torch.bfloat16 if dev.startswith("cuda") else torch.float32
+    elif dtype in dtypes:
+        dt = dtypes[dtype]
+    else:
+        raise GacError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16")
+    return dev, dt
+
+
+def compress_cmd(
+    model: str = typer.Argument(..., help="Model: alias (smollm2), HF directory, .gguf file or hub id."),
+    compressor: str = typer.Option(
+        "asvd", "--compressor", "-c", help="Compressor name (svd, asvd, svd-llm)."
+    ),
+    param_ratio: float = typer.Option(
+        0.85, "--param-ratio", "-r", help="Fraction of the targeted weights' parameters to keep, in (0, 1)."
+    ),
+    align: str = typer.Option("gac", "--align", "-a", help="none | round | gac | gac-latency."),
+    profile: str | None = typer.Option(
+        None, "--profile", "-p", help="Hardware profile: path, shipped id or 'default' (auto)."
+    ),
+    calib: str = typer.Option(
+        "britannica", "--calib", help="Calibration text: britannica | wikitext2 | c4 | text:PATH."
+    ),
+    n_samples: int | None = typer.Option(
+        None, "--n-samples", help="Calibration windows (default 256 GPU / 32 CPU)."
+    ),
+    seq_len: int | None = typer.Option(
+        None, "--seq-len", help="Tokens per calibration window (default 2048 GPU / 256 CPU)."
+    ),
+    batch_size: int = typer.Option(4, "--batch-size", help="Calibration windows per forward pass."),
+    option: list[str] = typer.Option([], "--option", "-o", help="Compressor option KEY=VALUE (repeatable)."),
+    latency_target: float | None = typer.Option(
+        None, "--latency-target", help="gac-latency: predicted latency bound as a fraction of dense."
+    ),
+    out: Path = typer.Option(..., "--out", help="Output directory (written atomically)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output directory."),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | cuda:N."),
+    dtype: str = typer.Option(
+        "auto", "--dtype", help="auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16 | float16."
+    ),
+    rows: int | None = typer.Option(
+        None, "--rows", help="Print at most this many per-site rows (all by default)."
+    ),
+) -> None:
+    """Compress MODEL with aligned dims under a parameter budget, save it to --out and print the report."""
+    from gac.api import CompressConfig, compress_, gac_config_for_save
+    from gac.compressors.base import available_compressors
+
+    # Validate everything cheap before loading a model or calibrating.
+    cfg = CompressConfig(
+        compressor=compressor,
+        param_ratio=param_ratio,
+        align=align,
+        profile=profile,
+        calib=calib,
+        n_samples=n_samples,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        options=parse_options(option),
+        latency_target=latency_target,
+    )
+    if compressor not in available_compressors():
+        raise GacError(f"unknown compressor {compressor!r}; available: {', '.join(available_compressors())}")
+    if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
+        raise GacError(f"output {out} already exists and is not empty (pass --overwrite to replace it)")
+    dev, dt = resolve_device_dtype(device, dtype)
+    if profile is not None:
+        from gac.hardware.profile import load_profile
+
+        load_profile(profile)  # a bad spec fails now, not after calibration
+
+    from gac import io
+    from gac.models import load_model
+    from gac.utils import console
+
+    lm = load_model(model, dtype=dt, device=dev)
+    if io.is_gac_dir(model) and io.read_gac_config(model).get("factorized"):
+        raise GacError(f"{model} is already compressed; compress its base model instead")
+    report = compress_(lm.model, cfg, tokenizer=lm.tokenizer)
+    report.print(max_rows=rows)
+    meta = gac_config_for_save(report, lm.source)
+    io.save(
+        lm.model,
+        out,
+        meta,
+        tokenizer=lm.tokenizer,
+        overwrite=overwrite,
+        extra_files={"gac_report.json": json.dumps(report.to_dict(), indent=1, default=str)},
+    )
+    console.print(f"saved to {out} (report: {out / 'gac_report.json'})")
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command("compress")(compress_cmd)
