@@ -1,0 +1,628 @@
+"""Inference sweep: prefill latency and decode throughput, next to the dense baseline.
+
+* **Prefill**: one forward pass over ``B × S`` prompt tokens (no KV cache written, only the last
+  position's logits computed, as a server does), timed per call.
+* **Decode**: single-token steps against a :class:`transformers.StaticCache` of ``KV``
+  positions filled with random keys and values (its cost does not depend on what the cache
+  holds; a static cache attends over all ``KV`` slots under a mask).  On CUDA each step is
+  captured once as a CUDA graph and replayed; successive replays are real successive decode
+  steps (the cache's on-device position advances).  Tokens/s = ``B / step time``.
+* **Bandwidth**: a large device-to-device copy on the same GPU (bytes read + written) is the
+  ceiling; each decode point reports the weight bytes it must read per step, and the weight
+  (and weight + KV) bytes/s achieved against that ceiling.
+* **Method**: warm-up calls are excluded; statistics are the median, quartiles and minimum of
+  the timed calls (CUDA events on GPU, wall clock on CPU).  A point that runs out of memory is
+  recorded as ``"oom"`` and the sweep goes on.  Every variant is built, timed and freed in turn
+  in one process, the dense baseline first.
+
+Results: ``infer.json`` (schema ``gac.infer/1``), ``infer.csv`` and plots
+(``prefill_latency.png``, ``decode_tps.png``), written atomically by :func:`write_results`.
+Token ids are drawn at random: token values do not change the work of a forward pass.
+"""
+
+from __future__ import annotations
+
+import csv
+import gc
+import io
+import json
+import math
+import re
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from gac.errors import GacError
+from gac.utils import atomic_write_text, console
+
+SCHEMA = "gac.infer/1"
+
+
+@dataclass
+class SweepConfig:
+    """What to measure. Defaults are the issue's grid."""
+
+    prefill_batches: tuple[int, ...] = (1, 8)
+    prefill_seqs: tuple[int, ...] = (128, 512, 1024, 2048)
+    decode_batches: tuple[int, ...] = (1, 16, 64)
+    decode_kv: tuple[int, ...] = (512, 4096)
+    #: CUDA-graph replay of decode steps (None = on where CUDA is).
+    graphs: bool | None = None
+    prefill_warmup: int = 2
+    prefill_reps: int = 10
+    decode_warmup: int = 5
+    decode_reps: int = 30
+    #: name the kernels of one prefill and one decode step with torch.profiler.
+    profile_kernels: bool = True
+    #: bytes of the copy used to measure the bandwidth ceiling (CUDA only).
+    copy_bytes: int = 2 * 2**30
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Variant:
+    """A model to time: ``build()`` returns it on the target device; it is freed after timing."""
+
+    name: str
+    build: Callable[[], nn.Module]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _is_oom(e: BaseException) -> bool:
+    if isinstance(e, torch.OutOfMemoryError):
+        return True
+    return isinstance(e, RuntimeError) and "out of memory" in str(e).lower()
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _stats(samples_ms: list[float]) -> dict[str, float]:
+    a = np.asarray(samples_ms, dtype=np.float64)
+    q25, med, q75 = (float(x) for x in np.percentile(a, [25, 50, 75]))
+    return {
+        "median_ms": med,
+        "q25_ms": q25,
+        "q75_ms": q75,
+        "iqr_ms": q75 - q25,
+        "min_ms": float(a.min()),
+        "reps": len(samples_ms),
+    }
+
+
+def _time_calls(fn: Callable[[], Any], device: torch.device, warmup: int, reps: int) -> dict[str, float]:
+    """Run ``fn`` ``warmup`` times untimed, then ``reps`` times each bracketed by events / a clock."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    samples: list[float] = []
+    if device.type == "cuda":
+        ev = [
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)
+        ]
+        for s, e in ev:
+            s.record()
+            fn()
+            e.record()
+        torch.cuda.synchronize(device)
+        samples = [s.elapsed_time(e) for s, e in ev]
+    else:
+        for _ in range(reps):
+            t = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - t) * 1e3)
+    return _stats(samples)
+
+
+def model_device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def model_dtype(model: nn.Module) -> torch.dtype:
+    return next(p for p in model.parameters() if p.is_floating_point()).dtype
+
+
+def param_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def weight_bytes_per_step(model: nn.Module) -> int:
+    """Bytes of parameters one decode step must read: all of them except the input embedding table
+    (a step reads only B rows of it), unless that table is tied to the output head."""
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    skip: set[int] = set()
+    if emb is not None and (out is None or out.weight is not emb.weight):
+        skip.add(id(emb.weight))
+    seen: set[int] = set()
+    total = 0
+    for p in model.parameters():
+        if id(p) in seen or id(p) in skip:
+            continue
+        seen.add(id(p))
+        total += p.numel() * p.element_size()
+    return total
+
+
+def copy_bandwidth(device: torch.device, nbytes: int = 2 * 2**30, reps: int = 20) -> dict[str, Any]:
+    """Device-to-device copy bandwidth (bytes read + bytes written per second), median of ``reps``."""
+    if device.type != "cuda":
+        return {"status": "skipped", "reason": "copy bandwidth is measured on CUDA only"}
+    n = nbytes // 2
+    bufs = [torch.empty(n, dtype=torch.bfloat16, device=device).normal_()]
+    bufs.append(torch.empty_like(bufs[0]))
+
+    def copy() -> None:
+        bufs[1].copy_(bufs[0])
+
+    st = _time_calls(copy, device, warmup=3, reps=reps)
+    moved = 2 * n * 2
+    st.update(bytes_moved=moved, buffer_bytes=n * 2, gbps=moved / (st["median_ms"] * 1e-3) / 1e9, status="ok")
+    bufs.clear()
+    _free(device)
+    return st
+
+
+# ------------------------------------------------------------------------- kernels
+
+_ATTN_PATTERNS = (
+    ("flash", re.compile(r"flash", re.I)),
+    ("cudnn", re.compile(r"cudnn.*(attn|attention|sdpa|fmha)|(attn|attention|sdpa|fmha).*cudnn", re.I)),
+    ("efficient", re.compile(r"fmha|efficient_attention|mem_eff|cutlassF", re.I)),
+)
+_GEMM = re.compile(
+    r"gemm|gemv|xmma|cutlass|nvjet|cublas|splitk|dot_kernel|lowrank|aten::(mm|addmm|bmm|linear|matmul)", re.I
+)
+
+
+def kernel_summary(fn: Callable[[], Any], device: torch.device, top: int = 12) -> dict[str, Any]:
+    """Profile one call of ``fn``; name the SDPA backend and the GEMM kernels it ran.
+
+    On CUDA the names are device kernels; on CPU they are ATen ops (the CPU has no kernels of
+    its own to name).
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    fn()
+    _sync(device)
+    with profile(activities=acts) as prof:
+        fn()
+        _sync(device)
+    times: dict[str, float] = {}
+    for evt in prof.events():
+        if device.type == "cuda":
+            if evt.device_type != torch.autograd.DeviceType.CUDA:
+                continue
+            t = getattr(evt, "device_time", None)
+            if t is None:
+                t = getattr(evt, "cuda_time", 0.0)
+        else:
+            if not evt.name.startswith("aten::"):
+                continue
+            t = evt.self_cpu_time_total
+        times[evt.name] = times.get(evt.name, 0.0) + float(t)
+    ranked = sorted(times.items(), key=lambda kv: -kv[1])
+    backend = None
+    for name, _ in ranked:
+        for label, pat in _ATTN_PATTERNS:
+            if pat.search(name):
+                backend = label
+                break
+        if backend:
+            break
+    if backend is None:
+        names = " ".join(times)
+        if "scaled_dot_product" in names:
+            m = re.search(r"_scaled_dot_product_(\w+?)_attention", names)
+            backend = m.group(1) if m else "sdpa"
+        elif re.search(r"softmax", names, re.I):
+            backend = "math"
+    total = sum(times.values()) or 1.0
+    gemms = [{"name": n[:160], "share": round(t / total, 4)} for n, t in ranked if _GEMM.search(n)][:top]
+    return {
+        "sdpa_backend": backend or "unknown",
+        "gemm_kernels": gemms,
+        "top_kernels": [{"name": n[:160], "share": round(t / total, 4)} for n, t in ranked[:top]],
+        "what": "cuda kernels" if device.type == "cuda" else "aten ops (cpu)",
+    }
+
+
+# --------------------------------------------------------------------------- points
+
+
+def _vocab(model: nn.Module) -> int:
+    return int(model.config.vocab_size)
+
+
+@torch.no_grad()
+def prefill_point(model: nn.Module, batch: int, seq: int, cfg: SweepConfig) -> dict[str, Any]:
+    """Latency of one prompt forward pass at ``batch × seq`` (last-position logits only)."""
+    dev = model_device(model)
+    g = torch.Generator(device="cpu").manual_seed(batch * 100003 + seq)
+    ids = torch.randint(0, _vocab(model), (batch, seq), generator=g).to(dev)
+
+    def step() -> Any:
+        return model(input_ids=ids, use_cache=False, logits_to_keep=1)
+
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    st = _time_calls(step, dev, cfg.prefill_warmup, cfg.prefill_reps)
+    rec: dict[str, Any] = {"phase": "prefill", "batch": batch, "seq": seq, "status": "ok", **st}
+    rec["tokens_per_s"] = batch * seq / (st["median_ms"] * 1e-3)
+    rec["peak_mem_gib"] = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None
+    return rec
+
+
+class DecodeStep:
+    """One batched decode step against a static KV cache, replayable as a CUDA graph.
+
+    Args:
+        model: a Hugging Face causal LM.
+        batch: sequences decoded together.
+        kv: slots of the static cache (the attended length).
+        graphs: capture the step as a CUDA graph (CUDA only).
+    """
+
+    def __init__(self, model: nn.Module, batch: int, kv: int, graphs: bool) -> None:
+        from transformers import StaticCache
+
+        self.model = model
+        self.dev = model_device(model)
+        if graphs and self.dev.type != "cuda":
+            raise GacError("CUDA graphs were asked for, but the model is on CPU; drop --graphs or use a GPU")
+        self.batch, self.kv, self.graphs = batch, kv, graphs
+        self.cache = StaticCache(config=model.config, max_cache_len=kv)
+        g = torch.Generator(device="cpu").manual_seed(batch * 7919 + kv)
+        self.ids = torch.randint(0, _vocab(model), (batch, 1), generator=g).to(self.dev)
+        self._eager()  # allocates the cache (lazy in transformers)
+        for layer in self.cache.layers:  # random, not zero, keys and values
+            layer.keys.normal_(0, 1)
+            layer.values.normal_(0, 1)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.out: Any = None
+        if graphs:
+            s = torch.cuda.Stream(self.dev)
+            s.wait_stream(torch.cuda.current_stream(self.dev))
+            with torch.cuda.stream(s):
+                for _ in range(2):
+                    self._eager()
+            torch.cuda.current_stream(self.dev).wait_stream(s)
+            self.set_position(0)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.out = self._eager()
+        self.set_position(0)
+
+    @property
+    def kv_bytes(self) -> int:
+        return sum(
+            layer.keys.numel() * layer.keys.element_size()
+            + layer.values.numel() * layer.values.element_size()
+            for layer in self.cache.layers
+        )
+
+    def set_position(self, pos: int) -> None:
+        for layer in self.cache.layers:
+            layer.cumulative_length.fill_(pos)
+
+    def _eager(self) -> Any:
+        return self.model(input_ids=self.ids, past_key_values=self.cache, use_cache=True).logits
+
+    def __call__(self) -> Any:
+        if self.graph is not None:
+            self.graph.replay()
+            return self.out
+        return self._eager()
+
+    def close(self) -> None:
+        self.graph = None
+        self.out = None
+        self.cache = None
+
+
+@torch.no_grad()
+def decode_point(
+    model: nn.Module,
+    batch: int,
+    kv: int,
+    cfg: SweepConfig,
+    graphs: bool,
+    wbytes: int,
+    copy_gbps: float | None,
+) -> dict[str, Any]:
+    """Per-token latency and tokens/s of decode steps at ``batch`` against ``kv`` cached positions."""
+    dev = model_device(model)
+    n = cfg.decode_warmup + cfg.decode_reps
+    if n > kv:
+        raise GacError(f"decode needs warmup + reps ({n}) <= KV length ({kv})")
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    step = DecodeStep(model, batch, kv, graphs)
+    try:
+        step.set_position(kv - n)  # the timed steps end on the cache's last slot
+        st = _time_calls(step, dev, cfg.decode_warmup, cfg.decode_reps)
+        kvb = step.kv_bytes
+    finally:
+        step.close()
+    sec = st["median_ms"] * 1e-3
+    rec: dict[str, Any] = {
+        "phase": "decode",
+        "batch": batch,
+        "kv": kv,
+        "status": "ok",
+        "graphs": graphs,
+        **st,
+    }
+    rec.update(
+        tokens_per_s=batch / sec,
+        ms_per_token=st["median_ms"],
+        weight_bytes=wbytes,
+        kv_bytes=kvb,
+        weight_gbps=wbytes / sec / 1e9,
+        total_gbps=(wbytes + kvb) / sec / 1e9,
+    )
+    if copy_gbps:
+        rec["weight_bw_frac"] = rec["weight_gbps"] / copy_gbps
+        rec["total_bw_frac"] = rec["total_gbps"] / copy_gbps
+    rec["peak_mem_gib"] = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None
+    return rec
+
+
+# ---------------------------------------------------------------------------- sweep
+
+
+def _guard(point: Callable[[], dict[str, Any]], key: dict[str, Any], dev: torch.device) -> dict[str, Any]:
+    try:
+        return point()
+    except GacError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a failing point is recorded and the sweep goes on
+        msg = (str(e).splitlines()[0] if str(e) else type(e).__name__)[:300]
+        _free(dev)
+        if _is_oom(e):
+            return {**key, "status": "oom", "error": msg}
+        console.print(f"[yellow]warning[/yellow]: {key} failed: {type(e).__name__}: {msg}")
+        return {**key, "status": "error", "error": f"{type(e).__name__}: {msg}"}
+
+
+def sweep_model(
+    model: nn.Module, cfg: SweepConfig, copy_gbps: float | None = None, label: str = "model"
+) -> dict[str, Any]:
+    """Run the prefill and decode grids on one model. OOM points are recorded, not raised."""
+    from gac.utils import progress
+
+    dev = model_device(model)
+    graphs = cfg.graphs if cfg.graphs is not None else dev.type == "cuda"
+    if graphs and dev.type != "cuda":
+        raise GacError("CUDA graphs were asked for, but the model is on CPU; drop --graphs or use a GPU")
+    model.eval()
+    wbytes = weight_bytes_per_step(model)
+    out: dict[str, Any] = {
+        "params": param_count(model),
+        "weight_bytes_per_step": wbytes,
+        "dtype": str(model_dtype(model)).removeprefix("torch."),
+        "attn_implementation": getattr(model.config, "_attn_implementation", None),
+        "graphs": graphs,
+        "prefill": [],
+        "decode": [],
+    }
+    grid_p = [(b, s) for b in cfg.prefill_batches for s in cfg.prefill_seqs]
+    grid_d = [(b, k) for b in cfg.decode_batches for k in cfg.decode_kv]
+    with progress() as p:
+        task = p.add_task(f"{label}: prefill + decode", total=len(grid_p) + len(grid_d))
+        for b, s in grid_p:
+            out["prefill"].append(
+                _guard(
+                    lambda b=b, s=s: prefill_point(model, b, s, cfg),
+                    {"phase": "prefill", "batch": b, "seq": s},
+                    dev,
+                )
+            )
+            p.advance(task)
+            _free(dev)
+        for b, k in grid_d:
+            out["decode"].append(
+                _guard(
+                    lambda b=b, k=k: decode_point(model, b, k, cfg, graphs, wbytes, copy_gbps),
+                    {"phase": "decode", "batch": b, "kv": k},
+                    dev,
+                )
+            )
+            p.advance(task)
+            _free(dev)
+    if cfg.profile_kernels:
+        out["kernels"] = {}
+        with torch.no_grad():
+            try:
+                b, s = grid_p[0]
+                ids = torch.randint(0, _vocab(model), (b, s)).to(dev)
+                out["kernels"]["prefill"] = {
+                    "batch": b,
+                    "seq": s,
+                    **kernel_summary(lambda: model(input_ids=ids, use_cache=False, logits_to_keep=1), dev),
+                }
+                b, k = grid_d[0]
+                step = DecodeStep(model, b, k, graphs=False)
+                step.set_position(k // 2)
+                out["kernels"]["decode"] = {"batch": b, "kv": k, **kernel_summary(step, dev)}
+                step.close()
+            except Exception as e:  # noqa: BLE001 - kernel names are a nice-to-have; record why not
+                if not _is_oom(e):
+                    raise
+                out["kernels"]["error"] = "oom"
+        _free(dev)
+    return out
+
+
+def run_sweep(
+    variants: list[Variant], cfg: SweepConfig, device: torch.device | str | None = None
+) -> dict[str, Any]:
+    """Build, time and free each variant in turn (the dense baseline first) and add speedups."""
+    from gac.hardware.timing import environment, resolve_device
+
+    dev = resolve_device(device)
+    if cfg.graphs and dev.type != "cuda":
+        raise GacError("CUDA graphs were asked for, but no CUDA device is in use; drop --graphs or use a GPU")
+    res: dict[str, Any] = {"schema": SCHEMA, "env": environment(dev), "config": cfg.to_dict()}
+    res["copy_bandwidth"] = copy_bandwidth(dev, cfg.copy_bytes)
+    copy_gbps = res["copy_bandwidth"].get("gbps")
+    res["variants"] = {}
+    for v in variants:
+        console.print(f"[bold]building[/bold] {v.name}")
+        model = v.build()
+        try:
+            rec = sweep_model(model, cfg, copy_gbps, label=v.name)
+        finally:
+            del model
+            _free(dev)
+        rec["meta"] = v.meta
+        res["variants"][v.name] = rec
+    add_speedups(res)
+    return res
+
+
+def add_speedups(res: dict[str, Any], baseline: str | None = None) -> None:
+    """Speedups of every variant over the first (or ``baseline``) at each point, and the bytes-ideal ratio."""
+    names = list(res["variants"])
+    if not names:
+        return
+    base = baseline or names[0]
+    res["baseline"] = base
+    b = res["variants"][base]
+    bp = {(r["batch"], r["seq"]): r for r in b["prefill"]}
+    bd = {(r["batch"], r["kv"]): r for r in b["decode"]}
+    for name in names:
+        v = res["variants"][name]
+        for r in v["prefill"]:
+            ref = bp.get((r["batch"], r["seq"]))
+            if r.get("status") == "ok" and ref and ref.get("status") == "ok":
+                r["speedup"] = ref["median_ms"] / r["median_ms"]
+        for r in v["decode"]:
+            ref = bd.get((r["batch"], r["kv"]))
+            if r.get("status") == "ok" and ref and ref.get("status") == "ok":
+                r["speedup"] = ref["median_ms"] / r["median_ms"]
+                r["bytes_ideal_speedup"] = (ref["weight_bytes"] + ref["kv_bytes"]) / (
+                    r["weight_bytes"] + r["kv_bytes"]
+                )
+                r["speedup_vs_ideal"] = r["speedup"] / r["bytes_ideal_speedup"]
+
+
+# ---------------------------------------------------------------------------- output
+
+CSV_FIELDS = (
+    "variant", "phase", "batch", "seq", "kv", "status", "median_ms", "q25_ms", "q75_ms", "min_ms", "reps",
+    "tokens_per_s", "speedup", "weight_gbps", "weight_bw_frac", "bytes_ideal_speedup", "speedup_vs_ideal", "peak_mem_gib",
+)  # fmt: skip
+
+
+def to_csv(res: dict[str, Any]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, extrasaction="ignore")
+    w.writeheader()
+    for name, v in res["variants"].items():
+        for r in v["prefill"] + v["decode"]:
+            w.writerow({"variant": name, **{k: _fmt(r.get(k)) for k in CSV_FIELDS if k != "variant"}})
+    return buf.getvalue()
+
+
+def _fmt(x: Any) -> Any:
+    if isinstance(x, float):
+        return f"{x:.6g}"
+    return "" if x is None else x
+
+
+def plot(res: dict[str, Any], out: Path) -> list[Path]:
+    """Prefill latency against prompt length (one line per variant and batch) and decode tokens/s."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for name, v in res["variants"].items():
+        for b in sorted({r["batch"] for r in v["prefill"]}):
+            pts = [
+                (r["seq"], r["median_ms"])
+                for r in v["prefill"]
+                if r["batch"] == b and r.get("status") == "ok"
+            ]
+            if pts:
+                xs, ys = zip(*sorted(pts), strict=True)
+                ax.plot(xs, ys, marker="o", label=f"{name} B={b}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("prompt length S (tokens)")
+    ax.set_ylabel("prefill latency (ms, median)")
+    ax.set_title(f"Prefill latency — {res['env'].get('gpu', '?')}")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    p = out / "prefill_latency.png"
+    fig.savefig(p, dpi=120)
+    plt.close(fig)
+    paths.append(p)
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    names = list(res["variants"])
+    keys = sorted({(r["batch"], r["kv"]) for v in res["variants"].values() for r in v["decode"]})
+    width = 0.8 / max(len(names), 1)
+    for i, name in enumerate(names):
+        rec = {(r["batch"], r["kv"]): r for r in res["variants"][name]["decode"]}
+        ys = [
+            rec[k].get("tokens_per_s", 0.0) if k in rec and rec[k].get("status") == "ok" else 0.0
+            for k in keys
+        ]
+        ax.bar(np.arange(len(keys)) + i * width, ys, width, label=name)
+    ax.set_xticks(np.arange(len(keys)) + width * (len(names) - 1) / 2)
+    ax.set_xticklabels([f"B={b}\nKV={k}" for b, k in keys], fontsize=8)
+    ax.set_ylabel("decode tokens/s (median)")
+    ax.set_yscale("log")
+    ax.set_title(f"Decode throughput — {res['env'].get('gpu', '?')}")
+    ax.legend(fontsize=7)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    p = out / "decode_tps.png"
+    fig.savefig(p, dpi=120)
+    plt.close(fig)
+    paths.append(p)
+    return paths
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (np.floating, np.integer)):
+        return o.item()
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    return str(o)
+
+
+def write_results(res: dict[str, Any], out: str | Path, plots: bool = True) -> Path:
+    """Write ``infer.json``, ``infer.csv`` and the plots into the directory ``out``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "infer.json", json.dumps(res, indent=1, default=_json_default))
+    atomic_write_text(out / "infer.csv", to_csv(res))
+    if plots:
+        plot(res, out)
+    return out / "infer.json"

@@ -1,0 +1,182 @@
+"""Horizontal fusion: one GEMM for the projections that read the same input.
+
+In a Llama-style block, ``q_proj``, ``k_proj`` and ``v_proj`` all read the same hidden
+state, and so do ``gate_proj`` and ``up_proj``.  At decode time each of them is a small
+GEMV, so launches and tails dominate.  :func:`fuse_projections_` replaces such a group by
+
+* one :class:`FusedInputProjection` on the parent module, holding the rows of every
+  member's *first stage* concatenated: the full weight of a dense ``nn.Linear`` member,
+  the ``v`` factor of a :class:`~gac.surgery.factorized.FactorizedLinear` member;
+* one :class:`FusedSlice` per member, in the member's place: it asks the group for its
+  slice of the fused product (computed once per input) and, for a factorized member,
+  applies the member's own ``u`` factor.
+
+The transform is exact up to floating-point summation order (the same dot products, one
+launch), keeps device and dtype, and has a way back (:func:`unfuse_projections_`).
+The attention and MLP code of the model is untouched: it still calls ``self.q_proj(x)``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gac.surgery.factorized import FactorizedLinear
+
+DEFAULT_GROUPS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+class FusedInputProjection(nn.Module):
+    """The concatenated first stage of several projections of one input.
+
+    Args:
+        members: ``nn.Linear`` or ``FactorizedLinear`` modules with the same ``in_features``.
+
+    The product is computed once per distinct input tensor and handed out slice by slice;
+    it is dropped as soon as every member has taken its slice, so no activation is kept
+    between forward passes.
+    """
+
+    def __init__(self, members: list[nn.Module]) -> None:
+        super().__init__()
+        ws, bs, self.splits, self.kinds = [], [], [], []
+        any_bias = False
+        for m in members:
+            if isinstance(m, FactorizedLinear):
+                w, b, kind = m.v.weight, None, "factorized"
+            elif isinstance(m, nn.Linear):
+                w, b, kind = m.weight, m.bias, "linear"
+            else:
+                raise TypeError(f"cannot fuse a {type(m).__name__}; only nn.Linear and FactorizedLinear")
+            any_bias |= b is not None
+            ws.append(w)
+            bs.append(b)
+            self.splits.append(int(w.shape[0]))
+            self.kinds.append(kind)
+        ins = {int(w.shape[1]) for w in ws}
+        if len(ins) != 1:
+            raise ValueError(f"members disagree on in_features: {sorted(ins)}")
+        self.in_features = ins.pop()
+        self.weight = nn.Parameter(torch.cat([w.detach() for w in ws], 0), requires_grad=False)
+        if any_bias:
+            parts = [
+                b.detach() if b is not None else torch.zeros(n, dtype=ws[0].dtype, device=ws[0].device)
+                for b, n in zip(bs, self.splits, strict=True)
+            ]
+            self.bias = nn.Parameter(torch.cat(parts), requires_grad=False)
+        else:
+            self.bias = None
+        self._key: tuple[int, int, int] | None = None
+        self._parts: list[torch.Tensor | None] = []
+
+    def part(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        """Slice ``index`` of ``x @ W_catᵀ (+ b)``, computing the product once per input."""
+        key = (id(x), x.data_ptr(), x._version)
+        if key != self._key or self._parts[index] is None:
+            y = F.linear(x, self.weight, self.bias)
+            self._parts = list(y.split(self.splits, dim=-1))
+            self._key = key
+        out = self._parts[index]
+        self._parts[index] = None
+        if all(p is None for p in self._parts):
+            self._key, self._parts = None, []
+        assert out is not None
+        return out
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, splits={self.splits}, kinds={self.kinds}"
+
+
+class FusedSlice(nn.Module):
+    """A member of a fused group: its slice of the shared GEMM, then its own ``u`` if factorized."""
+
+    def __init__(self, group: FusedInputProjection, index: int, original: nn.Module) -> None:
+        super().__init__()
+        object.__setattr__(self, "group", group)  # owned by the parent module, not registered twice
+        self.index = index
+        self.in_features = group.in_features
+        self.out_features = int(getattr(original, "out_features", group.splits[index]))
+        self.u = original.u if isinstance(original, FactorizedLinear) else None
+
+    @property
+    def rank(self) -> int | None:
+        return self.group.splits[self.index] if self.u is not None else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.group.part(x, self.index)
+        return self.u(y) if self.u is not None else y
+
+    def to_original(self) -> nn.Module:
+        """The stand-alone ``nn.Linear`` / ``FactorizedLinear`` this slice came from."""
+        g = self.group
+        lo = sum(g.splits[: self.index])
+        hi = lo + g.splits[self.index]
+        w = g.weight.detach()[lo:hi]
+        if self.u is None:
+            b = g.bias.detach()[lo:hi] if g.bias is not None else None
+            lin = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device=w.device, dtype=w.dtype)
+            with torch.no_grad():
+                lin.weight.copy_(w)
+                if b is not None:
+                    lin.bias.copy_(b)
+            return lin
+        fl = FactorizedLinear(
+            w.shape[1],
+            w.shape[0],
+            self.u.out_features,
+            bias=self.u.bias is not None,
+            device=w.device,
+            dtype=w.dtype,
+        )
+        with torch.no_grad():
+            fl.v.weight.copy_(w)
+        fl.u = self.u
+        return fl
+
+    def extra_repr(self) -> str:
+        return f"index={self.index}, in_features={self.in_features}, out_features={self.out_features}, factorized={self.u is not None}"
+
+
+def fuse_projections_(model: nn.Module, groups: tuple[tuple[str, ...], ...] = DEFAULT_GROUPS) -> list[str]:
+    """Fuse every group of sibling projections of ``model`` in place.
+
+    Args:
+        model: any module tree (a Hugging Face causal LM, a decoder layer...).
+        groups: child-name tuples to fuse when all are present on one parent and each is an
+            ``nn.Linear`` or ``FactorizedLinear`` of the same ``in_features``.
+
+    Returns:
+        The qualified names of the fused groups (``model.layers.0.self_attn:q_proj+k_proj+v_proj``).
+    """
+    done: list[str] = []
+    for pname, parent in list(model.named_modules()):
+        for names in groups:
+            members = [getattr(parent, n, None) for n in names]
+            if not all(isinstance(m, (nn.Linear, FactorizedLinear)) for m in members):
+                continue
+            if len({m.in_features for m in members}) != 1:
+                continue
+            group = FusedInputProjection(members)
+            attr = "fused_" + "_".join(n.removesuffix("_proj") for n in names)
+            setattr(parent, attr, group)
+            for i, (n, m) in enumerate(zip(names, members, strict=True)):
+                setattr(parent, n, FusedSlice(group, i, m))
+            done.append(f"{pname}:{'+'.join(names)}")
+    return done
+
+
+def unfuse_projections_(model: nn.Module) -> int:
+    """Undo :func:`fuse_projections_`: put stand-alone modules back. Returns the groups undone."""
+    n = 0
+    for _, parent in list(model.named_modules()):
+        fused_attrs = [k for k, v in parent._modules.items() if isinstance(v, FusedInputProjection)]
+        if not fused_attrs:
+            continue
+        for k, v in list(parent._modules.items()):
+            if isinstance(v, FusedSlice):
+                setattr(parent, k, v.to_original())
+        for k in fused_attrs:
+            delattr(parent, k)
+            n += 1
+    return n

@@ -1,0 +1,76 @@
+"""Horizontal fusion is exact (CPU, float32 and float64) and reversible."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gac.kernels.fusion import FusedInputProjection, FusedSlice, fuse_projections_, unfuse_projections_
+from gac.surgery.factorized import FactorizedLinear, replace_module
+from gac.testing import tiny_model
+
+
+def _factorize_some(model, ranks=(7, 13, 5, 31, 3)):
+    """Replace some projections by random factorized layers of odd ranks (mixed dense/low-rank groups)."""
+    names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and "layers" in n]
+    for i, n in enumerate(names):
+        if i % 2 == 0:
+            lin = model.get_submodule(n)
+            r = ranks[i % len(ranks)]
+            u = torch.randn(lin.out_features, r, dtype=lin.weight.dtype) * r**-0.5
+            v = torch.randn(r, lin.in_features, dtype=lin.weight.dtype) * lin.in_features**-0.5
+            replace_module(model, n, FactorizedLinear.from_factors(u, v, lin.bias))
+    return model
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("lowrank", [False, True])
+def test_fusion_is_exact_on_logits(family, lowrank):
+    model = tiny_model(family, dtype=torch.float64)
+    if lowrank:
+        _factorize_some(model)
+    ids = torch.randint(0, 250, (2, 17))
+    with torch.no_grad():
+        ref = model(ids).logits
+        groups = fuse_projections_(model)
+        assert len(groups) == 2 * 2  # (qkv, gate/up) x 2 layers
+        got = model(ids).logits
+    assert sum(isinstance(m, FusedSlice) for m in model.modules()) == 2 * 5
+    torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+    # the fused weight holds exactly the first-stage rows of the members
+    g = next(m for m in model.modules() if isinstance(m, FusedInputProjection))
+    assert g.weight.shape[0] == sum(g.splits)
+    # and the way back restores stand-alone modules with the same outputs
+    assert unfuse_projections_(model) == 4
+    assert not any(isinstance(m, (FusedSlice, FusedInputProjection)) for m in model.modules())
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_fusion_float32_close_and_no_activation_kept():
+    model = _factorize_some(tiny_model("llama"))
+    ids = torch.randint(0, 250, (1, 9))
+    with torch.no_grad():
+        ref = model(ids).logits
+        fuse_projections_(model)
+        got = model(ids).logits
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    for m in model.modules():
+        if isinstance(m, FusedInputProjection):
+            assert m._parts == [] and m._key is None  # every slice was consumed
+
+
+def test_fused_group_recomputes_for_a_new_input():
+    a = torch.nn.Linear(8, 3, bias=True).double()
+    b = FactorizedLinear.from_factors(torch.randn(5, 2).double(), torch.randn(2, 8).double())
+    g = FusedInputProjection([a, b])
+    sa, sb = FusedSlice(g, 0, a), FusedSlice(g, 1, b)
+    x1, x2 = torch.randn(4, 8).double(), torch.randn(4, 8).double()
+    torch.testing.assert_close(sa(x1), a(x1))
+    torch.testing.assert_close(sa(x2), a(x2))  # x1's slice of b never taken: recomputed for x2
+    torch.testing.assert_close(sb(x2), b(x2))
+
+
+def test_fusion_rejects_mismatched_inputs():
+    with pytest.raises(ValueError, match="in_features"):
+        FusedInputProjection([torch.nn.Linear(8, 3), torch.nn.Linear(9, 3)])
