@@ -1,9 +1,107 @@
-"""`gac analyze` (being written)."""
+"""``gac analyze MODEL``: every dim that reaches a kernel, judged against a GPU profile."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import typer
+
+from gac.errors import GacError
+
+_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def parse_dtype(name: str):
+    """``float32`` / ``float16`` / ``bfloat16`` -> torch dtype."""
+    import torch
+
+    if name not in _DTYPES:
+        raise GacError(f"unknown dtype {name!r}; choose one of: {', '.join(_DTYPES)}")
+    return getattr(torch, name)
+
+
+def render_analysis(an, console) -> None:
+    """Print the grouped table and the misaligned dims of an :class:`~gac.models.inventory.Analysis`."""
+    from rich.table import Table
+
+    t = Table(title=f"{an.family} dims under {an.profile['id']}", show_lines=False)
+    for col, just in (
+        ("kind", "left"),
+        ("op class", "left"),
+        ("count", "right"),
+        ("values", "left"),
+        ("aligned", "right"),
+        ("worst penalty", "right"),
+    ):
+        t.add_column(col, justify=just)
+    for g in an.groups():
+        vals = g["values"]
+        shown = ", ".join(map(str, vals[:6])) + (f" (+{len(vals) - 6} more)" if len(vals) > 6 else "")
+        if g["pct_aligned"] is None:
+            al, pen = "-", "-"
+        else:
+            colour = "green" if g["pct_aligned"] == 100 else ("yellow" if g["pct_aligned"] > 0 else "red")
+            al = f"[{colour}]{g['pct_aligned']:.0f}%[/{colour}]"
+            pen = f"{g['worst_penalty']:.2f}x"
+        t.add_row(g["kind"], g["op"] or "(info)", str(g["count"]), shown, al, pen)
+    console.print(t)
+    bad = an.misaligned
+    if bad:
+        # one row per distinct (kind, value): the penalty is a function of those two
+        seen: dict[tuple[str, int], list] = {}
+        for d in bad:
+            seen.setdefault((d.kind, d.value), []).append(d)
+        mt = Table(title="misaligned dims: predicted latency penalty from the profile")
+        for col in ("kind", "dim", "op class", "penalty", "pad to", "where (first)", "n"):
+            mt.add_column(col, justify="right" if col in ("dim", "penalty", "pad to", "n") else "left")
+        for (kind, value), ds in sorted(seen.items(), key=lambda kv: -kv[1][0].penalty):
+            d = ds[0]
+            mt.add_row(kind, str(value), d.op, f"{d.penalty:.2f}x", str(d.target), d.where, str(len(ds)))
+        console.print(mt)
+    n = len(an.judged)
+    console.print(
+        f"[bold]{an.pct_aligned:.1f}%[/bold] of {n} kernel dims aligned "
+        f"({len(bad)} misaligned) under profile [bold]{an.profile['id']}[/bold]: {an.profile['label']}"
+    )
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    @app.command("analyze")
+    def analyze_cmd(
+        model: str = typer.Argument(
+            ..., help="alias (smollm2), HF dir or hub id, .gguf file, or gac-saved dir"
+        ),
+        profile: str = typer.Option(
+            "auto", "--profile", "-p", help="profile JSON, shipped profile id, 'default' or 'auto'"
+        ),
+        json_out: Path | None = typer.Option(None, "--json", help="write the full analysis as JSON"),
+        plot: Path | None = typer.Option(None, "--plot", help="write the dimension histogram PNG"),
+        dtype: str = typer.Option("float32", "--dtype", help="dtype to load the model in"),
+        trust_remote_code: bool = typer.Option(
+            False, "--trust-remote-code", help="allow the model's own Python code (off by default)"
+        ),
+    ) -> None:
+        """Inventory every dim that reaches a GPU kernel and judge it against a profile."""
+        from rich.console import Console
+
+        from gac.hardware.profile import load_profile
+        from gac.models import load_model
+        from gac.models.inventory import analyze, plot_histogram
+        from gac.utils import atomic_write_text, console
+
+        prof = load_profile(profile)
+        console.print(
+            f"profile: {prof.id} ({'measured' if prof.measured else 'NOT measured'}) - {prof.label}"
+        )
+        lm = load_model(model, dtype=parse_dtype(dtype), trust_remote_code=trust_remote_code)
+        an = analyze(lm.model, prof)
+        render_analysis(an, Console())
+        if json_out is not None:
+            doc = an.to_dict()
+            doc["model"] = lm.source
+            atomic_write_text(json_out, json.dumps(doc, indent=1))
+            console.print(f"wrote {json_out}")
+        if plot is not None:
+            plot_histogram(an, plot, title=f"dimension distribution: {model}")
+            console.print(f"wrote {plot}")

@@ -1,9 +1,69 @@
-"""`gac repair` (being written)."""
+"""``gac repair MODEL --strategy S --out DIR``: zero-pad misaligned dims without changing outputs."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import typer
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    @app.command("repair")
+    def repair_cmd(
+        model: str = typer.Argument(
+            ..., help="alias (smollm2), HF dir or hub id, .gguf file, or gac-saved dir"
+        ),
+        out: Path = typer.Option(..., "--out", "-o", help="output directory (written atomically)"),
+        strategy: str = typer.Option(
+            "minimal", "--strategy", "-s", help="minimal (x8), optimal (x16) or profile (the profile's rules)"
+        ),
+        profile: str = typer.Option(
+            "auto", "--profile", "-p", help="profile JSON, shipped profile id, 'default' or 'auto'"
+        ),
+        overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing output directory"),
+        trust_remote_code: bool = typer.Option(
+            False, "--trust-remote-code", help="allow the model's own Python code (off by default)"
+        ),
+    ) -> None:
+        """Pad misaligned dims with zeros (exact: same logits) and save the repaired model."""
+        from rich.table import Table
+
+        from gac.errors import GacError
+        from gac.hardware.profile import load_profile
+        from gac.models import load_model
+        from gac.surgery.repair import STRATEGIES, repair_, save_repaired
+        from gac.utils import console
+
+        if strategy not in STRATEGIES:
+            raise GacError(f"unknown repair strategy {strategy!r}; choose one of: {', '.join(STRATEGIES)}")
+        if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
+            raise GacError(f"output {out} already exists and is not empty (pass --overwrite to replace it)")
+        prof = load_profile(profile)
+        console.print(
+            f"profile: {prof.id} ({'measured' if prof.measured else 'NOT measured'}) - {prof.label}"
+        )
+        lm = load_model(model, trust_remote_code=trust_remote_code)
+        report = repair_(lm.model, strategy=strategy, profile=prof)
+        for s in report.skipped:
+            console.print(f"[yellow]not padded:[/yellow] {s}")
+        if report.noop:
+            console.print(f"{report.summary()}; nothing written to {out}")
+            return
+        t = Table(title=f"repair ({strategy})")
+        for col in ("kind", "where", "before", "after"):
+            t.add_column(col, justify="right" if col in ("before", "after") else "left")
+        grouped: dict[tuple[str, int, int], list[str]] = {}
+        for c in report.changes:
+            grouped.setdefault((c.kind, c.before, c.after), []).append(c.where)
+        for (kind, b, a), wheres in grouped.items():
+            where = wheres[0] if len(wheres) == 1 else f"{wheres[0]} (+{len(wheres) - 1} more)"
+            t.add_row(kind, where, str(b), str(a))
+        console.print(t)
+        source = dict(lm.source)
+        save_repaired(lm.model, out, report, tokenizer=lm.tokenizer, overwrite=overwrite, source=source)
+        console.print(report.summary())
+        console.print(f"wrote {out} (load it with gac.models.load_model({str(out)!r}))")
+        typer.echo(
+            json.dumps({"out": str(out), **{k: v for k, v in report.to_dict().items() if k != "changes"}})
+        )
