@@ -67,3 +67,99 @@ def ppl_cmd(
     if out:
         atomic_write_text(Path(out), json.dumps(res, indent=2) + "\n")
     typer.echo(json.dumps(res))
+
+
+@eval_app.command("lm_eval")
+def lm_eval_cmd(
+    variant: str = typer.Option(
+        ..., "--variant", help="baseline | a model directory | SPEC (asvd:0.85:gac)."
+    ),
+    suite: str = typer.Option("lm_eval", "--suite", help="lm_eval | ppl."),
+    baseline_model_id: str | None = typer.Option(
+        None, "--baseline-model-id", help="Base model: alias (smollm2), HF id, directory or GGUF."
+    ),
+    out: str = typer.Option(..., "--out", help="Results directory (lm_eval.json / ppl.json, variant.json)."),
+    tasks: str | None = typer.Option(
+        None,
+        "--tasks",
+        help="lm-eval tasks, comma separated (default: piqa,hellaswag,arc_easy,arc_challenge,winogrande).",
+    ),
+    limit: float | None = typer.Option(None, "--limit", help="Examples per task (default: the full sets)."),
+    batch_size: int = typer.Option(8, "--batch-size"),
+    num_fewshot: int | None = typer.Option(None, "--num-fewshot"),
+    include_path: list[str] | None = typer.Option(None, "--include-path", help="Folder of local task YAMLs."),
+    dataset: str = typer.Option(
+        "wikitext2", "--dataset", help="ppl suite: wikitext2 | c4 | britannica | text:PATH."
+    ),
+    seq_len: int = typer.Option(2048, "--seq-len", help="ppl suite: window length."),
+    max_windows: int | None = typer.Option(None, "--max-windows", help="ppl suite: first N windows only."),
+    device: str = typer.Option("auto", "--device"),
+    dtype: str = typer.Option("auto", "--dtype"),
+    overwrite: bool = typer.Option(False, "--overwrite"),
+) -> None:
+    """Downstream accuracy (lm-eval tasks) or perplexity of a variant: the `python -m gac.llm_eval` entry point."""
+    from gac.llm_eval import _limit, evaluate
+
+    evaluate(
+        variant,
+        suite,
+        baseline_model_id,
+        out,
+        tasks=[t.strip() for t in tasks.split(",") if t.strip()] if tasks else None,
+        limit=_limit(limit),
+        batch_size=batch_size,
+        num_fewshot=num_fewshot,
+        include_path=include_path or None,
+        dataset=dataset,
+        seq_len=seq_len,
+        max_windows=max_windows,
+        device=device,
+        dtype=dtype,
+        overwrite=overwrite,
+    )
+
+
+@eval_app.command("infer")
+def infer_cmd(
+    variant: str = typer.Option(
+        "baseline", "--variant", help="baseline | a model directory | SPEC (asvd:0.85:gac)."
+    ),
+    baseline_model_id: str | None = typer.Option(
+        None, "--baseline-model-id", help="Base model (timed first)."
+    ),
+    out: str = typer.Option(..., "--out", help="Results directory (infer.json, infer.csv, plots)."),
+    prefill_batches: str = typer.Option("1,8", "--prefill-batches"),
+    prefill_seqs: str = typer.Option("128,512,1024,2048", "--prefill-seqs"),
+    decode_batches: str = typer.Option("1,16,64", "--decode-batches"),
+    decode_kv: str = typer.Option("512,4096", "--decode-kv"),
+    graphs: bool | None = typer.Option(
+        None, "--graphs/--no-graphs", help="CUDA-graph decode (default: on GPU)."
+    ),
+    fuse: bool = typer.Option(False, "--fuse", help="Fuse q/k/v and gate/up first stages (exact)."),
+    triton: bool = typer.Option(False, "--triton", help="Fused Triton low-rank GEMV for decode (CUDA)."),
+    prefill_reps: int = typer.Option(10, "--prefill-reps"),
+    decode_reps: int = typer.Option(30, "--decode-reps"),
+    device: str = typer.Option("auto", "--device"),
+    dtype: str = typer.Option("auto", "--dtype"),
+    overwrite: bool = typer.Option(False, "--overwrite"),
+) -> None:
+    """Prefill and decode speed of a variant next to its dense baseline: the `python -m gac.llm_run` entry point."""
+    from gac.llm_run import run
+
+    run(
+        variant,
+        baseline_model_id,
+        out,
+        prefill_batches=prefill_batches,
+        prefill_seqs=prefill_seqs,
+        decode_batches=decode_batches,
+        decode_kv=decode_kv,
+        graphs=graphs,
+        fuse=fuse,
+        triton=triton,
+        prefill_reps=prefill_reps,
+        decode_reps=decode_reps,
+        device=device,
+        dtype=dtype,
+        overwrite=overwrite,
+    )

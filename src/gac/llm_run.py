@@ -1,0 +1,178 @@
+"""``python -m gac.llm_run``: inference speed of a variant next to its dense baseline.
+
+    python -m gac.llm_run --variant baseline|DIR|SPEC --suite infer_sweep \\
+        --baseline-model-id MODEL --out DIR [--fuse] [--triton] [--prefill-batches 1,8] ...
+
+The dense baseline is built, timed and freed first, then the variant, in the same process
+(see :mod:`gac.eval.infer`).  Writes ``DIR/infer.json``, ``DIR/infer.csv`` and plots.
+The same command is ``gac eval infer``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from gac.errors import GacError
+
+SUITES = ("infer_sweep",)
+
+
+def _ints(s: str | tuple[int, ...]) -> tuple[int, ...]:
+    if isinstance(s, tuple):
+        return s
+    try:
+        vals = tuple(int(x) for x in str(s).split(",") if x.strip())
+    except ValueError:
+        raise GacError(f"expected comma-separated integers, got {s!r}") from None
+    if not vals or any(v < 1 for v in vals):
+        raise GacError(f"expected positive integers, got {s!r}")
+    return vals
+
+
+def run(
+    variant: str,
+    baseline_model_id: str | None,
+    out: str | Path,
+    *,
+    suite: str = "infer_sweep",
+    prefill_batches: str | tuple[int, ...] = (1, 8),
+    prefill_seqs: str | tuple[int, ...] = (128, 512, 1024, 2048),
+    decode_batches: str | tuple[int, ...] = (1, 16, 64),
+    decode_kv: str | tuple[int, ...] = (512, 4096),
+    graphs: bool | None = None,
+    fuse: bool = False,
+    triton: bool = False,
+    prefill_reps: int = 10,
+    decode_reps: int = 30,
+    device: str = "auto",
+    dtype: str = "auto",
+    overwrite: bool = False,
+    plots: bool = True,
+) -> dict[str, Any]:
+    """Time the baseline and ``variant`` (optionally fused / with the Triton kernel) and write the results."""
+    from gac.eval.infer import SweepConfig, Variant, run_sweep, write_results
+    from gac.eval.variants import load_variant, parse_variant
+    from gac.llm_eval import resolve_device_dtype
+
+    if suite not in SUITES:
+        raise GacError(f"unknown suite {suite!r}; choose one of: {', '.join(SUITES)}")
+    spec = parse_variant(variant)
+    out = Path(out)
+    if (out / "infer.json").exists() and not overwrite:
+        raise GacError(f"{out / 'infer.json'} already exists (pass --overwrite to replace it)")
+    dev, dt = resolve_device_dtype(device, dtype)
+    if graphs and not dev.startswith("cuda"):
+        raise GacError("CUDA graphs were asked for, but the device is CPU; drop --graphs or use a GPU")
+    if triton and not dev.startswith("cuda"):
+        raise GacError("the Triton low-rank kernel runs on CUDA only; drop --triton or use a GPU")
+    cfg = SweepConfig(
+        prefill_batches=_ints(prefill_batches),
+        prefill_seqs=_ints(prefill_seqs),
+        decode_batches=_ints(decode_batches),
+        decode_kv=_ints(decode_kv),
+        graphs=graphs,
+        prefill_reps=prefill_reps,
+        decode_reps=decode_reps,
+    )
+    if min(cfg.decode_kv) < cfg.decode_warmup + cfg.decode_reps:
+        raise GacError(
+            f"decode KV lengths must be >= warm-up + reps ({cfg.decode_warmup + cfg.decode_reps}); got {min(cfg.decode_kv)}"
+        )
+    infos: dict[str, dict[str, Any]] = {}
+
+    def builder(s, transform: bool):
+        def build():
+            lv = load_variant(s, baseline_model_id, dtype=dt, device=dev)
+            infos[name_of(s, transform)] = {k: v for k, v in lv.info.items() if k != "compression"}
+            if transform:
+                _transform(lv.model, fuse, triton)
+            return lv.model
+
+        return build
+
+    def name_of(s, transform: bool) -> str:
+        tags = [t for t, on in (("fuse", fuse), ("triton", triton)) if on and transform]
+        return "+".join([s.name, *tags])
+
+    base = parse_variant("baseline")
+    variants = [Variant("baseline", builder(base, False))]  # the dense baseline, untouched, first
+    if spec.kind != "baseline" or fuse or triton:
+        variants.append(Variant(name_of(spec, True), builder(spec, True)))
+    res = run_sweep(variants, cfg, dev)
+    res["command"] = " ".join(sys.argv)
+    res["options"] = {"fuse": fuse, "triton": triton}
+    for name, info in infos.items():
+        if name in res["variants"]:
+            res["variants"][name]["meta"] = info
+    write_results(res, out, plots=plots)
+    return res
+
+
+def _transform(model, fuse: bool, triton: bool) -> None:
+    if triton:
+        from gac.kernels.lowrank_gemv import use_triton_lowrank_
+
+        use_triton_lowrank_(model)
+    if fuse:
+        from gac.kernels.fusion import fuse_projections_
+
+        fuse_projections_(model)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m gac.llm_run", description=__doc__.splitlines()[0])
+    ap.add_argument("--variant", required=True, help="baseline | a model directory | SPEC (asvd:0.85:gac)")
+    ap.add_argument("--suite", default="infer_sweep", choices=SUITES)
+    ap.add_argument("--baseline-model-id", default=None)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--prefill-batches", default="1,8")
+    ap.add_argument("--prefill-seqs", default="128,512,1024,2048")
+    ap.add_argument("--decode-batches", default="1,16,64")
+    ap.add_argument("--decode-kv", default="512,4096")
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument(
+        "--graphs", dest="graphs", action="store_true", default=None, help="CUDA-graph decode (GPU default)"
+    )
+    g.add_argument("--no-graphs", dest="graphs", action="store_false")
+    ap.add_argument("--fuse", action="store_true", help="fuse q/k/v and gate/up first stages (exact)")
+    ap.add_argument("--triton", action="store_true", help="fused Triton low-rank GEMV for decode (CUDA)")
+    ap.add_argument("--prefill-reps", type=int, default=10)
+    ap.add_argument("--decode-reps", type=int, default=30)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--overwrite", action="store_true")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    try:
+        run(
+            a.variant,
+            a.baseline_model_id,
+            a.out,
+            suite=a.suite,
+            prefill_batches=a.prefill_batches,
+            prefill_seqs=a.prefill_seqs,
+            decode_batches=a.decode_batches,
+            decode_kv=a.decode_kv,
+            graphs=a.graphs,
+            fuse=a.fuse,
+            triton=a.triton,
+            prefill_reps=a.prefill_reps,
+            decode_reps=a.decode_reps,
+            device=a.device,
+            dtype=a.dtype,
+            overwrite=a.overwrite,
+        )
+    except GacError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""The inference sweep on CPU: grid, statistics, OOM and error handling, outputs."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+
+from gac.errors import GacError
+from gac.eval import infer
+from gac.eval.infer import DecodeStep, SweepConfig, Variant, run_sweep, weight_bytes_per_step, write_results
+from gac.surgery.factorized import FactorizedLinear, replace_module
+from gac.testing import tiny_model
+
+TINY = SweepConfig(
+    prefill_batches=(1, 2),
+    prefill_seqs=(8, 16),
+    decode_batches=(1, 3),
+    decode_kv=(16,),
+    prefill_warmup=1,
+    prefill_reps=3,
+    decode_warmup=2,
+    decode_reps=4,
+)
+
+
+def _lowrank():
+    m = tiny_model("llama")
+    for n in [n for n, mod in m.named_modules() if isinstance(mod, torch.nn.Linear) and "mlp" in n]:
+        lin = m.get_submodule(n)
+        replace_module(m, n, FactorizedLinear(lin.in_features, 13, lin.out_features))
+    return m
+
+
+def test_cpu_sweep_writes_json_csv_plots_and_speedups(tmp_path):
+    res = run_sweep([Variant("dense", tiny_model), Variant("lowrank", _lowrank)], TINY, "cpu")
+    assert res["schema"] == "gac.infer/1" and res["baseline"] == "dense"
+    assert res["copy_bandwidth"]["status"] == "skipped"
+    for name in ("dense", "lowrank"):
+        v = res["variants"][name]
+        assert [(r["batch"], r["seq"]) for r in v["prefill"]] == [(1, 8), (1, 16), (2, 8), (2, 16)]
+        assert [(r["batch"], r["kv"]) for r in v["decode"]] == [(1, 16), (3, 16)]
+        for r in v["prefill"] + v["decode"]:
+            assert r["status"] == "ok" and r["reps"] in (3, 4)
+            assert r["min_ms"] <= r["q25_ms"] <= r["median_ms"] <= r["q75_ms"]
+        d = v["decode"][1]
+        assert d["tokens_per_s"] == pytest.approx(3 / (d["median_ms"] * 1e-3))
+        # KV bytes: layers x (K + V) x batch x kv_heads x kv x head_dim x 4 bytes
+        assert d["kv_bytes"] == 2 * 2 * 3 * 1 * 16 * 24 * 4
+        assert v["kernels"]["decode"]["sdpa_backend"] != "unknown"
+        assert any("mm" in k["name"] for k in v["kernels"]["decode"]["gemm_kernels"])
+    lr = res["variants"]["lowrank"]
+    assert lr["params"] < res["variants"]["dense"]["params"]
+    d0 = lr["decode"][0]
+    ideal = (res["variants"]["dense"]["weight_bytes_per_step"] + d0["kv_bytes"]) / (
+        lr["weight_bytes_per_step"] + d0["kv_bytes"]
+    )
+    assert d0["bytes_ideal_speedup"] == pytest.approx(ideal)
+    write_results(res, tmp_path)
+    assert json.loads((tmp_path / "infer.json").read_text())["variants"]["lowrank"]["params"] == lr["params"]
+    rows = list(csv.DictReader((tmp_path / "infer.csv").open()))
+    assert len(rows) == 2 * (4 + 2) and {r["variant"] for r in rows} == {"dense", "lowrank"}
+    assert (tmp_path / "prefill_latency.png").stat().st_size > 1000
+    assert (tmp_path / "decode_tps.png").stat().st_size > 1000
+
+
+def test_weight_bytes_skip_untied_embedding_only():
+    m = tiny_model("llama")
+    total = sum(p.numel() * 4 for p in m.parameters())
+    assert weight_bytes_per_step(m) == total - m.get_input_embeddings().weight.numel() * 4
+    m.lm_head.weight = m.get_input_embeddings().weight  # tied: the table is read by the head
+    assert weight_bytes_per_step(m) == sum(p.numel() * 4 for p in m.parameters())
+
+
+def test_oom_point_is_recorded_and_the_sweep_goes_on(monkeypatch):
+    real = infer.prefill_point
+
+    def fake(model, batch, seq, cfg):
+        if batch == 2 and seq == 16:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
+        return real(model, batch, seq, cfg)
+
+    monkeypatch.setattr(infer, "prefill_point", fake)
+    res = run_sweep([Variant("dense", tiny_model)], TINY, "cpu")
+    pts = res["variants"]["dense"]["prefill"]
+    assert [r["status"] for r in pts] == ["ok", "ok", "ok", "oom"]
+    assert "out of memory" in pts[3]["error"]
+    assert all(r["status"] == "ok" for r in res["variants"]["dense"]["decode"])
+
+
+def test_cuda_graphs_on_cpu_is_a_clear_error():
+    with pytest.raises(GacError, match="CUDA graphs"):
+        run_sweep([Variant("dense", tiny_model)], SweepConfig(graphs=True), "cpu")
+    with pytest.raises(GacError, match="CUDA graphs"):
+        DecodeStep(tiny_model(), 1, 16, graphs=True)
+
+
+def test_decode_steps_advance_the_static_cache_like_generate():
+    """Successive eager steps from a filled prefix give the logits of one long forward pass."""
+    m = tiny_model("llama")
+    ids = torch.randint(0, 250, (1, 12))
+    with torch.no_grad():
+        ref = m(ids).logits[0, -4:]
+        step = DecodeStep(m, 1, 32, graphs=False)
+        step.set_position(0)
+        for layer in step.cache.layers:
+            layer.keys.zero_()
+            layer.values.zero_()
+        m(input_ids=ids[:, :8], past_key_values=step.cache, use_cache=True)  # prefill 8 into the cache
+        got = []
+        for t in range(8, 12):
+            step.ids.copy_(ids[:, t : t + 1])
+            got.append(step()[0, -1])
+    torch.testing.assert_close(torch.stack(got), ref, rtol=1e-4, atol=1e-4)
