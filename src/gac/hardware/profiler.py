@@ -13,7 +13,10 @@ the rule from it.  The method, in the order the code runs:
    dims score ~1; a dim on the slow side of a cliff scores its penalty (e.g. 0.43 for
    SDPA head_dim 107 when 112 runs 2.3x faster).
 4. **Rule.**  ``modulus`` = the smallest power of two m such that the multiples of m
-   run within ``tolerance`` of the best nearby (efficiency >= 1 - tolerance), checked
+   run within ``tolerance`` of the best nearby dim, *nearby* meaning up to the next
+   multiple of m (i.e. padding one more step of m would not buy more than the
+   tolerance; a wider look-ahead would mistake tile quantization and cuBLAS heuristic
+   jitter between aligned dims for misalignment).  This is checked
    separately for each alignment class of multiples (class 8, 16, ...): all of a class
    when it has fewer than 10 measured dims, else at least 90% of them (a robustness
    margin against timing noise; the dims that fall short are listed in
@@ -138,6 +141,13 @@ def discover_rule(
         members = [i for i, d in enumerate(dims) if d % m == 0]
         if not members:
             continue
+        # how close each multiple runs to the best dim up to the next multiple of m
+        eff_m = {}
+        for i in members:
+            best = min(
+                ms[j] for j in range(len(dims)) if win[j] == win[i] and dims[i] <= dims[j] <= dims[i] + m
+            )
+            eff_m[i] = best / ms[i]
         ok = True
         fracs = {}
         for c in CLASSES:
@@ -146,7 +156,7 @@ def discover_rule(
             cls = [i for i in members if pow2_class(dims[i]) == c]
             if not cls:
                 continue
-            frac = sum(eff[i] >= 1.0 - tolerance for i in cls) / len(cls)
+            frac = sum(eff_m[i] >= 1.0 - tolerance for i in cls) / len(cls)
             fracs[str(c)] = round(frac, 4)
             if frac < (1.0 if len(cls) < 10 else min_pass):
                 ok = False
@@ -154,7 +164,9 @@ def discover_rule(
         if ok and modulus is None:
             modulus = m
             evidence["exceptions"] = [
-                {"dim": dims[i], "efficiency": round(eff[i], 4)} for i in members if eff[i] < 1.0 - tolerance
+                {"dim": dims[i], "vs_next_step": round(eff_m[i], 4)}
+                for i in members
+                if eff_m[i] < 1.0 - tolerance
             ]
     if modulus is None:
         modulus = max(m for m in MODULI if any(d % m == 0 for d in dims))
@@ -506,3 +518,43 @@ def write_profile_outputs(profile: Profile, out: Path, results_dir: Path | None)
     atomic_write_text(results_dir / f"{stem}-timing.json", json.dumps(timing, indent=1))
     plot_profile(profile, results_dir / f"{stem}.png")
     console.print(f"[green]wrote[/] {results_dir / stem}.{{json,png,jsonl}} and {stem}-timing.json")
+
+
+def redistil(profile: Profile, tolerance: float | None = None, lookahead: int | None = None) -> Profile:
+    """Re-derive every rule of a measured profile from its stored curves (no measuring).
+
+    Distillation is deterministic, so this reproduces :func:`build_profile`'s rules for
+    the same curves; use it after a change of the distillation method or tolerance.
+    """
+    ops: dict[str, OpRule] = {}
+    for op, r in profile.ops.items():
+        c = r.curve
+        if not c.get("dims"):
+            ops[op] = r
+            continue
+        tol = r.tolerance if tolerance is None else tolerance
+        la = int(c.get("lookahead", 64)) if lookahead is None else lookahead
+        rule = discover_rule(
+            Curve(list(c["dims"]), list(c["ms"]), list(c.get("window") or [0] * len(c["dims"]))),
+            tolerance=tol,
+            lookahead=la,
+        )
+        curve = dict(c)
+        curve.update(efficiency=rule["efficiency"], rule_evidence=rule["rule_evidence"], lookahead=la)
+        ops[op] = OpRule(
+            modulus=rule["modulus"],
+            prefer=rule["prefer"],
+            tolerance=tol,
+            class_efficiency=rule["class_efficiency"],
+            curve=curve,
+            cliffs=rule["cliffs"],
+        )
+    return Profile(
+        id=profile.id,
+        ops=ops,
+        measured=profile.measured,
+        label=profile.label,
+        dtype=profile.dtype,
+        env=dict(profile.env),
+        schema=profile.schema,
+    )
