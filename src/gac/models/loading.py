@@ -170,8 +170,10 @@ def _load_dir(
         out = gac_io.load(p, dtype=dtype, device=device)
         if isinstance(out, LoadedModel):
             return out
-        model = getattr(out, "model", out)
-        tok = getattr(out, "tokenizer", None) or _tokenizer(p)
+        if isinstance(out, nn.Module):  # NB: a *ForCausalLM has its own .model (the inner decoder)
+            model, tok = out, _tokenizer(p)
+        else:
+            model, tok = out.model, getattr(out, "tokenizer", None) or _tokenizer(p)
         return LoadedModel(model, tok, {"id": str(p), "kind": "gac", "revision": None, "path": str(p)})
     if (p / "gac_repair.json").is_file():
         from gac.surgery.repair import load_repaired
