@@ -4,7 +4,8 @@ For each operator class the profiler measures a curve near typical LLM sizes and
 the rule from it.  The method, in the order the code runs:
 
 1. **Coarse sweep** of each window at an odd stride (3 for a full profile, 5 for
-   ``--quick``), so that the coarse grid meets every residue class mod 2^k.
+   ``--quick``), so that the coarse grid meets every residue class mod 2^k, plus the
+   multiples of 8 (so a fast aligned dim is never hidden between two slow coarse points).
 2. **Refinement.**  Between two consecutive coarse points whose work-normalized cost
    (ms per unit of dim) differs by more than ``1 + 2*tolerance``, every dim is measured
    (stride 1).  The intervals refined are stored with the curve.
@@ -14,9 +15,10 @@ the rule from it.  The method, in the order the code runs:
    SDPA head_dim 107 when 112 runs 2.3x faster).
 4. **Rule.**  ``modulus`` = the smallest power of two m such that the multiples of m
    run within ``tolerance`` of the best nearby dim, *nearby* meaning up to the next
-   multiple of m (i.e. padding one more step of m would not buy more than the
+   multiple of max(m, 8) (i.e. padding one more step would not buy more than the
    tolerance; a wider look-ahead would mistake tile quantization and cuBLAS heuristic
-   jitter between aligned dims for misalignment).  This is checked
+   jitter between aligned dims for misalignment).  Multiples with no measured dim in
+   that reach are no evidence and are skipped.  This is checked
    separately for each alignment class of multiples (class 8, 16, ...): all of a class
    when it has fewer than 10 measured dims, else at least 90% of them (a robustness
    margin against timing noise; the dims that fall short are listed in
@@ -59,16 +61,18 @@ CLASSES: tuple[int, ...] = MODULI
 
 
 # --------------------------------------------------------------------------- pure logic
-def coarse_grid(lo: int, hi: int, stride: int) -> list[int]:
-    """``lo, lo+stride, ...`` plus ``hi``.
+def coarse_grid(lo: int, hi: int, stride: int, anchor: int = 8) -> list[int]:
+    """``lo, lo+stride, ...``, ``hi``, and every multiple of ``anchor`` in between.
+
+    The odd stride meets every residue class; the multiples of ``anchor`` make sure that
+    fast aligned points are never hidden between two slow coarse points.
 
     >>> coarse_grid(1000, 1016, 5)
-    [1000, 1005, 1010, 1015, 1016]
+    [1000, 1005, 1008, 1010, 1015, 1016]
     """
-    g = list(range(lo, hi + 1, stride))
-    if g[-1] != hi:
-        g.append(hi)
-    return g
+    g = set(range(lo, hi + 1, stride)) | {hi}
+    g |= set(range(-(-lo // anchor) * anchor, hi + 1, anchor))
+    return sorted(g)
 
 
 def jumps(dims: list[int], ms: list[float], tolerance: float = 0.05) -> list[tuple[int, int]]:
@@ -141,13 +145,16 @@ def discover_rule(
         members = [i for i, d in enumerate(dims) if d % m == 0]
         if not members:
             continue
-        # how close each multiple runs to the best dim up to the next multiple of m
+        # how close each multiple runs to the best dim up to the next multiple of max(m, 8)
+        reach = max(m, 8)
         eff_m = {}
         for i in members:
-            best = min(
-                ms[j] for j in range(len(dims)) if win[j] == win[i] and dims[i] <= dims[j] <= dims[i] + m
-            )
-            eff_m[i] = best / ms[i]
+            near = [j for j in range(len(dims)) if win[j] == win[i] and dims[i] < dims[j] <= dims[i] + reach]
+            if near:  # a multiple with nothing measured after it is no evidence either way
+                eff_m[i] = min(ms[i], *(ms[j] for j in near)) / ms[i]
+        members = [i for i in members if i in eff_m]
+        if not members:
+            continue
         ok = True
         fracs = {}
         for c in CLASSES:
