@@ -22,7 +22,8 @@ the rule from it.  The method, in the order the code runs:
    separately for each alignment class of multiples (class 8, 16, ...): all of a class
    when it has fewer than 10 measured dims, else at least 90% of them (a robustness
    margin against timing noise; the dims that fall short are listed in
-   ``rule_evidence.exceptions``).  ``prefer`` = the smallest m >= modulus whose multiples
+   ``rule_evidence.exceptions``).  When no modulus passes, the modulus is 1 and
+   ``rule_evidence.no_modulus_passed`` is set (padding is not predicted to help).  ``prefer`` = the smallest m >= modulus whose multiples
    reach (within 2%) the best mean throughput relative to their window's best.
 5. **class_efficiency**: the median efficiency of the dims of each alignment class
    (largest power of two dividing the dim, capped at 128); a class without points takes
@@ -176,7 +177,9 @@ def discover_rule(
                 if eff_m[i] < 1.0 - tolerance
             ]
     if modulus is None:
-        modulus = max(m for m in MODULI if any(d % m == 0 for d in dims))
+        # no power of two makes its multiples reliably fast (e.g. decode GEMV on H200, where
+        # cuBLAS runs N % 8 == 0 slower than odd N): padding is not predicted to help
+        modulus = 1
         evidence["no_modulus_passed"] = True
     # prefer: best mean relative throughput among multiples
     scores = {}
