@@ -139,6 +139,48 @@ def dense_builder(cfg, device: torch.device, fuse: bool = False):
     return build
 
 
+def gemv_bandwidth(dev: torch.device, copy_gbps: float | None, scale: int = 1) -> list[dict]:
+    """Each Llama-3-8B projection shape (and the head) as one M=1 bf16 GEMV, 64 per CUDA-graph replay.
+
+    The weights rotate over enough copies to exceed the L2, so every GEMV reads from HBM.
+    """
+    from gac.eval.infer import _time_calls
+
+    shapes = [(o // scale, i // scale) for _, o, i in ROLES.values()] + [(128256 // scale, 4096 // scale)]
+    shapes += [((4096 + 2 * 1024) // scale, 4096 // scale), (2 * 14336 // scale, 4096 // scale)]  # fused
+    out = []
+    for n, k in dict.fromkeys(shapes):
+        nbytes = n * k * 2
+        copies = max(1, -(-4 * 60 * 2**20 // nbytes))
+        ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
+        x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
+        reps = 64
+
+        def many(ws=ws, x=x, copies=copies, reps=reps):
+            for j in range(reps):
+                torch.nn.functional.linear(x, ws[j % copies])
+
+        if dev.type == "cuda":
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                many()
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                many()
+            st = _time_calls(g.replay, dev, warmup=3, reps=20)
+        else:
+            st = _time_calls(many, dev, 1, 3)
+        per = st["median_ms"] / reps
+        rec = {"shape": [n, k], "median_ms": per, "gbps": nbytes / (per * 1e-3) / 1e9}
+        if copy_gbps:
+            rec["bw_frac"] = rec["gbps"] / copy_gbps
+        out.append(rec)
+        del ws
+    return out
+
+
 def _transform(model, fuse: bool, triton: bool) -> None:
     if fuse:
         from gac.kernels.fusion import fuse_projections_
@@ -164,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefill-reps", type=int, default=10)
     ap.add_argument("--profile", default=None, help="hardware profile (default: auto for this GPU)")
     ap.add_argument("--device", default=None)
+    ap.add_argument("--compile", action="store_true", help="decode through torch.compile (then CUDA graphs)")
+    ap.add_argument("--gemv", action="store_true", help="also time each projection shape's M=1 GEMV alone")
     args = ap.parse_args(argv)
 
     ints = lambda s: tuple(int(x) for x in s.split(","))  # noqa: E731
@@ -176,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         decode_reps=args.decode_reps,
         prefill_reps=args.prefill_reps,
         graphs=dev.type == "cuda",
+        compile=args.compile,
     )
     mcfg = llama3_8b_config(args.layers, args.scale)
     sites, curves, native = asvd_style_allocation(args.layers, args.scale)
@@ -215,6 +260,13 @@ def main(argv: list[str] | None = None) -> int:
         "errors": {},
     }
     copy_gbps = res["copy_bandwidth"].get("gbps")
+    if args.gemv:
+        res["gemv"] = gemv_bandwidth(dev, copy_gbps, args.scale)
+        for g in res["gemv"]:
+            print(
+                f"gemv {g['shape']}: {g['median_ms'] * 1e3:.1f} us, {g.get('bw_frac', 0):.2f} of copy",
+                flush=True,
+            )
     print(f"copy bandwidth: {copy_gbps and round(copy_gbps)} GB/s", flush=True)
     builders = {
         "dense": dense_builder(mcfg, dev),

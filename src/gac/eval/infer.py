@@ -62,6 +62,9 @@ class SweepConfig:
     profile_kernels: bool = True
     #: bytes of the copy used to measure the bandwidth ceiling (CUDA only).
     copy_bytes: int = 2 * 2**30
+    #: run decode steps through ``torch.compile`` (default mode: fused elementwise kernels),
+    #: then capture the compiled step as a CUDA graph as usual.
+    compile: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -185,8 +188,8 @@ def copy_bandwidth(device: torch.device, nbytes: int = 2 * 2**30, reps: int = 20
 # ------------------------------------------------------------------------- kernels
 
 _ATTN_PATTERNS = (
+    ("cudnn", re.compile(r"cudnn.*(attn|attention|sdpa|fmha|flash)", re.I)),
     ("flash", re.compile(r"flash", re.I)),
-    ("cudnn", re.compile(r"cudnn.*(attn|attention|sdpa|fmha)|(attn|attention|sdpa|fmha).*cudnn", re.I)),
     ("efficient", re.compile(r"fmha|efficient_attention|mem_eff|cutlassF", re.I)),
 )
 _GEMM = re.compile(
@@ -283,10 +286,13 @@ class DecodeStep:
         graphs: capture the step as a CUDA graph (CUDA only).
     """
 
-    def __init__(self, model: nn.Module, batch: int, kv: int, graphs: bool) -> None:
+    def __init__(
+        self, model: nn.Module, batch: int, kv: int, graphs: bool, forward: Callable[..., Any] | None = None
+    ) -> None:
         from transformers import StaticCache
 
         self.model = model
+        self.forward = forward or model
         self.dev = model_device(model)
         if graphs and self.dev.type != "cuda":
             raise GacError("CUDA graphs were asked for, but the model is on CPU; drop --graphs or use a GPU")
@@ -326,7 +332,7 @@ class DecodeStep:
             layer.cumulative_length.fill_(pos)
 
     def _eager(self) -> Any:
-        return self.model(input_ids=self.ids, past_key_values=self.cache, use_cache=True).logits
+        return self.forward(input_ids=self.ids, past_key_values=self.cache, use_cache=True).logits
 
     def __call__(self) -> Any:
         if self.graph is not None:
@@ -349,6 +355,7 @@ def decode_point(
     graphs: bool,
     wbytes: int,
     copy_gbps: float | None,
+    forward: Callable[..., Any] | None = None,
 ) -> dict[str, Any]:
     """Per-token latency and tokens/s of decode steps at ``batch`` against ``kv`` cached positions."""
     dev = model_device(model)
@@ -357,7 +364,7 @@ def decode_point(
         raise GacError(f"decode needs warmup + reps ({n}) <= KV length ({kv})")
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
-    step = DecodeStep(model, batch, kv, graphs)
+    step = DecodeStep(model, batch, kv, graphs, forward=forward)
     try:
         step.set_position(kv - n)  # the timed steps end on the cache's last slot
         st = _time_calls(step, dev, cfg.decode_warmup, cfg.decode_reps)
@@ -371,6 +378,7 @@ def decode_point(
         "kv": kv,
         "status": "ok",
         "graphs": graphs,
+        "compiled": forward is not None,
         **st,
     }
     rec.update(
@@ -426,6 +434,8 @@ def sweep_model(
         "prefill": [],
         "decode": [],
     }
+    forward = torch.compile(model.forward, dynamic=False) if cfg.compile else None
+    out["compiled_decode"] = cfg.compile
     grid_p = [(b, s) for b in cfg.prefill_batches for s in cfg.prefill_seqs]
     grid_d = [(b, k) for b in cfg.decode_batches for k in cfg.decode_kv]
     with progress() as p:
@@ -443,7 +453,7 @@ def sweep_model(
         for b, k in grid_d:
             out["decode"].append(
                 _guard(
-                    lambda b=b, k=k: decode_point(model, b, k, cfg, graphs, wbytes, copy_gbps),
+                    lambda b=b, k=k: decode_point(model, b, k, cfg, graphs, wbytes, copy_gbps, forward),
                     {"phase": "decode", "batch": b, "kv": k},
                     dev,
                 )
