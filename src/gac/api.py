@@ -140,6 +140,14 @@ class Plan:
             self.timings["curves_s"] = time.perf_counter() - t0
         return self._curves
 
+    def use_curves(self, curves: dict[str, np.ndarray | None]) -> None:
+        """Supply precomputed loss curves (e.g. from known spectra) instead of the compressor's."""
+        missing = [s.name for s in self.sites if s.name not in curves]
+        if missing:
+            raise GacError(f"no loss curve given for site {missing[0]}")
+        self._curves = dict(curves)
+        self._importance = {s.name: 1.0 for s in self.sites if curves[s.name] is None}
+
     def allocation(self, align: str | None = None, **kw: Any) -> Allocation:
         """Re-select the native dims with ``align`` (default: the config's)."""
         align = align or self.config.align
