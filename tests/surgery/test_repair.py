@@ -24,7 +24,12 @@ GEN_TOKENS = 32
 def factorize_(model: torch.nn.Module, fqn: str, rank: int) -> None:
     """Replace a linear layer by its truncated SVD at ``rank`` (an odd rank makes a misaligned dim)."""
     lin = model.get_submodule(fqn)
-    u, s, vh = torch.linalg.svd(lin.weight.data, full_matrices=False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # multi-threaded LAPACK on a busy 2-core box can take 100x longer
+    try:
+        u, s, vh = torch.linalg.svd(lin.weight.data, full_matrices=False)
+    finally:
+        torch.set_num_threads(threads)
     replace_module(model, fqn, FactorizedLinear.from_factors(u[:, :rank] * s[:rank], vh[:rank], lin.bias))
 
 
