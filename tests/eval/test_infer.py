@@ -83,7 +83,8 @@ def test_oom_point_is_recorded_and_the_sweep_goes_on(monkeypatch):
         return real(model, batch, seq, cfg)
 
     monkeypatch.setattr(infer, "prefill_point", fake)
-    res = run_sweep([Variant("dense", tiny_model)], TINY, "cpu")
+    cfg = SweepConfig(**{**TINY.to_dict(), "profile_kernels": False, "decode_batches": (1,)})
+    res = run_sweep([Variant("dense", tiny_model)], cfg, "cpu")
     pts = res["variants"]["dense"]["prefill"]
     assert [r["status"] for r in pts] == ["ok", "ok", "ok", "oom"]
     assert "out of memory" in pts[3]["error"]
