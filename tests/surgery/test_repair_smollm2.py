@@ -32,6 +32,7 @@ def prune_mlp_(model: torch.nn.Module, keep: int = KEEP) -> None:
                 lin.out_features = keep
             down.weight = torch.nn.Parameter(down.weight.data[:, idx].contiguous())
             down.in_features = keep
+    model.config.intermediate_size = keep  # every layer alike, so the HF config can say it
 
 
 def misalign_(model: torch.nn.Module) -> None:
