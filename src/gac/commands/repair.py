@@ -22,6 +22,7 @@ def register(app: typer.Typer) -> None:
             "auto", "--profile", "-p", help="profile JSON, shipped profile id, 'default' or 'auto'"
         ),
         overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing output directory"),
+        dtype: str = typer.Option("float32", "--dtype", help="dtype to load (and save) the model in"),
         trust_remote_code: bool = typer.Option(
             False, "--trust-remote-code", help="allow the model's own Python code (off by default)"
         ),
@@ -43,7 +44,9 @@ def register(app: typer.Typer) -> None:
         console.print(
             f"profile: {prof.id} ({'measured' if prof.measured else 'NOT measured'}) - {prof.label}"
         )
-        lm = load_model(model, trust_remote_code=trust_remote_code)
+        from gac.commands.analyze import parse_dtype
+
+        lm = load_model(model, dtype=parse_dtype(dtype), trust_remote_code=trust_remote_code)
         report = repair_(lm.model, strategy=strategy, profile=prof)
         for s in report.skipped:
             console.print(f"[yellow]not padded:[/yellow] {s}")
@@ -61,6 +64,9 @@ def register(app: typer.Typer) -> None:
             t.add_row(kind, where, str(b), str(a))
         console.print(t)
         source = dict(lm.source)
+        gac_cfg = Path(source.get("path") or "") / "gac_config.json"
+        if source.get("kind") == "gac" and gac_cfg.is_file():
+            source["gac_config"] = json.loads(gac_cfg.read_text())  # how the input was compressed
         save_repaired(lm.model, out, report, tokenizer=lm.tokenizer, overwrite=overwrite, source=source)
         console.print(report.summary())
         console.print(f"wrote {out} (load it with gac.models.load_model({str(out)!r}))")
