@@ -199,6 +199,11 @@ def test_no_repairable_dims_is_clear_error() -> None:
         repair_(model, "minimal", profile=default_profile())
 
 
+def test_no_compressible_dims() -> None:
+    with pytest.raises(GacError, match="no compressible dims"):
+        repair_(tiny_model("llama", layers=0), "minimal", profile=default_profile())
+
+
 def test_bad_strategy() -> None:
     with pytest.raises(GacError, match="strategy"):
         repair_(tiny_model("llama"), "fastest")

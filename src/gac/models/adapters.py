@@ -153,6 +153,8 @@ class FamilyAdapter:
     @property
     def head_dim(self) -> int:
         """Per-head width (read from the attention module, which is what the kernels see)."""
+        if self.num_layers == 0:
+            return int(getattr(self.config, "head_dim", None) or self.hidden // self.heads)
         attn = self._mod(self.attention_fqn(0))
         return int(
             getattr(attn, "head_dim", None) or out_features(self._mod(self.projection(0, "q"))) // self.heads

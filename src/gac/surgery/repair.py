@@ -231,6 +231,8 @@ def repair_(
         raise GacError(f"unknown repair strategy {strategy!r}; choose one of: {', '.join(STRATEGIES)}")
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
     ad = get_adapter(model)
+    if ad.num_layers == 0:
+        raise GacError(f"the model has no compressible dims: a {ad.family} model without decoder layers")
     report = RepairReport(strategy=strategy, profile=prof.id, tokens=tokens)
     report.params_before = param_count(model)
     t_before = predicted_latency_ms(model, prof, tokens)
@@ -260,10 +262,6 @@ def repair_(
         if isinstance(m, FactorizedLinear)
     }
     plan["rank"] = {n: v for n, v in ranks.items() if v[0] != v[1]}
-    if ad.num_layers == 0 and not ranks:
-        raise GacError(
-            f"the model has no compressible dims: no decoder layers and no factorized layers ({ad.family})"
-        )
     unrepairable = list(report.skipped)
     v = ad.vocab
     if round_up(v, target_modulus(strategy, "hidden", prof)) != v:
