@@ -116,3 +116,23 @@ def test_save_is_atomic_and_refuses_to_overwrite(tmp_path):
 def test_not_a_gac_dir(tmp_path):
     with pytest.raises(GacError, match="not a gac-saved"):
         io.load(tmp_path)
+
+
+@pytest.mark.slow
+def test_smollm2_compress_save_load_round_trip(tmp_path):
+    """The embedded SmolLM2 (tied embeddings, 30 layers): svd + gac, save, load, identical logits."""
+    from gac import CompressConfig, compress_
+    from gac.models import load_model
+
+    lm = load_model("smollm2")
+    rep = compress_(
+        lm.model, CompressConfig(compressor="svd", param_ratio=0.9, align="gac", profile="default")
+    )
+    assert rep.pct_aligned == 100.0 and rep.allocation["cost"] <= rep.allocation["budget"]
+    out = io.save(lm.model, tmp_path / "s", {"compressor": "svd"}, tokenizer=lm.tokenizer)
+    m2 = load_model(str(out)).model
+    ids = lm.tokenizer(
+        "The Encyclopaedia Britannica is a general knowledge reference work.", return_tensors="pt"
+    )["input_ids"]
+    assert torch.equal(_logits(m2, ids), _logits(lm.model, ids))
+    assert m2.lm_head.weight is m2.model.embed_tokens.weight
