@@ -46,7 +46,7 @@ import torch
 
 from gac.allocation import STRATEGIES
 from gac.api import CompressConfig, plan
-from gac.hardware.profile import load_profile
+from gac.commands.demo import pick_profile
 from gac.hardware.timing import bench, environment
 from gac.surgery.factorized import FactorizedLinear, replace_module
 from gac.utils import atomic_write_text
@@ -188,7 +188,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiny", action="store_true", help="tiny config (CPU smoke test)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--param-ratio", type=float, default=0.85)
-    ap.add_argument("--profile", default=None, help="profile spec (default: auto)")
+    ap.add_argument(
+        "--profile",
+        default=None,
+        help="profile spec (default: this GPU's shipped profile, else a shipped measured one)",
+    )
     ap.add_argument("--curves", choices=("auto", "svd", "analytic"), default="auto")
     ap.add_argument(
         "--curve-budget-s", type=float, default=120.0, help="auto: use svd curves if estimated below this"
@@ -207,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     log = lambda msg: print(f"[{time.perf_counter() - t_start:7.1f}s] {msg}", file=sys.stderr, flush=True)  # noqa: E731
 
     cfg = llama_config(args.tiny)
-    prof = load_profile(args.profile, dtype="bfloat16")
+    prof = pick_profile(args.profile)  # given, else this GPU's shipped profile, else any shipped measured one
     log(f"profile {prof.id} (measured={prof.measured}); building model on {dev} ({dtype})")
     model, spectra = build_model(cfg, dev, dtype)
     if dev.type == "cuda":

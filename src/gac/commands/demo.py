@@ -21,7 +21,7 @@ import typer
 DEFAULT_OUT = Path("runs/demo")
 
 
-def _pick_profile(spec: str | None):
+def pick_profile(spec: str | None):
     """The profile used for alignment and predictions: ``spec``, else auto (a shipped profile of
     the present GPU), else the first shipped measured bf16 profile, else the built-in default."""
     from gac.hardware.profile import Profile, default_profile, load_profile, shipped_profiles
@@ -88,7 +88,7 @@ def run_demo(
         from gac.errors import GacError
 
         raise GacError(f"output {out} already exists and is not empty (pass --overwrite to replace it)")
-    prof = _pick_profile(profile)
+    prof = pick_profile(profile)
     console.print(
         f"[bold]gac demo[/bold]: SmolLM2-135M, ASVD at {1 - param_ratio:.0%} parameter reduction, {dev}"
     )
