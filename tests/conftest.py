@@ -10,6 +10,11 @@ import torch
 os.environ.setdefault("GAC_NO_PROGRESS", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
+# One intra-op thread: the test models are tiny, and on a shared 2-core machine two OpenMP
+# threads competing with another process make small SVDs ~100x slower (measured: a 1536x576
+# SVD took 0.12 s on one thread and 15.9 s on two while another job held a core).
+torch.set_num_threads(1)
+
 
 def pytest_collection_modifyitems(config, items):
     if not torch.cuda.is_available():
