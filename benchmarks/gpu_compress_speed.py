@@ -198,6 +198,12 @@ def main(argv: list[str] | None = None) -> int:
         "--curve-budget-s", type=float, default=120.0, help="auto: use svd curves if estimated below this"
     )
     ap.add_argument("--shapes", default="1x1024,8x512", help="prefill shapes BxS, comma separated")
+    ap.add_argument(
+        "--candidates",
+        choices=("modulus", "prefer"),
+        default="modulus",
+        help="gac candidate step: the profile's modulus, or its prefer (fastest) modulus",
+    )
     ap.add_argument("--rep-ms", type=float, default=1500.0)
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
@@ -227,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         align="none",
         profile=prof.id,
         tokens=shapes[0][0] * shapes[0][1],
+        candidates=args.candidates,
     )
     p = plan(model, ccfg, profile=prof)
     sites = p.sites
@@ -335,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
             "weights": "W = Q1 diag(s) Q2^T, s_i = exp(-i/(tau*k)), tau per (layer, role) in [0.06, 0.30], varying with depth",
             "compressor": "svd (native: uniform parameter ratio)",
             "param_ratio": args.param_ratio,
+            "candidates": args.candidates,
             "curves": mode,
             "curve_check": {
                 "sites": [s.name for s in sample],

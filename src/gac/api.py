@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from gac.allocation import DEFAULT_TOKENS, STRATEGIES, Allocation, allocate
+from gac.allocation import CANDIDATE_STEPS, DEFAULT_TOKENS, STRATEGIES, Allocation, allocate
 from gac.errors import GacError
 from gac.hardware.profile import Profile, load_profile
 from gac.sites import Site
@@ -50,6 +50,8 @@ class CompressConfig:
         latency_target: ``gac-latency``: predicted latency bound as a fraction of dense.
         quality_target: ``gac-latency``: loss bound (None: the native allocation's loss).
         tokens: rows per forward pass in the profile's latency model.
+        candidates: ``gac``/``gac-latency`` candidate step: ``modulus`` (the profile's rule,
+            finest aligned steps) or ``prefer`` (the modulus of best measured throughput).
     """
 
     compressor: str = "asvd"
@@ -64,6 +66,7 @@ class CompressConfig:
     latency_target: float | None = None
     quality_target: float | None = None
     tokens: int = DEFAULT_TOKENS
+    candidates: str = "modulus"
     version: int = CONFIG_VERSION
 
     def __post_init__(self) -> None:
@@ -86,6 +89,10 @@ class CompressConfig:
             raise GacError(f"batch size must be positive, got {self.batch_size}")
         if self.tokens < 1:
             raise GacError(f"tokens must be positive, got {self.tokens}")
+        if self.candidates not in CANDIDATE_STEPS:
+            raise GacError(
+                f"unknown candidate step {self.candidates!r}; choose one of: {', '.join(CANDIDATE_STEPS)}"
+            )
         if self.version != CONFIG_VERSION:
             raise GacError(
                 f"CompressConfig version {self.version} is not supported (this gac writes {CONFIG_VERSION})"
@@ -154,6 +161,7 @@ class Plan:
         curves = self.curves() if align in ("gac", "gac-latency") else None
         opts = dict(
             tokens=self.config.tokens,
+            candidates=self.config.candidates,
             latency_target=self.config.latency_target,
             quality_target=self.config.quality_target,
         )

@@ -237,3 +237,20 @@ def test_allocation_is_torch_free():
 
     code = "import sys, gac.allocation; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_prefer_candidates_are_multiples_of_the_fastest_modulus():
+    """``candidates="prefer"`` picks multiples of the profile's prefer modulus, within the same budget."""
+    from gac.hardware.profile import default_profile
+
+    sites, curves, native = _sites_and_curves(4, LLAMA3_8B)
+    prof = default_profile()
+    prof.ops["lowrank_r"].prefer = 64
+    fine = allocate("gac", sites, native, prof, curves)
+    coarse = allocate("gac", sites, native, prof, curves, candidates="prefer")
+    for r in coarse.sites:
+        assert r.dense or r.dim % 64 == 0
+    assert coarse.cost <= fine.native_cost and fine.cost <= fine.native_cost
+    assert any(not r.dense and r.dim % 64 != 0 for r in fine.sites)  # modulus steps are finer
+    with pytest.raises(GacError, match="unknown candidate step"):
+        allocate("gac", sites, native, prof, curves, candidates="nope")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from gac.allocation.knapsack import KnapsackSolution, solve_mckp
 from gac.allocation.strategies import (
+    CANDIDATE_STEPS,
     DEFAULT_TOKENS,
     STRATEGIES,
     Allocation,
@@ -16,6 +17,7 @@ from gac.allocation.strategies import (
 )
 
 __all__ = [
+    "CANDIDATE_STEPS",
     "DEFAULT_TOKENS",
     "STRATEGIES",
     "Allocation",

@@ -30,13 +30,14 @@ from typing import Any
 
 import numpy as np
 
-from gac.alignment import round_nearest
+from gac.alignment import aligned_candidates, round_nearest
 from gac.allocation.knapsack import DEFAULT_MAX_STATES, solve_mckp
 from gac.errors import GacError
 from gac.hardware.profile import Profile
 from gac.sites import Site
 
 STRATEGIES: tuple[str, ...] = ("none", "round", "gac", "gac-latency")
+CANDIDATE_STEPS: tuple[str, ...] = ("modulus", "prefer")
 #: Tokens per forward pass used by the latency model (a 1024-token prefill, as in the prototype).
 DEFAULT_TOKENS = 1024
 
@@ -194,9 +195,17 @@ def _loss_fn(site: Site, curve: np.ndarray | None, importance: float, native: in
     )
 
 
-def _candidates(profile: Profile, site: Site, native: int, window: int) -> list[int]:
+def _candidates(profile: Profile, site: Site, native: int, window: int, step: str = "modulus") -> list[int]:
     hi = site.max_dim - 1
-    cands = set(profile.candidates(site.op, min(native, site.max_dim), lo=site.min_dim, hi=hi, window=window))
+    d = min(native, site.max_dim)
+    cands: set[int] = set()
+    if step == "prefer":
+        # Multiples of the modulus at which the profile measured the best throughput; a site too
+        # small to hold any falls back to the (finer) modulus.
+        m = profile.prefer(site.op)
+        cands = set(aligned_candidates(d, m, lo=site.min_dim, hi=hi, window=window))
+    if not cands:
+        cands = set(profile.candidates(site.op, d, lo=site.min_dim, hi=hi, window=window))
     cands.add(site.max_dim)  # keep dense: leaves the original dims
     return sorted(cands)
 
@@ -227,6 +236,7 @@ def allocate(
     budget: int | None = None,
     tokens: int = DEFAULT_TOKENS,
     window: int = 4,
+    candidates: str = "modulus",
     latency_target: float | None = None,
     quality_target: float | None = None,
     max_states: int = DEFAULT_MAX_STATES,
@@ -243,6 +253,9 @@ def allocate(
         budget: parameter bound for ``gac``/``gac-latency`` (default and maximum: the native total).
         tokens: rows per forward pass for the latency model.
         window: aligned candidates on each side of the native dim.
+        candidates: ``modulus`` (multiples of the profile's rule: finest aligned steps, best
+            quality) or ``prefer`` (multiples of the modulus with the best measured throughput,
+            e.g. 64 for low-rank pairs on the H200: coarser steps, faster kernels).
         latency_target: ``gac-latency`` only: predicted latency bound as a fraction of dense.
         quality_target: ``gac-latency`` only: loss bound (default: the native allocation's loss).
         max_states: DP width before the costs are quantized more coarsely.
@@ -279,7 +292,11 @@ def allocate(
             r = max(round_nearest(d, profile.modulus(s.op)), s.min_dim)
             dims[s.name] = s.max_dim if r >= s.max_dim else r
     else:
-        cands = [_candidates(profile, s, native[s.name], window) for s in sites]
+        if candidates not in CANDIDATE_STEPS:
+            raise GacError(
+                f"unknown candidate step {candidates!r}; choose one of: {', '.join(CANDIDATE_STEPS)}"
+            )
+        cands = [_candidates(profile, s, native[s.name], window, candidates) for s in sites]
         costs = [np.array([s.cost(d) for d in c], dtype=np.int64) for s, c in zip(sites, cands, strict=True)]
         losses = [loss[s.name](np.array(c)) for s, c in zip(sites, cands, strict=True)]
         if strategy == "gac":
@@ -289,7 +306,7 @@ def allocate(
                 notes.append(
                     f"DP costs rounded up to units of {sol.unit:,} parameters ({sol.states:,} states)"
                 )
-            dims = _fill(sites, dims, loss, profile, budget)
+            dims = _fill(sites, dims, loss, profile, budget, candidates)
         else:
             dims, note = _latency_knapsack(
                 sites,
@@ -322,11 +339,14 @@ def allocate(
     )
 
 
-def _fill(sites: list[Site], dims: dict[str, int], loss, profile: Profile, budget: int) -> dict[str, int]:
+def _fill(
+    sites: list[Site], dims: dict[str, int], loss, profile: Profile, budget: int, step: str = "modulus"
+) -> dict[str, int]:
     """Spend leftover budget on aligned up-steps (largest loss drop per parameter first).
 
     Loss curves are non-increasing, so an up-step never hurts quality; this closes the gap
-    left by ties and by coarse DP quantization.
+    left by ties and by coarse DP quantization. With ``step="prefer"`` a site on the prefer grid
+    stays on it (the leftover is then below one prefer step).
     """
     dims = dict(dims)
     used = sum(s.cost(dims[s.name]) for s in sites)
@@ -337,6 +357,8 @@ def _fill(sites: list[Site], dims: dict[str, int], loss, profile: Profile, budge
             if d >= s.max_dim:
                 continue
             m = profile.modulus(s.op)
+            if step == "prefer" and d % profile.prefer(s.op) == 0:
+                m = profile.prefer(s.op)
             nxt = (d // m + 1) * m
             if nxt >= s.max_dim:
                 nxt = s.max_dim

@@ -72,6 +72,11 @@ def compress_cmd(
     latency_target: float | None = typer.Option(
         None, "--latency-target", help="gac-latency: predicted latency bound as a fraction of dense."
     ),
+    candidates: str = typer.Option(
+        "modulus",
+        "--candidates",
+        help="gac/gac-latency candidate step: modulus (profile rule, finest) | prefer (fastest modulus).",
+    ),
     out: Path = typer.Option(..., "--out", help="Output directory (written atomically)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output directory."),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | cuda:N."),
@@ -98,6 +103,7 @@ def compress_cmd(
         batch_size=batch_size,
         options=parse_options(option),
         latency_target=latency_target,
+        candidates=candidates,
     )
     if compressor not in available_compressors():
         raise GacError(f"unknown compressor {compressor!r}; available: {', '.join(available_compressors())}")
