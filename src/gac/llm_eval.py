@@ -17,23 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from gac.errors import GacError
+from gac.utils import resolve_device_dtype
 
 SUITES = ("ppl", "lm_eval")
-
-
-def resolve_device_dtype(device: str, dtype: str) -> tuple[str, Any]:
-    """``auto`` device = cuda when available; ``auto`` dtype = bf16 on GPU, fp32 on CPU."""
-    import torch
-
-    dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-    if dev.startswith("cuda") and not torch.cuda.is_available():
-        raise GacError("--device cuda asked for, but no CUDA device is available")
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if dtype == "auto":
-        return dev, (torch.bfloat16 if dev.startswith("cuda") else torch.float32)
-    if dtype not in dtypes:
-        raise GacError(f"unknown dtype {dtype!r}; use auto, {', '.join(dtypes)}")
-    return dev, dtypes[dtype]
 
 
 def _target(out: Path, name: str, overwrite: bool) -> Path:

@@ -55,7 +55,7 @@ def run(
     """Time the baseline and ``variant`` (optionally fused / with the Triton kernel) and write the results."""
     from gac.eval.infer import SweepConfig, Variant, run_sweep, write_results
     from gac.eval.variants import load_variant, parse_variant
-    from gac.llm_eval import resolve_device_dtype
+    from gac.utils import resolve_device_dtype
 
     if suite not in SUITES:
         raise GacError(f"unknown suite {suite!r}; choose one of: {', '.join(SUITES)}")

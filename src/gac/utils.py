@@ -8,7 +8,7 @@ import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from rich.console import Console
 from rich.progress import (
@@ -89,3 +89,18 @@ def track(items: Iterable[T], description: str, total: int | None = None) -> Ite
         for x in items:
             yield x
             p.advance(task)
+
+
+def resolve_device_dtype(device: str, dtype: str) -> tuple[str, Any]:
+    """``auto`` device = CUDA when available, else CPU; ``auto`` dtype = bfloat16 on GPU, float32 on CPU."""
+    import torch
+
+    dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    if dev.startswith("cuda") and not torch.cuda.is_available():
+        raise GacError(f"device {dev} requested but CUDA is not available")
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype == "auto":
+        return dev, (torch.bfloat16 if dev.startswith("cuda") else torch.float32)
+    if dtype not in dtypes:
+        raise GacError(f"unknown dtype {dtype!r}; use auto, {', '.join(dtypes)}")
+    return dev, dtypes[dtype]

@@ -9,6 +9,7 @@ from typing import Any
 import typer
 
 from gac.errors import GacError
+from gac.utils import resolve_device_dtype
 
 
 def parse_options(items: list[str]) -> dict[str, Any]:
@@ -27,23 +28,6 @@ def parse_options(items: list[str]) -> dict[str, Any]:
         except json.JSONDecodeError:
             out[key.replace("-", "_")] = val
     return out
-
-
-def resolve_device_dtype(device: str, dtype: str):
-    """``auto`` picks CUDA + bfloat16 when a GPU is present, CPU + float32 otherwise."""
-    import torch
-
-    dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-    if dev.startswith("cuda") and not torch.cuda.is_available():
-        raise GacError(f"device {dev} requested but CUDA is not available")
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if dtype == "auto":
-        dt = torch.bfloat16 if dev.startswith("cuda") else torch.float32
-    elif dtype in dtypes:
-        dt = dtypes[dtype]
-    else:
-        raise GacError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16")
-    return dev, dt
 
 
 def compress_cmd(

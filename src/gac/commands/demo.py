@@ -72,12 +72,11 @@ def run_demo(
     from rich.table import Table
 
     from gac.api import CompressConfig, apply_, plan
-    from gac.commands.compress import resolve_device_dtype
     from gac.data import load_text
     from gac.eval.ppl import perplexity
     from gac.hardware.timing import environment
     from gac.models import load_model
-    from gac.utils import atomic_dir, console
+    from gac.utils import atomic_dir, console, resolve_device_dtype
 
     t_start = time.perf_counter()
     dev, dt = resolve_device_dtype(device, "auto")

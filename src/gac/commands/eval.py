@@ -35,22 +35,13 @@ def ppl_cmd(
     import json
     from pathlib import Path
 
-    import torch
-
     from gac.data import load_text
     from gac.errors import GacError
     from gac.eval.ppl import perplexity
     from gac.models import load_model
-    from gac.utils import atomic_write_text, console
+    from gac.utils import atomic_write_text, console, resolve_device_dtype
 
-    dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if dtype == "auto":
-        dt = torch.bfloat16 if dev.startswith("cuda") else torch.float32
-    elif dtype in dtypes:
-        dt = dtypes[dtype]
-    else:
-        raise GacError(f"unknown dtype {dtype!r}; use auto, {', '.join(dtypes)}")
+    dev, dt = resolve_device_dtype(device, dtype)
     text = load_text(dataset, "test")
     lm = load_model(model, dtype=dt, device=dev)
     tok = lm.tokenizer if tokenizer is None else load_model(tokenizer, device="cpu").tokenizer
