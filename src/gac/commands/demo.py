@@ -21,9 +21,15 @@ import typer
 DEFAULT_OUT = Path("runs/demo")
 
 
+#: Shipped profile used for predictions when no GPU (or one without a shipped profile) is present:
+#: the GPU of the project's reference measurements.
+FALLBACK_PROFILE = "h200-bfloat16"
+
+
 def pick_profile(spec: str | None):
     """The profile used for alignment and predictions: ``spec``, else auto (a shipped profile of
-    the present GPU), else the first shipped measured bf16 profile, else the built-in default."""
+    the present GPU), else the shipped :data:`FALLBACK_PROFILE`, else the first shipped measured
+    bf16 profile, else the built-in default."""
     from gac.hardware.profile import Profile, default_profile, load_profile, shipped_profiles
 
     if spec is not None:
@@ -33,7 +39,9 @@ def pick_profile(spec: str | None):
         return prof
     shipped = [Profile.from_dict(json.loads(p.read_text())) for p in shipped_profiles()]
     shipped = [p for p in shipped if p.measured]
-    for p in sorted(shipped, key=lambda p: (p.dtype != "bfloat16", p.id)):
+    for p in sorted(
+        shipped, key=lambda p: (not p.id.startswith(FALLBACK_PROFILE), p.dtype != "bfloat16", p.id)
+    ):
         return p
     return default_profile("bfloat16")
 
