@@ -207,6 +207,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default=None, help="hardware profile (default: auto for this GPU)")
     ap.add_argument("--device", default=None)
     ap.add_argument("--compile", action="store_true", help="decode through torch.compile (then CUDA graphs)")
+    ap.add_argument(
+        "--compile-mode",
+        default=None,
+        help="torch.compile mode with --compile (default, max-autotune-no-cudagraphs)",
+    )
     ap.add_argument("--gemv", action="store_true", help="also time each projection shape's M=1 GEMV alone")
     args = ap.parse_args(argv)
 
@@ -221,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         prefill_reps=args.prefill_reps,
         graphs=dev.type == "cuda",
         compile=args.compile,
+        compile_mode=args.compile_mode,
     )
     mcfg = llama3_8b_config(args.layers, args.scale)
     sites, curves, native = asvd_style_allocation(args.layers, args.scale)

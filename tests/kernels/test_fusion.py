@@ -57,7 +57,7 @@ def test_fusion_float32_close_and_no_activation_kept():
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
     for m in model.modules():
         if isinstance(m, FusedInputProjection):
-            assert m._parts == [] and m._key is None  # every slice was consumed
+            assert m._parts == [] and m._x is None  # every slice was consumed
 
 
 def test_fused_group_recomputes_for_a_new_input():
@@ -74,3 +74,25 @@ def test_fused_group_recomputes_for_a_new_input():
 def test_fusion_rejects_mismatched_inputs():
     with pytest.raises(ValueError, match="in_features"):
         FusedInputProjection([torch.nn.Linear(8, 3), torch.nn.Linear(9, 3)])
+
+
+def test_fused_block_compiles_in_one_graph_without_recompiles():
+    """torch.compile traces a fused layer whole (no graph break) and reuses it for new inputs."""
+    import torch._dynamo
+    from torch._dynamo.testing import CompileCounter
+
+    model = _factorize_some(tiny_model("llama", dtype=torch.float32))
+    layer = model.model.layers[0]
+    fuse_projections_(layer)
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    mlp = torch.compile(layer.mlp, backend=counter, fullgraph=True, dynamic=False)
+    with torch.no_grad():
+        for seed in range(4):
+            x = torch.randn(
+                2, 3, layer.mlp.gate_proj.in_features, generator=torch.Generator().manual_seed(seed)
+            )
+            torch.testing.assert_close(mlp(x), layer.mlp(x), rtol=0, atol=0)
+    assert counter.frame_count == 1  # compiled once, no recompile for later inputs
+    assert layer.mlp.fused_gate_up._x is None and layer.mlp.fused_gate_up._parts == []
+    torch._dynamo.reset()

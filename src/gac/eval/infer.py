@@ -65,6 +65,10 @@ class SweepConfig:
     #: run decode steps through ``torch.compile`` (default mode: fused elementwise kernels),
     #: then capture the compiled step as a CUDA graph as usual.
     compile: bool = False
+    #: ``torch.compile`` mode when ``compile`` is on (None = default; ``"max-autotune-no-cudagraphs"``
+    #: lets Inductor benchmark its own GEMM/GEMV kernels; modes that capture CUDA graphs themselves
+    #: are refused: the step is captured here).
+    compile_mode: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -434,7 +438,17 @@ def sweep_model(
         "prefill": [],
         "decode": [],
     }
-    forward = torch.compile(model.forward, dynamic=False) if cfg.compile else None
+    if cfg.compile_mode in ("reduce-overhead", "max-autotune"):
+        raise GacError(
+            f"compile mode {cfg.compile_mode!r} captures CUDA graphs itself; "
+            "use 'default' or 'max-autotune-no-cudagraphs' (the decode step is captured by the sweep)"
+        )
+    mode = None if cfg.compile_mode in (None, "default") else cfg.compile_mode
+    if cfg.compile:
+        # each variant compiles twice (before and after the lazy KV-cache allocation); without a
+        # reset, the variants of one sweep add up to Dynamo's recompile limit and fall back to eager
+        torch._dynamo.reset()
+    forward = torch.compile(model.forward, dynamic=False, mode=mode) if cfg.compile else None
     out["compiled_decode"] = cfg.compile
     grid_p = [(b, s) for b in cfg.prefill_batches for s in cfg.prefill_seqs]
     grid_d = [(b, k) for b in cfg.decode_batches for k in cfg.decode_kv]

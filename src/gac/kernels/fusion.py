@@ -67,20 +67,32 @@ class FusedInputProjection(nn.Module):
             self.bias = nn.Parameter(torch.cat(parts), requires_grad=False)
         else:
             self.bias = None
-        self._key: tuple[int, int, int] | None = None
+        self._x: torch.Tensor | None = None  # the input whose product is held in ``_parts``
+        self._version: int = -1
         self._parts: list[torch.Tensor | None] = []
 
     def part(self, x: torch.Tensor, index: int) -> torch.Tensor:
-        """Slice ``index`` of ``x @ W_catᵀ (+ b)``, computing the product once per input."""
-        key = (id(x), x.data_ptr(), x._version)
-        if key != self._key or self._parts[index] is None:
+        """Slice ``index`` of ``x @ W_catᵀ (+ b)``, computing the product once per input.
+
+        The input is recognised by identity (``is``), which ``torch.compile`` traces without a
+        graph break; eager mode also checks the tensor's version counter (an in-place change of
+        ``x`` between two members recomputes).  Once every member has taken its slice the state
+        is back to empty, so a compiled caller sees the same module state on every call and is
+        not recompiled.
+        """
+        stale = self._x is not x or self._parts[index] is None
+        if not stale and not torch.compiler.is_compiling():
+            stale = x._version != self._version
+        if stale:
             y = F.linear(x, self.weight, self.bias)
             self._parts = list(y.split(self.splits, dim=-1))
-            self._key = key
+            self._x = x
+            if not torch.compiler.is_compiling():
+                self._version = x._version
         out = self._parts[index]
         self._parts[index] = None
         if all(p is None for p in self._parts):
-            self._key, self._parts = None, []
+            self._x, self._parts = None, []
         assert out is not None
         return out
 
