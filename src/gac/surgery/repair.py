@@ -340,7 +340,9 @@ def _pad_head_dim(model: nn.Module, ad: FamilyAdapter, d: int, d_new: int) -> st
     if why is None:
         new_cfg, new_inv = plain
         model.config.rope_parameters = new_cfg.rope_parameters
-        if hasattr(new_cfg, "rope_theta") and not isinstance(getattr(type(new_cfg), "rope_theta", None), property):
+        if hasattr(new_cfg, "rope_theta") and not isinstance(
+            getattr(type(new_cfg), "rope_theta", None), property
+        ):
             with contextlib.suppress(AttributeError):
                 model.config.rope_theta = new_cfg.rope_theta
         _set_inv_freq(rot, new_inv.to(dtype=inv.dtype, device=inv.device))
@@ -381,10 +383,15 @@ def _plain_rope(model: nn.Module, ad: FamilyAdapter, rot: nn.Module, d: int, d_n
         return f"the rotary embedding cannot be rebuilt for head_dim {d_new} ({type(e).__name__})"
     old_inv = rot.inv_freq.detach().double().cpu()
     new_inv = fresh.inv_freq.detach().double().cpu()
-    if new_inv.numel() != d_new // 2 or not torch.allclose(new_inv[: old_inv.numel()], old_inv, rtol=1e-6, atol=0):
+    if new_inv.numel() != d_new // 2 or not torch.allclose(
+        new_inv[: old_inv.numel()], old_inv, rtol=1e-6, atol=0
+    ):
         rt = rp.get("rope_type", "default")
         return f"RoPE type {rt!r} has no rope_theta that keeps the original frequencies at head_dim {d_new}"
-    if abs(float(getattr(fresh, "attention_scaling", 1.0)) - float(getattr(rot, "attention_scaling", 1.0))) > 1e-12:
+    if (
+        abs(float(getattr(fresh, "attention_scaling", 1.0)) - float(getattr(rot, "attention_scaling", 1.0)))
+        > 1e-12
+    ):
         return "the rotary attention scaling depends on head_dim"
     return new, fresh.inv_freq.detach().float()
 
@@ -422,7 +429,9 @@ def _sync_config(model: nn.Module, ad: FamilyAdapter) -> None:
     cfg.head_dim = ad.head_dim
     inter = {ad.intermediate(i) for i in range(ad.num_layers)}
     cfg.intermediate_size = max(inter)
-    eps = {m.variance_epsilon for m in model.modules() if isinstance(getattr(m, "variance_epsilon", None), float)}
+    eps = {
+        m.variance_epsilon for m in model.modules() if isinstance(getattr(m, "variance_epsilon", None), float)
+    }
     if len(eps) == 1 and hasattr(cfg, "rms_norm_eps"):
         cfg.rms_norm_eps = eps.pop()  # hidden padding scales every norm's eps by d/d_pad
 
