@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gac.errors import GacError
+from gac.errors import GacError, check_schema
 from gac.surgery.factorized import FactorizedLinear, replace_module
 from gac.utils import atomic_dir
 
@@ -189,8 +189,7 @@ def read_gac_config(path: str | Path) -> dict[str, Any]:
         cfg = json.loads(p.read_text())
     except json.JSONDecodeError as e:
         raise GacError(f"{p} is not valid JSON: {e}") from None
-    if cfg.get("schema") != SCHEMA:
-        raise GacError(f"{p} has schema {cfg.get('schema')!r}; this gac reads {SCHEMA!r}")
+    check_schema(cfg.get("schema"), SCHEMA, p)
     return cfg
 
 

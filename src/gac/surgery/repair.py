@@ -38,7 +38,7 @@ from torch import nn
 
 from gac import __version__
 from gac.alignment import round_up
-from gac.errors import GacError
+from gac.errors import GacError, check_schema
 from gac.hardware.profile import Profile, load_profile
 from gac.models.adapters import FamilyAdapter, get_adapter, in_features, out_features
 from gac.surgery.factorized import FactorizedLinear, replace_module
@@ -615,8 +615,7 @@ def load_repaired(
         doc = json.loads((path / "gac_repair.json").read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise GacError(f"{path} has no readable gac_repair.json: {e}") from None
-    if doc.get("schema") != SCHEMA:
-        raise GacError(f"{path}/gac_repair.json has schema {doc.get('schema')!r}, expected {SCHEMA!r}")
+    check_schema(doc.get("schema"), SCHEMA, path / "gac_repair.json")
     state = doc["runtime"]
     config = AutoConfig.from_pretrained(str(path))
     for k, val in (doc.get("config_overrides") or {}).items():
