@@ -40,7 +40,7 @@ from gac import __version__
 from gac.alignment import round_up
 from gac.errors import GacError, check_schema
 from gac.hardware.profile import Profile, load_profile
-from gac.models.adapters import FamilyAdapter, get_adapter, in_features, out_features
+from gac.models.adapters import FamilyAdapter, get_adapter, in_features, is_rms_norm, out_features
 from gac.surgery.factorized import FactorizedLinear, replace_module
 from gac.surgery.padding import (
     head_end_placement,
@@ -165,6 +165,8 @@ def _rope_ok(model: nn.Module, ad: FamilyAdapter) -> str | None:
         rot = model.get_submodule(ad.rotary_fqn)
     except AttributeError:
         return "no rotary embedding module found"
+    if ad.fused_qkv and ad.qkv_layout != "blocked":
+        return f"the fused qkv of {ad.family} is {ad.qkv_layout} per head, which head_dim padding does not handle"
     rt = getattr(rot, "rope_type", "default")
     if isinstance(rt, dict) or rt not in _STATIC_ROPE:
         return f"RoPE type {rt!r} recomputes its frequencies at run time"
@@ -246,7 +248,13 @@ def repair_(
     plan: dict[str, Any] = {}
     h = ad.hidden
     if target("hidden", h) != h:
-        plan["hidden"] = (h, target("hidden", h))
+        ln = [f for f in ad.hidden_norm_fqns() if not is_rms_norm(model.get_submodule(f))]
+        if ln:
+            report.skipped.append(
+                f"hidden {h}: {ln[0]} is a LayerNorm (mean-centred), which zero channels would change"
+            )
+        else:
+            plan["hidden"] = (h, target("hidden", h))
     inter = {
         i: (ad.intermediate(i), target("intermediate", ad.intermediate(i))) for i in range(ad.num_layers)
     }
@@ -286,8 +294,12 @@ def repair_(
             report.changes.append(DimChange("rank", name, r, r_new))
     for i, (d, d_new) in plan["intermediate"].items():
         p = ad.projections(i)
-        pad_out_(model.get_submodule(p["gate"]), d_new)
-        pad_out_(model.get_submodule(p["up"]), d_new)
+        if "gate_up" in p:  # fused [gate | up]: each half grows separately
+            halves = torch.cat([torch.arange(d), d_new + torch.arange(d)])
+            pad_out_(model.get_submodule(p["gate_up"]), 2 * d_new, halves)
+        for role in ("gate", "up"):  # fc1/fc2 MLPs have "up" only: act(0) = 0 keeps the zeros
+            if role in p:
+                pad_out_(model.get_submodule(p[role]), d_new)
         pad_in_(model.get_submodule(p["down"]), d_new)
         mlp = model.get_submodule(ad.mlp_fqn(i))
         if hasattr(mlp, "intermediate_size"):
@@ -321,18 +333,32 @@ def _pad_head_dim(model: nn.Module, ad: FamilyAdapter, d: int, d_new: int) -> st
     gain = (d_new / d) ** 0.5
     for i in range(ad.num_layers):
         p = ad.projections(i)
-        pad_out_(model.get_submodule(p["q"]), nq * d_new, rope_head_placement(nq, d, d_new))
-        pad_out_(model.get_submodule(p["k"]), nkv * d_new, rope_head_placement(nkv, d, d_new))
-        pad_out_(model.get_submodule(p["v"]), nkv * d_new, head_end_placement(nkv, d, d_new))
+        q_rows = None
+        if "qkv" in p:  # blocked [q | k | v] (interleaved layouts are refused by _rope_ok)
+            placement = torch.cat(
+                [
+                    rope_head_placement(nq, d, d_new),
+                    nq * d_new + rope_head_placement(nkv, d, d_new),
+                    (nq + nkv) * d_new + head_end_placement(nkv, d, d_new),
+                ]
+            )
+            pad_out_(model.get_submodule(p["qkv"]), (nq + 2 * nkv) * d_new, placement)
+            q_rows = nq * d_new
+        else:
+            pad_out_(model.get_submodule(p["q"]), nq * d_new, rope_head_placement(nq, d, d_new))
+            pad_out_(model.get_submodule(p["k"]), nkv * d_new, rope_head_placement(nkv, d, d_new))
+            pad_out_(model.get_submodule(p["v"]), nkv * d_new, head_end_placement(nkv, d, d_new))
         pad_in_(model.get_submodule(p["o"]), nq * d_new, head_end_placement(nq, d, d_new))
-        for f in ad.qk_norm_fqns(i):
-            pad_rmsnorm_(model.get_submodule(f), d_new, rope_head_placement(1, d, d_new))
+        for f in ad.qk_norm_fqns(i):  # per head (Qwen3) or over all heads (OLMo-2)
+            norm = model.get_submodule(f)
+            n = norm.weight.numel() // d
+            pad_rmsnorm_(norm, n * d_new, rope_head_placement(n, d, d_new))
         attn = model.get_submodule(ad.attention_fqn(i))
         if why is None:
             # softmax scale 1/sqrt(d) = (q * sqrt(d'/d)) . k / sqrt(d'): fold the gain into q (or q's norm)
-            qn = [f for f in ad.qk_norm_fqns(i) if f.endswith("q_norm")]
-            target = model.get_submodule(qn[0]) if qn else model.get_submodule(p["q"])
-            _scale_out_(target, gain)
+            qn = [f for f in ad.qk_norm_fqns(i) if f.rpartition(".")[2].startswith("q")]
+            target = model.get_submodule(qn[0]) if qn else model.get_submodule(p.get("q") or p["qkv"])
+            _scale_out_(target, gain, None if qn else q_rows)
             attn.scaling = d_new**-0.5
         else:
             attn.scaling = float(getattr(attn, "scaling", d**-0.5))  # keep 1/sqrt(d), not 1/sqrt(d_new)
@@ -353,13 +379,16 @@ def _pad_head_dim(model: nn.Module, ad: FamilyAdapter, d: int, d_new: int) -> st
     return why
 
 
-def _scale_out_(mod: nn.Module, gain: float) -> None:
-    """Multiply a module's output by ``gain`` (a Linear's weight and bias, or a norm's weight)."""
+def _scale_out_(mod: nn.Module, gain: float, rows: int | None = None) -> None:
+    """Multiply a module's output (its first ``rows`` outputs when given) by ``gain``: a Linear's
+    weight and bias, a factorized layer's ``u``, or a norm's weight."""
+    mod = getattr(mod, "u", mod)  # FactorizedLinear: the output side
     with torch.no_grad():
         for name in ("weight", "bias"):
             t = getattr(mod, name, None)
             if isinstance(t, torch.Tensor):
-                t.copy_((t.double() * gain).to(t.dtype))
+                part = t if rows is None else t[:rows]
+                part.copy_((part.double() * gain).to(t.dtype))
 
 
 def _plain_rope(model: nn.Module, ad: FamilyAdapter, rot: nn.Module, d: int, d_new: int) -> Any:
@@ -408,8 +437,9 @@ def _pad_hidden(model: nn.Module, ad: FamilyAdapter, d: int, d_new: int) -> None
     pad_embedding_(emb, d_new)
     for i in range(ad.num_layers):
         p = ad.projections(i)
-        for role in ("q", "k", "v", "gate", "up"):
-            pad_in_(model.get_submodule(p[role]), d_new)
+        for role in ("q", "k", "v", "qkv", "gate", "up", "gate_up"):
+            if role in p:
+                pad_in_(model.get_submodule(p[role]), d_new)
         for role in ("o", "down"):
             pad_out_(model.get_submodule(p[role]), d_new)
     for f in ad.hidden_norm_fqns():
