@@ -650,15 +650,25 @@ def load_repaired(
     config = AutoConfig.from_pretrained(str(path))
     for k, val in (doc.get("config_overrides") or {}).items():
         setattr(config, k, val)
+    modules = state.get("modules", {})
+    if doc.get("plain_transformers") or not any(m["type"] == "factorized" for m in modules.values()):
+        # transformers' own loader (it knows each family's checkpoint key names), then gac's runtime state
+        try:
+            from gac.models.loading import _quiet_hf
+
+            with _quiet_hf():
+                model = AutoModelForCausalLM.from_pretrained(str(path), config=config, dtype=dtype)
+        except Exception:  # noqa: BLE001 - shapes the config cannot express: build the skeleton below
+            model = None
+        if model is not None and not _needs_skeleton(model, modules):
+            apply_runtime_state(model, state)
+            return model.to(device=device, dtype=dtype).eval()
     try:
         from transformers.initialization import no_init_weights
     except ImportError:  # older layouts: initialise (slower, same result after loading)
-        import contextlib
-
         no_init_weights = contextlib.nullcontext
     with no_init_weights():
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    modules = state.get("modules", {})
     if _needs_skeleton(model, modules):
         for name, spec in modules.items():
             if spec["type"] == "factorized":
