@@ -58,7 +58,11 @@ def tiny_config(
         return Olmo2Config(**common, pad_token_id=0)  # post-norms only; q/k RMSNorm over all heads
     if family == "granite":  # Llama layout with multipliers (attention scale is not 1/sqrt(d))
         return GraniteConfig(
-            **common, attention_multiplier=0.09, embedding_multiplier=2.0, residual_multiplier=0.5, logits_scaling=4.0
+            **common,
+            attention_multiplier=0.09,
+            embedding_multiplier=2.0,
+            residual_multiplier=0.5,
+            logits_scaling=4.0,
         )
     if family == "gpt_neox":  # query_key_value per head, LayerNorm, parallel residual, 25% rotary
         common.pop("num_key_value_heads")
