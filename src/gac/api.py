@@ -66,7 +66,7 @@ class CompressConfig:
         objective: the knapsack's value: ``paper`` (sensitivity x parameter change, the GAC
             paper's) or ``curve`` (the compressor's loss curve); see :mod:`gac.allocation.strategies`.
         window: how far the knapsack strategies may move a dim from the native one: whole
-            modulus steps (default 4) or a fraction in (0, 1) of the native dim.
+            modulus steps (default 1) or a fraction in (0, 1) of the native dim.
     """
 
     compressor: str = "asvd"

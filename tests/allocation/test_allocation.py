@@ -155,11 +155,12 @@ def test_gac_is_optimal_on_a_small_instance():
         1, {"q": (120, 120), "k": (24, 120), "gate": (200, 120)}, keep=0.6
     )
     prof = default_profile()
-    gac = allocate("gac", sites, native, prof, curves, objective="curve")
+    gac = allocate("gac", sites, native, prof, curves, objective="curve", window=4)
     cand = []
     for s in sites:
-        c = sorted(set(prof.candidates(s.op, native[s.name], lo=s.min_dim, hi=s.max_dim - 1)) | {s.max_dim})
-        cand.append(c)
+        m = prof.modulus(s.op)
+        lo, hi = _expected_range(native[s.name], m, 4, s.min_dim, s.max_dim - 1)
+        cand.append([d for d in range(lo, hi + 1) if d % m == 0] + [s.max_dim])
     best = min(
         sum(curves[s.name][d] for s, d in zip(sites, combo, strict=True))
         for combo in itertools.product(*cand)
@@ -272,8 +273,7 @@ def test_prefer_candidates_are_multiples_of_the_fastest_modulus():
 def _expected_range(native: int, m: int, window: float, lo_min: int, hi_max: int) -> tuple[int, int]:
     """The window written out independently of gac.allocation (steps of m, or a fraction)."""
     if window >= 1:
-        floor = native - native % m
-        lo, hi = floor - (int(window) - 1) * m, floor + int(window) * m
+        lo, hi = native - int(window) * m, native + int(window) * m
     else:
         half = max(1, int(window * native + 0.5))
         lo, hi = native - half, native + half
@@ -357,10 +357,13 @@ def test_paper_objective_moves_parameters_to_sensitive_sites():
     prof = _profile(8)
     gac = allocate("gac", [a, b], native, prof, curves)
     assert gac.objective == "paper:loss_curve"
-    # window of both: 144 - 3*8 .. 144 + 4*8 = 120..176; a takes the top, b pays down to the bottom
-    # (176 + 128 = 304 ranks would exceed the 300 of the budget).
-    assert (gac.dims["a"], gac.dims["b"]) == (176, 120)
-    assert gac.cost <= gac.budget
+    # default window 150 ± 8: aligned candidates 144 and 152; a rounds up, b pays by rounding down
+    assert (gac.dims["a"], gac.dims["b"]) == (152, 144)
+    wide = allocate("gac", [a, b], native, prof, curves, window=4)
+    # window 150 ± 32 = 118..182: a takes the top multiple (176), b the bottom (120): 296 <= 300 ranks
+    # (176 + 128 = 304 would exceed the budget)
+    assert (wide.dims["a"], wide.dims["b"]) == (176, 120)
+    assert gac.cost <= gac.budget and wide.cost <= wide.budget
     # With a fractional window of 2% (±3 ranks) neither site can move more than that.
     narrow = allocate("knapsack", [a, b], native, prof, curves, window=0.02)
     assert all(abs(narrow.dims[n] - 150) <= 3 for n in "ab")

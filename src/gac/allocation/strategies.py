@@ -54,8 +54,8 @@ STRATEGIES: tuple[str, ...] = ("none", "round", "knapsack", "gac", "gac-latency"
 KNAPSACK_STRATEGIES: tuple[str, ...] = ("knapsack", "gac", "gac-latency")
 CANDIDATE_STEPS: tuple[str, ...] = ("modulus", "prefer")
 OBJECTIVES: tuple[str, ...] = ("paper", "curve")
-#: Default window: 4 modulus steps (candidates from 3 steps below the native dim to 4 above).
-DEFAULT_WINDOW = 4.0
+#: Default window: one modulus step on each side of the native dim (the aligned dims next to it).
+DEFAULT_WINDOW = 1.0
 #: Tokens per forward pass used by the latency model (a 1024-token prefill, as in the prototype).
 DEFAULT_TOKENS = 1024
 
@@ -232,24 +232,20 @@ def check_window(window: float) -> float:
 def candidate_range(site: Site, native: int, m: int, window: float = DEFAULT_WINDOW) -> tuple[int, int]:
     """The dims ``[lo, hi]`` a re-selection may pick for ``site`` (``hi < site.max_dim``).
 
-    ``window >= 1``: ``window`` steps of ``m`` on each side of the aligned floor of the native dim
-    (``round_down(d*, m) - (window - 1) m .. round_down(d*, m) + window m``); with the default 4 this
-    is the range ``gac`` has always used. ``0 < window < 1``: ``d* ± window · d*`` (at least ±1).
+    ``window >= 1``: ``d* ± window · m`` (``m`` the site's modulus); the default 1 keeps ``gac`` to
+    the aligned dims next to the native one, the GAC paper's candidates. ``0 < window < 1``:
+    ``d* ± window · d*`` (at least ±1). The range is centred on the native dim, not on an aligned
+    dim, so the unaligned ``knapsack`` control can land anywhere in it.
 
     >>> from gac.sites import Site
     >>> s = Site("x", "lowrank_r", max_dim=64, unit_cost=128, dense_cost=8192)
-    >>> candidate_range(s, 37, 8), candidate_range(s, 37, 8, window=2), candidate_range(s, 40, 8, 0.1)
-    ((8, 63), (24, 48), (36, 44))
+    >>> candidate_range(s, 37, 8), candidate_range(s, 37, 8, window=4), candidate_range(s, 40, 8, 0.1)
+    ((29, 45), (5, 63), (36, 44))
     """
     d = min(int(native), site.max_dim)
     w = check_window(window)
-    if w >= 1:
-        base = round_down(d, m)
-        lo, hi = base - (int(w) - 1) * m, base + int(w) * m
-    else:
-        half = max(1, int(w * d + 0.5))  # round half up
-        lo, hi = d - half, d + half
-    return max(lo, site.min_dim, 1), min(hi, site.max_dim - 1)
+    half = int(w) * m if w >= 1 else max(1, int(w * d + 0.5))  # round half up
+    return max(d - half, site.min_dim, 1), min(d + half, site.max_dim - 1)
 
 
 def _candidates(
@@ -339,7 +335,7 @@ def allocate(
         budget: parameter bound for the knapsack strategies (default and maximum: the native total).
         tokens: rows per forward pass for the latency model.
         window: how far from the native dim a knapsack strategy may move a site
-            (:func:`candidate_range`): whole modulus steps (default 4) or a fraction of the dim.
+            (:func:`candidate_range`): whole modulus steps (default 1) or a fraction of the dim.
         candidates: ``modulus`` (multiples of the profile's rule: finest aligned steps, best
             quality) or ``prefer`` (multiples of the modulus with the best measured throughput,
             e.g. 64 for low-rank pairs on the H200: coarser steps, faster kernels).

@@ -69,9 +69,9 @@ def compress_cmd(
         help="knapsack value: paper (sensitivity x parameter change) | curve (the compressor's loss curve).",
     ),
     window: float = typer.Option(
-        4.0,
+        1.0,
         "--window",
-        help="knapsack candidates around the native dim: N modulus steps (>= 1) or a fraction in (0, 1).",
+        help="knapsack candidates: native dim ± N modulus steps (N >= 1, default 1) or ± a fraction in (0, 1).",
     ),
     calib_seed: int = typer.Option(
         0, "--calib-seed", help="0: the first calibration windows; N: a seeded random choice of windows."
