@@ -73,7 +73,7 @@ def run_demo(
     sensitivity_samples: int = 1,
     eval_windows: int = 8,
     eval_seq_len: int = 512,
-    overwrite: bool = True,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Run the demo and return (and write to ``out/demo.json``) its results."""
     import torch
@@ -82,19 +82,17 @@ def run_demo(
     from gac.api import CompressConfig, apply_, plan
     from gac.data import load_text
     from gac.eval.ppl import perplexity
+    from gac.guard import check_out
     from gac.hardware.timing import environment
     from gac.models import load_model
     from gac.utils import atomic_dir, console, resolve_device_dtype
 
     t_start = time.perf_counter()
+    check_out(out, overwrite)  # before any work: never replace data the demo did not write
     dev, dt = resolve_device_dtype(device, "auto")
     gpu = dev.startswith("cuda")
     if n_samples is None:
         n_samples = 64 if gpu else 32
-    if out.exists() and not overwrite and any(out.iterdir()):
-        from gac.errors import GacError
-
-        raise GacError(f"output {out} already exists and is not empty (pass --overwrite to replace it)")
     prof = pick_profile(profile)
     console.print(
         f"[bold]gac demo[/bold]: SmolLM2-135M, ASVD at {1 - param_ratio:.0%} parameter reduction, {dev}"
@@ -234,14 +232,15 @@ def run_demo(
         "timings": timings,
         "env": environment(dev),
     }
-    with atomic_dir(out, overwrite=True) as tmp:
+    with atomic_dir(out, overwrite=overwrite) as tmp:
         (tmp / "demo.json").write_text(json.dumps(result, indent=1, default=str))
     console.print(f"results: {out / 'demo.json'}")
     return result
 
 
 def demo_cmd(
-    out: Path = typer.Option(DEFAULT_OUT, "--out", help="Directory for demo.json (replaced atomically)."),
+    out: Path = typer.Option(DEFAULT_OUT, "--out", help="Directory for demo.json (written atomically)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing non-empty --out."),
     param_ratio: float = typer.Option(0.9, "--param-ratio", help="Fraction of targeted parameters kept."),
     profile: str | None = typer.Option(
         None, "--profile", help="Profile for alignment/prediction (default: shipped)."
@@ -271,6 +270,7 @@ def demo_cmd(
         probe_ratios=ratios,
         sensitivity_samples=probe_samples,
         out=out,
+        overwrite=overwrite,
         param_ratio=param_ratio,
         profile=profile,
         device=device,
