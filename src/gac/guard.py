@@ -114,7 +114,7 @@ def check_out(out: str | Path, overwrite: bool = False, kind: str = "dir") -> Pa
         elif kind == "file" and out.is_dir():
             raise GacError(f"output {out} is a directory; give a file path")
         elif not overwrite:
-            what = "a file" if kind == "dir" else "already exists"
+            what = "is a file" if kind == "dir" else "already exists"
             raise GacError(f"output {out} {what} (pass --overwrite to replace it)")
     anc = _nearest_existing(out.absolute().parent)
     if not anc.is_dir():
@@ -416,3 +416,92 @@ def parse_device(device: str) -> str:
     if kind == "cpu" and idx not in (None, "0"):
         raise GacError(f"unknown device {device!r}; use cpu")
     return d
+
+
+# ----------------------------------------------------------------------------- model configs
+#: Sanity bounds on a model config, checked before anything is allocated. Generous: the largest
+#: published decoder-only models stay far inside them.
+CONFIG_LIMITS = {
+    "hidden_size": 1 << 17,
+    "intermediate_size": 1 << 20,
+    "num_hidden_layers": 1024,
+    "num_attention_heads": 1 << 12,
+    "num_key_value_heads": 1 << 12,
+    "head_dim": 1 << 12,
+    "vocab_size": 1 << 24,
+}
+
+
+def _total_ram() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_model_config(cfg: Any, where: str, bytes_per_param: int = 4) -> None:
+    """Refuse a model config with wrong types or absurd sizes before any tensor is allocated.
+
+    Checks that the size fields present are positive integers within :data:`CONFIG_LIMITS`, that
+    the heads divide evenly, and that the weights (estimated from the sizes) fit in this machine's
+    memory.
+
+    Args:
+        cfg: the parsed ``config.json`` (a dict; text configs of nested models are checked too).
+        where: the file, for the message.
+        bytes_per_param: bytes per weight of the dtype that will be loaded.
+
+    Raises:
+        GacError: one line naming the field and the bad value.
+    """
+    if not isinstance(cfg, dict):
+        raise GacError(f"{where} is not a JSON object")
+    if isinstance(cfg.get("text_config"), dict):
+        check_model_config(cfg["text_config"], where, bytes_per_param)
+    vals: dict[str, int] = {}
+    for key, limit in CONFIG_LIMITS.items():
+        if key not in cfg or cfg[key] is None:
+            continue
+        v = cfg[key]
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise GacError(f"{where}: {key} must be an integer, got {v!r}")
+        if v < 1:
+            raise GacError(f"{where}: {key} must be positive, got {v}")
+        if v > limit:
+            raise GacError(f"{where}: {key} = {v:,} is beyond any real model (limit {limit:,})")
+        vals[key] = v
+    h, heads = vals.get("hidden_size"), vals.get("num_attention_heads")
+    kv = vals.get("num_key_value_heads")
+    if heads and kv and heads % kv:
+        raise GacError(f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")
+    if h and heads and "head_dim" not in vals and h % heads:
+        raise GacError(f"{where}: hidden_size {h} is not divisible by num_attention_heads {heads}")
+    if h:
+        layers = vals.get("num_hidden_layers", 1)
+        hd = vals.get("head_dim") or (h // heads if heads else h)
+        attn = h * hd * ((heads or 1) * 2 + 2 * (kv or heads or 1))
+        mlp = 3 * h * vals.get("intermediate_size", 4 * h)
+        params = layers * (attn + mlp) + 2 * vals.get("vocab_size", 0) * h
+        need, ram = params * bytes_per_param, _total_ram()
+        if ram and need > ram:
+            raise GacError(
+                f"{where}: these sizes need about {need / 2**30:,.0f} GiB of weights, more than this "
+                f"machine's {ram / 2**30:,.0f} GiB of memory"
+            )
+
+
+def check_model_dir_config(path: str | Path, bytes_per_param: int = 4) -> None:
+    """:func:`check_model_config` on ``path/config.json`` (if present), with a readable message for
+    invalid JSON."""
+    import json
+
+    p = Path(path) / "config.json"
+    if not p.is_file():
+        return
+    try:
+        cfg = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise GacError(f"{p} is not valid JSON: {e}") from None
+    except OSError as e:
+        raise GacError(f"cannot read {p}: {e.strerror or e}") from None
+    check_model_config(cfg, str(p), bytes_per_param)
