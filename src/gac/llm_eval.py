@@ -40,7 +40,7 @@ def evaluate(
     batch_size: int = 8,
     num_fewshot: int | None = None,
     include_path: list[str] | None = None,
-    dataset: str = "wikitext2",
+    dataset: str = "britannica",
     seq_len: int = 2048,
     max_windows: int | None = None,
     device: str = "auto",
@@ -104,6 +104,10 @@ def evaluate(
     )
     for name, t in res["tasks"].items():
         console.print(f"{spec.name}: {name} {t['metric']} {t['value']:.4f}")
+    failed = sorted(res.get("errors") or {})
+    if failed:
+        what = "every lm-eval task" if not res["tasks"] else f"{len(failed)} of {len(lm_tasks)} lm-eval tasks"
+        raise GacError(f"{what} failed ({', '.join(failed)}); the errors are recorded in {target}")
     return res
 
 
@@ -120,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--include-path", action="append", default=None, help="folder of local lm-eval task YAMLs"
     )
-    ap.add_argument("--dataset", default="wikitext2", help="ppl: wikitext2 | c4 | britannica | text:PATH")
+    ap.add_argument("--dataset", default="britannica", help="ppl: wikitext2 | c4 | britannica | text:PATH")
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--max-windows", type=int, default=None)
     ap.add_argument("--device", default="auto")

@@ -88,7 +88,8 @@ def compress_cmd(
 ) -> None:
     """Compress MODEL with aligned dims under a parameter budget, save it to --out and print the report."""
     from gac.api import CompressConfig, compress_, gac_config_for_save
-    from gac.compressors.base import available_compressors
+    from gac.compressors.base import available_compressors, get_compressor
+    from gac.guard import check_out
 
     # Validate everything cheap before loading a model or calibrating.
     cfg = CompressConfig(
@@ -109,8 +110,8 @@ def compress_cmd(
     )
     if compressor not in available_compressors():
         raise GacError(f"unknown compressor {compressor!r}; available: {', '.join(available_compressors())}")
-    if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
-        raise GacError(f"output {out} already exists and is not empty (pass --overwrite to replace it)")
+    get_compressor(compressor, **cfg.options)  # option names and types fail now, not after loading
+    check_out(out, overwrite)
     dev, dt = resolve_device_dtype(device, dtype)
     if profile is not None:
         from gac.hardware.profile import load_profile

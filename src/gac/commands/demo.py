@@ -82,7 +82,7 @@ def run_demo(
     sensitivity_samples: int = 1,
     eval_windows: int = 8,
     eval_seq_len: int = 512,
-    overwrite: bool = True,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Run the demo and return (and write to ``out/demo.json``) its results."""
     import torch
@@ -91,19 +91,17 @@ def run_demo(
     from gac.api import CompressConfig, apply_, plan
     from gac.data import load_text
     from gac.eval.ppl import perplexity
+    from gac.guard import check_out
     from gac.hardware.timing import environment
     from gac.models import load_model
     from gac.utils import atomic_dir, console, resolve_device_dtype
 
     t_start = time.perf_counter()
+    check_out(out, overwrite)  # before any work: never replace data the demo did not write
     dev, dt = resolve_device_dtype(device, "auto")
     gpu = dev.startswith("cuda")
     if n_samples is None:
         n_samples = 64 if gpu else 32
-    if out.exists() and not overwrite and any(out.iterdir()):
-        from gac.errors import GacError
-
-        raise GacError(f"output {out} already exists and is not empty (pass --overwrite to replace it)")
     from gac.compressors.asvd import REFERENCE_PROBE_RATIOS
     from gac.compressors.base import available_compressors
 
@@ -271,7 +269,7 @@ def run_demo(
         "timings": timings,
         "env": environment(dev),
     }
-    with atomic_dir(out, overwrite=True) as tmp:
+    with atomic_dir(out, overwrite=overwrite) as tmp:
         (tmp / "demo.json").write_text(json.dumps(result, indent=1, default=str))
     console.print(f"results: {out / 'demo.json'}")
     return result
@@ -282,7 +280,8 @@ LABELS = {"asvd": "ASVD", "svd-llm": "SVD-LLM (W)", "svd": "SVD"}
 
 
 def demo_cmd(
-    out: Path = typer.Option(DEFAULT_OUT, "--out", help="Directory for demo.json (replaced atomically)."),
+    out: Path = typer.Option(DEFAULT_OUT, "--out", help="Directory for demo.json (written atomically)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing non-empty --out."),
     compressor: str = typer.Option("asvd", "--compressor", "-c", help="Compressor (asvd, svd-llm, ...)."),
     param_ratio: float = typer.Option(0.9, "--param-ratio", help="Fraction of targeted parameters kept."),
     profile: str | None = typer.Option(
@@ -316,6 +315,7 @@ def demo_cmd(
         probe_ratios=ratios,
         sensitivity_samples=probe_samples,
         out=out,
+        overwrite=overwrite,
         param_ratio=param_ratio,
         profile=profile,
         device=device,
