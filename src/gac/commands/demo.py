@@ -81,6 +81,7 @@ def run_demo(
 
     from gac.api import CompressConfig, apply_, plan
     from gac.data import load_text
+    from gac.errors import GacError
     from gac.eval.ppl import perplexity
     from gac.guard import check_out
     from gac.hardware.timing import environment
@@ -89,6 +90,14 @@ def run_demo(
 
     t_start = time.perf_counter()
     check_out(out, overwrite)  # before any work: never replace data the demo did not write
+    if not 0.0 < param_ratio < 1.0:
+        raise GacError(f"--param-ratio must be strictly between 0 and 1, got {param_ratio}")
+    if not probe_ratios or any(not 0.0 < r < 1.0 for r in probe_ratios):
+        raise GacError(f"--probe-ratios must lie in (0, 1), got {list(probe_ratios)}")
+    for name, v in (("--n-samples", n_samples), ("--seq-len", seq_len), ("--probe-samples", sensitivity_samples),
+                    ("--eval-windows", eval_windows), ("--eval-seq-len", eval_seq_len)):  # fmt: skip
+        if v is not None and v < 1:
+            raise GacError(f"{name} must be a positive integer, got {v}")
     dev, dt = resolve_device_dtype(device, "auto")
     gpu = dev.startswith("cuda")
     if n_samples is None:
