@@ -787,3 +787,36 @@ def test_signal_mid_run_then_rerun(case, sig, base, tmp_path):
     )
     assert rerun.returncode == 0, rerun.stderr
     assert not _leaks(tmp_path), "the re-run must remove the killed run's temporary"
+
+
+def test_report_reads_demo_json(tmp_path, capsys):
+    d = tmp_path / "runs" / "demo"
+    d.mkdir(parents=True)
+    rows = [
+        {"variant": "base", "params": 1000, "targeted_ratio": 1.0, "pct_aligned": None, "ppl": 10.0},
+        {"variant": "gac", "params": 900, "targeted_ratio": 0.9, "pct_aligned": 100.0, "ppl": 11.5},
+    ]
+    (d / "demo.json").write_text(json.dumps({"schema": "gac.demo/1", "rows": rows}))
+    assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "rep")]) == 0, (
+        capsys.readouterr().err
+    )
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "| gac |" in md and "11.500" in md and "100.0" in md
+
+
+def test_infer_sweep_with_every_point_failed_is_nonzero(tmp_path, capsys, monkeypatch):
+    import gac.eval.infer as infer
+
+    d = tmp_path / "m"
+    tiny_model("llama").save_pretrained(d)
+
+    def all_oom(variants, cfg, dev):
+        pts = [{"phase": "prefill", "batch": 1, "seq": 8, "status": "oom", "error": "CUDA out of memory"}]
+        return {"variants": {"baseline": {"prefill": pts, "decode": []}}}
+
+    monkeypatch.setattr(infer, "run_sweep", all_oom)
+    monkeypatch.setattr(infer, "write_results", lambda res, out, plots=True: None)
+    rc = main(
+        ["eval", "infer", "--baseline-model-id", str(d), "--device", "cpu", "--out", str(tmp_path / "r")]
+    )
+    assert rc == 2 and "every point of the sweep failed (oom)" in capsys.readouterr().err

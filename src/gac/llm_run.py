@@ -108,6 +108,16 @@ def run(
         if name in res["variants"]:
             res["variants"][name]["meta"] = info
     write_results(res, out, plots=plots)
+    points = [
+        x
+        for v in res.get("variants", {}).values()
+        for x in (v.get("prefill") or []) + (v.get("decode") or [])
+    ]
+    if points and not any(x.get("status") == "ok" for x in points):
+        bad = sorted({str(x.get("status")) for x in points})
+        raise GacError(
+            f"every point of the sweep failed ({', '.join(bad)}); the errors are recorded in {out / 'infer.json'}"
+        )
     return res
 
 
