@@ -58,6 +58,9 @@ def evaluate(
     if out.exists() and not out.is_dir():
         raise GacError(f"--out {out} is a file, not a directory")
     target = _target(out, f"{suite}.json", overwrite)
+    from gac.guard import check_out
+
+    check_out(target, overwrite=True, kind="file")  # /proc, unwritable parents: before any work
     dev, dt = resolve_device_dtype(device, dtype)
     lm_tasks: list[str] = []
     if suite == "lm_eval":

@@ -63,6 +63,11 @@ def run(
     out = Path(out)
     if (out / "infer.json").exists() and not overwrite:
         raise GacError(f"{out / 'infer.json'} already exists (pass --overwrite to replace it)")
+    from gac.guard import check_out
+
+    if out.exists() and not out.is_dir():
+        raise GacError(f"--out {out} is a file, not a directory")
+    check_out(out / "infer.json", overwrite=True, kind="file")  # /proc, unwritable parents: now
     dev, dt = resolve_device_dtype(device, dtype)
     if graphs and not dev.startswith("cuda"):
         raise GacError("CUDA graphs were asked for, but the device is CPU; drop --graphs or use a GPU")

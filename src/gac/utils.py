@@ -21,6 +21,8 @@ from gac.errors import GacError
 from gac.guard import atomic_dir, atomic_write_text, parse_device  # noqa: F401 - re-exported
 
 console = Console(stderr=True)
+#: Results (the report tables a command exists to print) go to stdout; progress and notes to stderr.
+out_console = Console()
 T = TypeVar("T")
 
 

@@ -150,7 +150,9 @@ def compress_cmd(
     if io.is_gac_dir(model) and io.read_gac_config(model).get("factorized"):
         raise GacError(f"{model} is already compressed; compress its base model instead")
     report = compress_(lm.model, cfg, tokenizer=lm.tokenizer)
-    report.print(max_rows=rows)
+    from gac.utils import out_console
+
+    report.print(max_rows=rows, to=out_console)  # the result: stdout (progress stays on stderr)
     meta = gac_config_for_save(report, lm.source)
     io.save(
         lm.model,

@@ -95,7 +95,7 @@ def run_demo(
     from gac.guard import check_out
     from gac.hardware.timing import environment
     from gac.models import load_model
-    from gac.utils import atomic_dir, console, resolve_device_dtype
+    from gac.utils import atomic_dir, console, out_console, resolve_device_dtype
 
     t_start = time.perf_counter()
     check_out(out, overwrite)  # before any work: never replace data the demo did not write
@@ -231,7 +231,7 @@ def run_demo(
             cells += [f"{r[f'measured_speedup_{k}']:.3f}x" for k in measured]
         table.add_row(*cells)
     timings["total_s"] = time.perf_counter() - t_start
-    console.print(table)
+    out_console.print(table)  # the result: stdout
     n_tok = ppl["base"]["n_predicted"]
     g, k = ppl["gac"]["ppl"], ppl["knapsack"]["ppl"]
     console.print(
