@@ -142,8 +142,10 @@ def _limit(x: float | None) -> float | int | None:
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-    try:
-        evaluate(
+    from gac.guard import run_main
+
+    return run_main(
+        lambda: evaluate(
             a.variant,
             a.suite,
             a.baseline_model_id,
@@ -160,10 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             dtype=a.dtype,
             overwrite=a.overwrite,
         )
-    except GacError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    )
 
 
 if __name__ == "__main__":

@@ -164,8 +164,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-    try:
-        run(
+    from gac.guard import run_main
+
+    return run_main(
+        lambda: run(
             a.variant,
             a.baseline_model_id,
             a.out,
@@ -183,10 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             dtype=a.dtype,
             overwrite=a.overwrite,
         )
-    except GacError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    )
 
 
 if __name__ == "__main__":
