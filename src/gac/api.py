@@ -399,9 +399,11 @@ class CompressionReport:
             ),
         ]
 
-    def print(self, per_site: bool = True, max_rows: int | None = None) -> None:
-        """Print the per-site table (dims before/after) and the summary."""
+    def print(self, per_site: bool = True, max_rows: int | None = None, to: Any = None) -> None:
+        """Print the per-site table (dims before/after) and the summary (to stderr, or ``to``)."""
         from rich.table import Table
+
+        con = to if to is not None else console
 
         if per_site:
             t = Table(title="per-site dims", show_lines=False)
@@ -421,15 +423,20 @@ class CompressionReport:
                 )
             if max_rows is not None and len(rows) > max_rows:
                 t.add_row(f"... {len(rows) - max_rows} more", "", "", "", "", "", "")
-            console.print(t)
+            con.print(t)
         t = Table(title="compression report")
         t.add_column("")
         t.add_column("")
         for k, v in self.summary_rows():
             t.add_row(k, v)
-        console.print(t)
+        con.print(t)
         for n in self.allocation.get("notes", []):
-            console.print(f"note: {n}")
+            con.print(f"note: {n}")
+
+
+def _stderr_console() -> Any:
+
+    return console
 
 
 def _json_default(o: Any) -> Any:

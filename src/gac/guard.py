@@ -289,6 +289,57 @@ def install_signal_handlers() -> Callable[[], None]:
     return restore
 
 
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
+def run_main(fn: Callable[[], Any]) -> int:
+    """Run a command-line entry point under the error contract; return its exit status.
+
+    * :class:`GacError` (bad input caught where it is first seen): ``error: ...`` on one line, 2;
+    * SIGINT / SIGTERM: ``error: interrupted by SIGINT ...`` on one line, ``128 + signum``
+      (130 for Ctrl-C); outputs are atomic, so nothing half-written remains;
+    * ``SystemExit`` (typer's usage errors, argparse): its status;
+    * anything else is a bug: ``error: internal error: ...`` and a hint, status 1;
+      ``GAC_DEBUG=1`` prints the traceback instead.
+    """
+    import sys
+    import traceback
+
+    restore = install_signal_handlers()
+    try:
+        fn()
+    except SystemExit as e:
+        if e.code is None:
+            return 0
+        if isinstance(e.code, int):
+            return e.code
+        print(e.code, file=sys.stderr)
+        return 1
+    except GacError as e:
+        print(f"error: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except (Interrupted, KeyboardInterrupt) as e:
+        name = signal.Signals(e.signum).name if isinstance(e, Interrupted) else "SIGINT"
+        code = e.exit_code if isinstance(e, Interrupted) else 130
+        print(f"error: interrupted by {name}; no partial output was left behind", file=sys.stderr)
+        return code
+    except Exception as e:  # noqa: BLE001 - the last line of defence: a bug, reported in one line
+        if os.environ.get("GAC_DEBUG", "") not in ("", "0"):
+            traceback.print_exc()
+        else:
+            msg = _one_line(e)[:300]
+            print(
+                f"error: internal error: {type(e).__name__}{': ' + msg if msg else ''} "
+                "(run with GAC_DEBUG=1 for the traceback)",
+                file=sys.stderr,
+            )
+        return 1
+    finally:
+        restore()
+    return 0
+
+
 # ----------------------------------------------------------------------------- options
 def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")

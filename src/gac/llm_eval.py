@@ -58,6 +58,9 @@ def evaluate(
     if out.exists() and not out.is_dir():
         raise GacError(f"--out {out} is a file, not a directory")
     target = _target(out, f"{suite}.json", overwrite)
+    from gac.guard import check_out
+
+    check_out(target, overwrite=True, kind="file")  # /proc, unwritable parents: before any work
     dev, dt = resolve_device_dtype(device, dtype)
     lm_tasks: list[str] = []
     if suite == "lm_eval":
@@ -139,8 +142,10 @@ def _limit(x: float | None) -> float | int | None:
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-    try:
-        evaluate(
+    from gac.guard import run_main
+
+    return run_main(
+        lambda: evaluate(
             a.variant,
             a.suite,
             a.baseline_model_id,
@@ -157,10 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             dtype=a.dtype,
             overwrite=a.overwrite,
         )
-    except GacError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    )
 
 
 if __name__ == "__main__":

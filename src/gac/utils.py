@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -20,11 +21,87 @@ from gac.errors import GacError
 from gac.guard import atomic_dir, atomic_write_text, parse_device  # noqa: F401 - re-exported
 
 console = Console(stderr=True)
+#: Results (the report tables a command exists to print) go to stdout; progress and notes to stderr.
+out_console = Console()
 T = TypeVar("T")
 
 
-def progress() -> Progress:
-    """A rich progress bar with count, elapsed time and ETA (prints to stderr)."""
+def _fmt_s(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+class PlainProgress:
+    """Progress for logs (stderr is not a terminal): plain lines instead of a live bar.
+
+    One line when a task starts (with its total: the work estimate), then at most one line every
+    ``GAC_PROGRESS_INTERVAL`` seconds (default 30) with the count, percent, elapsed time and ETA,
+    and one when it ends. Same ``add_task`` / ``advance`` / ``update`` calls as rich's Progress.
+    """
+
+    def __init__(self, interval: float | None = None) -> None:
+        self.interval = float(os.environ.get("GAC_PROGRESS_INTERVAL", 30)) if interval is None else interval
+        self.tasks: dict[int, dict[str, Any]] = {}
+
+    def __enter__(self) -> PlainProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            for t in self.tasks.values():
+                if not t["done"]:
+                    self._line(t, final=True)
+
+    def _line(self, t: dict[str, Any], final: bool = False) -> None:
+        el = time.monotonic() - t["t0"]
+        n, total = t["n"], t["total"]
+        if total:
+            eta = "" if final or not n else f", eta {_fmt_s(el * (total - n) / n)}"
+            msg = f"{t['desc']}: {n:,}/{total:,} ({100 * n / total:.0f}%), {_fmt_s(el)} elapsed{eta}"
+        else:
+            msg = f"{t['desc']}: {n:,} done, {_fmt_s(el)} elapsed"
+        if final:
+            t["done"] = True
+        console.print(msg, markup=False, highlight=False)
+        t["last"] = time.monotonic()
+
+    def add_task(self, description: str, total: float | None = None, **_: Any) -> int:
+        tid = len(self.tasks)
+        now = time.monotonic()
+        t = {"desc": description, "total": int(total) if total else None, "n": 0, "t0": now, "last": now}
+        t["done"] = False
+        self.tasks[tid] = t
+        what = f"{int(total):,} steps" if total else "starting"
+        console.print(f"{description}: {what}", markup=False, highlight=False)
+        return tid
+
+    def advance(self, task: int, advance: float = 1) -> None:
+        t = self.tasks[task]
+        t["n"] += int(advance)
+        if t["total"] and t["n"] >= t["total"]:
+            self._line(t, final=True)
+        elif time.monotonic() - t["last"] >= self.interval:
+            self._line(t)
+
+    def update(self, task: int, **kw: Any) -> None:
+        t = self.tasks[task]
+        if "description" in kw:
+            t["desc"] = kw["description"]
+        if "total" in kw and kw["total"]:
+            t["total"] = int(kw["total"])
+        if "completed" in kw:
+            t["n"] = int(kw["completed"])
+        if "advance" in kw:
+            self.advance(task, kw["advance"])
+
+
+def progress() -> Progress | PlainProgress:
+    """Progress on stderr: rich's live bar in a terminal, plain periodic lines in a log.
+
+    ``GAC_NO_PROGRESS=1`` turns both off.
+    """
+    if os.environ.get("GAC_NO_PROGRESS") != "1" and not console.is_terminal:
+        return PlainProgress()
     return Progress(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),

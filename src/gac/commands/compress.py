@@ -30,6 +30,27 @@ def parse_options(items: list[str]) -> dict[str, Any]:
     return out
 
 
+#: Calibration windows ASVD's sensitivity probes use on CPU when ``sensitivity_samples`` is not set
+#: (all windows on GPU). Each probe re-runs the model from its layer on over these windows: with
+#: the defaults, SmolLM2-135M has 210 sites x 6 ratios = 1,260 probes.
+CPU_SENSITIVITY_SAMPLES = 1
+
+
+def cpu_sized_defaults(cfg: Any) -> list[str]:
+    """Shrink the settings that make a CPU run take hours; return one line per change (printed).
+
+    Only options the user did not set are changed.
+    """
+    notes: list[str] = []
+    if cfg.compressor == "asvd" and "sensitivity_samples" not in cfg.options:
+        cfg.options["sensitivity_samples"] = CPU_SENSITIVITY_SAMPLES
+        notes.append(
+            f"asvd sensitivity probes on {CPU_SENSITIVITY_SAMPLES} calibration window "
+            "(GPU: all of them); -o sensitivity_samples=N to change"
+        )
+    return notes
+
+
 def compress_cmd(
     model: str = typer.Argument(..., help="Model: alias (smollm2), HF directory, .gguf file or hub id."),
     compressor: str = typer.Option(
@@ -122,11 +143,16 @@ def compress_cmd(
     from gac.models import load_model
     from gac.utils import console
 
+    if not dev.startswith("cuda"):
+        for line in cpu_sized_defaults(cfg):
+            console.print(f"[yellow]CPU-sized default:[/yellow] {line}")
     lm = load_model(model, dtype=dt, device=dev)
     if io.is_gac_dir(model) and io.read_gac_config(model).get("factorized"):
         raise GacError(f"{model} is already compressed; compress its base model instead")
     report = compress_(lm.model, cfg, tokenizer=lm.tokenizer)
-    report.print(max_rows=rows)
+    from gac.utils import out_console
+
+    report.print(max_rows=rows, to=out_console)  # the result: stdout (progress stays on stderr)
     meta = gac_config_for_save(report, lm.source)
     io.save(
         lm.model,

@@ -90,27 +90,34 @@ def run_demo(
 
     from gac.api import CompressConfig, apply_, plan
     from gac.data import load_text
+    from gac.errors import GacError
     from gac.eval.ppl import perplexity
     from gac.guard import check_out
     from gac.hardware.timing import environment
     from gac.models import load_model
-    from gac.utils import atomic_dir, console, resolve_device_dtype
+    from gac.utils import atomic_dir, console, out_console, resolve_device_dtype
 
     t_start = time.perf_counter()
     check_out(out, overwrite)  # before any work: never replace data the demo did not write
-    dev, dt = resolve_device_dtype(device, "auto")
-    gpu = dev.startswith("cuda")
-    if n_samples is None:
-        n_samples = 64 if gpu else 32
     from gac.compressors.asvd import REFERENCE_PROBE_RATIOS
     from gac.compressors.base import available_compressors
 
     if compressor not in available_compressors():
-        from gac.errors import GacError
-
         raise GacError(f"unknown compressor {compressor!r}; available: {', '.join(available_compressors())}")
     if probe_ratios is None:
         probe_ratios = REFERENCE_PROBE_RATIOS
+    if not 0.0 < param_ratio < 1.0:
+        raise GacError(f"--param-ratio must be strictly between 0 and 1, got {param_ratio}")
+    if not probe_ratios or any(not 0.0 < r < 1.0 for r in probe_ratios):
+        raise GacError(f"--probe-ratios must lie in (0, 1), got {list(probe_ratios)}")
+    for name, v in (("--n-samples", n_samples), ("--seq-len", seq_len), ("--probe-samples", sensitivity_samples),
+                    ("--eval-windows", eval_windows), ("--eval-seq-len", eval_seq_len)):  # fmt: skip
+        if v is not None and v < 1:
+            raise GacError(f"{name} must be a positive integer, got {v}")
+    dev, dt = resolve_device_dtype(device, "auto")
+    gpu = dev.startswith("cuda")
+    if n_samples is None:
+        n_samples = 64 if gpu else 32
     prof = pick_profile(profile)
     label = LABELS.get(compressor, compressor)
     console.print(
@@ -203,7 +210,9 @@ def run_demo(
                 row[f"measured_speedup_{key}"] = res["base"]["median_ms"] / res[name]["median_ms"]
         rows.append(row)
 
-    table = Table(title=f"gac demo: SmolLM2-135M-Instruct, {label}, {1 - param_ratio:.0%} parameter reduction")
+    table = Table(
+        title=f"gac demo: SmolLM2-135M-Instruct, {label}, {1 - param_ratio:.0%} parameter reduction"
+    )
     cols = ["variant", "params", "targeted", "aligned", "perplexity", f"pred. speedup ({prof.id})"]
     if measured:
         cols += [f"measured {k}" for k in measured]
@@ -222,7 +231,7 @@ def run_demo(
             cells += [f"{r[f'measured_speedup_{k}']:.3f}x" for k in measured]
         table.add_row(*cells)
     timings["total_s"] = time.perf_counter() - t_start
-    console.print(table)
+    out_console.print(table)  # the result: stdout
     n_tok = ppl["base"]["n_predicted"]
     g, k = ppl["gac"]["ppl"], ppl["knapsack"]["ppl"]
     console.print(

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -45,7 +46,7 @@ from gac.errors import GacError
 from gac.eval.ppl import nll_from_logits
 from gac.sites import Site
 from gac.surgery.factorized import FactorizedLinear, replace_module
-from gac.utils import track
+from gac.utils import console, track
 
 log = logging.getLogger(__name__)
 
@@ -286,10 +287,24 @@ class AsvdCompressor(LowRankCompressor):
             return self._sens
         if not self._probe_batches:
             raise GacError("asvd: call calibrate() before the sensitivity-based allocation")
+        t0 = time.perf_counter()
         runner = SuffixRunner(model, self._probe_batches)
+        full_s = time.perf_counter() - t0  # one full forward over the probe windows
         self._base_ppl = math.exp(runner.base_nll)
         sens: dict[str, dict[float, float]] = {}
-        for site in track(list(sites), f"asvd: sensitivity ({len(self.probe_ratios)} ratios per layer)"):
+        n_sites, n_r, n_w = len(sites), len(self.probe_ratios), len(self._probe_batches)
+        est_s = full_s * n_sites * n_r / 2  # a probe re-runs the layers from its site on: half on average
+        if est_s > 120:
+            console.print(
+                f"[yellow]asvd sensitivity: about {est_s / 60:.0f} min at this machine's speed[/yellow] "
+                f"({n_sites * n_r:,} probes); -o sensitivity_samples=N (now {n_w} window(s)) or fewer "
+                "-o probe_ratios=... make it shorter"
+            )
+        desc = (
+            f"asvd sensitivity: {n_sites:,} sites x {n_r} ratios = {n_sites * n_r:,} probes "
+            f"of {n_w} calibration window(s)"
+        )
+        for site in track(list(sites), desc):
             lin = model.get_submodule(site.name)
             u, s, vh, sc = self.decompose(site, lin)
             probes: dict[float, float] = {}

@@ -151,7 +151,8 @@ def collect_stats(
         batches = list(batches) if not isinstance(batches, Sequence) else batches
         if not batches:
             raise GacError("no calibration batches given")
-        for b in track(batches, description):
+        n_tok = sum(int(b.numel()) for b in batches)
+        for b in track(batches, f"{description}: {len(batches)} batches, {n_tok:,} tokens"):
             model(input_ids=b.to(dev), use_cache=False)
     finally:
         for h in handles:
