@@ -24,7 +24,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from gac.allocation import CANDIDATE_STEPS, DEFAULT_TOKENS, STRATEGIES, Allocation, allocate
+from gac.allocation import (
+    CANDIDATE_STEPS,
+    DEFAULT_TOKENS,
+    DEFAULT_WINDOW,
+    KNAPSACK_STRATEGIES,
+    OBJECTIVES,
+    STRATEGIES,
+    Allocation,
+    allocate,
+    check_window,
+)
 from gac.errors import GacError
 from gac.hardware.profile import Profile, load_profile
 from gac.sites import Site
@@ -40,9 +50,10 @@ class CompressConfig:
     Attributes:
         compressor: a registered compressor name (``svd``, ``asvd``, ``svd-llm``...).
         param_ratio: fraction of the targeted weights' parameters to keep, in (0, 1).
-        align: ``none``, ``round``, ``gac`` or ``gac-latency``.
+        align: ``none``, ``round``, ``knapsack`` (the unaligned control), ``gac`` or ``gac-latency``.
         profile: hardware profile spec (path, shipped id, ``default``; None: auto).
         calib: calibration text source (see :func:`gac.data.load_text`; its train split).
+        calib_seed: 0 takes the first calibration windows, another value a seeded random choice.
         n_samples: calibration windows (None: 256 on GPU, 32 on CPU).
         seq_len: tokens per calibration window (None: 2048 on GPU, 256 on CPU).
         batch_size: calibration windows per forward pass.
@@ -52,6 +63,10 @@ class CompressConfig:
         tokens: rows per forward pass in the profile's latency model.
         candidates: ``gac``/``gac-latency`` candidate step: ``modulus`` (the profile's rule,
             finest aligned steps) or ``prefer`` (the modulus of best measured throughput).
+        objective: the knapsack's value: ``paper`` (sensitivity x parameter change, the GAC
+            paper's) or ``curve`` (the compressor's loss curve); see :mod:`gac.allocation.strategies`.
+        window: how far the knapsack strategies may move a dim from the native one: whole
+            modulus steps (default 1) or a fraction in (0, 1) of the native dim.
     """
 
     compressor: str = "asvd"
@@ -67,6 +82,9 @@ class CompressConfig:
     quality_target: float | None = None
     tokens: int = DEFAULT_TOKENS
     candidates: str = "modulus"
+    objective: str = "paper"
+    window: float = DEFAULT_WINDOW
+    calib_seed: int = 0
     version: int = CONFIG_VERSION
 
     def __post_init__(self) -> None:
@@ -93,6 +111,11 @@ class CompressConfig:
             raise GacError(
                 f"unknown candidate step {self.candidates!r}; choose one of: {', '.join(CANDIDATE_STEPS)}"
             )
+        if self.objective not in OBJECTIVES:
+            raise GacError(f"unknown objective {self.objective!r}; choose one of: {', '.join(OBJECTIVES)}")
+        check_window(self.window)
+        if not isinstance(self.calib_seed, int) or self.calib_seed < 0:
+            raise GacError(f"calibration seed must be a non-negative integer, got {self.calib_seed}")
         if self.version != CONFIG_VERSION:
             raise GacError(
                 f"CompressConfig version {self.version} is not supported (this gac writes {CONFIG_VERSION})"
@@ -158,10 +181,12 @@ class Plan:
     def allocation(self, align: str | None = None, **kw: Any) -> Allocation:
         """Re-select the native dims with ``align`` (default: the config's)."""
         align = align or self.config.align
-        curves = self.curves() if align in ("gac", "gac-latency") else None
+        curves = self.curves() if align in KNAPSACK_STRATEGIES else None
         opts = dict(
             tokens=self.config.tokens,
             candidates=self.config.candidates,
+            objective=self.config.objective,
+            window=self.config.window,
             latency_target=self.config.latency_target,
             quality_target=self.config.quality_target,
         )
@@ -241,9 +266,16 @@ def plan(
                 n_samples=config.n_samples or d.n_samples,
                 seq_len=config.seq_len or d.seq_len,
                 batch_size=config.batch_size,
+                seed=config.calib_seed,
             )
             calib_batches = calibration_batches(tokenizer, cc)
-            calib_info = {"used": True, "source": cc.source, "n_samples": cc.n_samples, "seq_len": cc.seq_len}
+            calib_info = {
+                "used": True,
+                "source": cc.source,
+                "n_samples": cc.n_samples,
+                "seq_len": cc.seq_len,
+                "seed": cc.seed,
+            }
         else:
             calib_batches = list(calib_batches)
             calib_info = {
@@ -367,9 +399,11 @@ class CompressionReport:
             ),
         ]
 
-    def print(self, per_site: bool = True, max_rows: int | None = None) -> None:
-        """Print the per-site table (dims before/after) and the summary."""
+    def print(self, per_site: bool = True, max_rows: int | None = None, to: Any = None) -> None:
+        """Print the per-site table (dims before/after) and the summary (to stderr, or ``to``)."""
         from rich.table import Table
+
+        con = to if to is not None else console
 
         if per_site:
             t = Table(title="per-site dims", show_lines=False)
@@ -389,15 +423,20 @@ class CompressionReport:
                 )
             if max_rows is not None and len(rows) > max_rows:
                 t.add_row(f"... {len(rows) - max_rows} more", "", "", "", "", "", "")
-            console.print(t)
+            con.print(t)
         t = Table(title="compression report")
         t.add_column("")
         t.add_column("")
         for k, v in self.summary_rows():
             t.add_row(k, v)
-        console.print(t)
+        con.print(t)
         for n in self.allocation.get("notes", []):
-            console.print(f"note: {n}")
+            con.print(f"note: {n}")
+
+
+def _stderr_console() -> Any:
+
+    return console
 
 
 def _json_default(o: Any) -> Any:

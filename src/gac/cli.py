@@ -1,7 +1,7 @@
 """The ``gac`` command line: a thin layer over the Python API.
 
 Each command group lives in ``gac/commands/<name>.py`` and exposes ``register(app)``.
-Errors of type :class:`gac.GacError` print as one line (``error: ...``) with exit status 2.
+Errors follow one contract (see :func:`main`): ``error: ...`` on one line, exit status 2.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 import typer
 
 from gac import __version__
-from gac.errors import GacError
+from gac.guard import run_main
 
 app = typer.Typer(
     name="gac",
@@ -46,27 +46,14 @@ for _name in COMMAND_MODULES:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``gac`` console script."""
-    try:
-        app(args=argv, standalone_mode=False)
-    except GacError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("error: interrupted (results written so far are kept)", file=sys.stderr)
-        return 130
-    except typer.Exit as e:
-        return int(e.exit_code or 0)
-    except typer.Abort:
-        return 1
-    except Exception as e:  # click usage errors
-        import click
+    """Entry point of the ``gac`` console script; returns the exit status.
 
-        if isinstance(e, click.ClickException):
-            e.show()
-            return e.exit_code
-        raise
-    return 0
+    Usage errors (missing or unknown arguments, a non-number for a number) print typer's usage
+    message with exit status 2: ``standalone_mode=True`` is typer's public way to report them,
+    so we never touch click's exception classes (typer vendors its own copy). Everything else
+    follows :func:`gac.guard.run_main` (``error: ...`` on one line, 130 on SIGINT, 1 for a bug).
+    """
+    return run_main(lambda: app(args=argv, prog_name="gac", standalone_mode=True))
 
 
 if __name__ == "__main__":

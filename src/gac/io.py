@@ -32,7 +32,7 @@ from torch import nn
 
 from gac.errors import GacError, check_schema
 from gac.surgery.factorized import FactorizedLinear, replace_module
-from gac.utils import atomic_dir
+from gac.utils import atomic_dir, console
 
 SCHEMA = "gac.model/1"
 GAC_CONFIG = "gac_config.json"
@@ -156,6 +156,13 @@ def save(
     with atomic_dir(out_dir, overwrite=overwrite) as tmp:
         model.config.save_pretrained(tmp)
         shards = _shards(tensors, max_shard_bytes)
+        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+        console.print(
+            f"saving {len(tensors):,} tensors ({nbytes / 1e6:,.1f} MB, {len(shards)} file(s)) to {out_dir}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
         if len(shards) == 1:
             save_file(shards[0], str(tmp / WEIGHTS), metadata={"format": "pt"})
         else:

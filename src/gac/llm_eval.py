@@ -40,7 +40,7 @@ def evaluate(
     batch_size: int = 8,
     num_fewshot: int | None = None,
     include_path: list[str] | None = None,
-    dataset: str = "wikitext2",
+    dataset: str = "britannica",
     seq_len: int = 2048,
     max_windows: int | None = None,
     device: str = "auto",
@@ -58,6 +58,9 @@ def evaluate(
     if out.exists() and not out.is_dir():
         raise GacError(f"--out {out} is a file, not a directory")
     target = _target(out, f"{suite}.json", overwrite)
+    from gac.guard import check_out
+
+    check_out(target, overwrite=True, kind="file")  # /proc, unwritable parents: before any work
     dev, dt = resolve_device_dtype(device, dtype)
     lm_tasks: list[str] = []
     if suite == "lm_eval":
@@ -104,6 +107,10 @@ def evaluate(
     )
     for name, t in res["tasks"].items():
         console.print(f"{spec.name}: {name} {t['metric']} {t['value']:.4f}")
+    failed = sorted(res.get("errors") or {})
+    if failed:
+        what = "every lm-eval task" if not res["tasks"] else f"{len(failed)} of {len(lm_tasks)} lm-eval tasks"
+        raise GacError(f"{what} failed ({', '.join(failed)}); the errors are recorded in {target}")
     return res
 
 
@@ -120,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--include-path", action="append", default=None, help="folder of local lm-eval task YAMLs"
     )
-    ap.add_argument("--dataset", default="wikitext2", help="ppl: wikitext2 | c4 | britannica | text:PATH")
+    ap.add_argument("--dataset", default="britannica", help="ppl: wikitext2 | c4 | britannica | text:PATH")
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--max-windows", type=int, default=None)
     ap.add_argument("--device", default="auto")
@@ -135,8 +142,10 @@ def _limit(x: float | None) -> float | int | None:
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-    try:
-        evaluate(
+    from gac.guard import run_main
+
+    return run_main(
+        lambda: evaluate(
             a.variant,
             a.suite,
             a.baseline_model_id,
@@ -153,10 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             dtype=a.dtype,
             overwrite=a.overwrite,
         )
-    except GacError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    )
 
 
 if __name__ == "__main__":

@@ -63,6 +63,11 @@ def run(
     out = Path(out)
     if (out / "infer.json").exists() and not overwrite:
         raise GacError(f"{out / 'infer.json'} already exists (pass --overwrite to replace it)")
+    from gac.guard import check_out
+
+    if out.exists() and not out.is_dir():
+        raise GacError(f"--out {out} is a file, not a directory")
+    check_out(out / "infer.json", overwrite=True, kind="file")  # /proc, unwritable parents: now
     dev, dt = resolve_device_dtype(device, dtype)
     if graphs and not dev.startswith("cuda"):
         raise GacError("CUDA graphs were asked for, but the device is CPU; drop --graphs or use a GPU")
@@ -108,6 +113,16 @@ def run(
         if name in res["variants"]:
             res["variants"][name]["meta"] = info
     write_results(res, out, plots=plots)
+    points = [
+        x
+        for v in res.get("variants", {}).values()
+        for x in (v.get("prefill") or []) + (v.get("decode") or [])
+    ]
+    if points and not any(x.get("status") == "ok" for x in points):
+        bad = sorted({str(x.get("status")) for x in points})
+        raise GacError(
+            f"every point of the sweep failed ({', '.join(bad)}); the errors are recorded in {out / 'infer.json'}"
+        )
     return res
 
 
@@ -149,8 +164,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-    try:
-        run(
+    from gac.guard import run_main
+
+    return run_main(
+        lambda: run(
             a.variant,
             a.baseline_model_id,
             a.out,
@@ -168,10 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             dtype=a.dtype,
             overwrite=a.overwrite,
         )
-    except GacError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    )
 
 
 if __name__ == "__main__":

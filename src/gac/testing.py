@@ -88,3 +88,18 @@ def tiny_model(
             elif "norm" in name:
                 p.uniform_(0.8, 1.2)
     return model.eval()
+
+
+def char_tokenizer():
+    """A character-level fast tokenizer (printable ASCII, 98 ids) that fits the tiny models' vocab."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for c in range(32, 127):
+        vocab[chr(c)] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="</s>"
+    )

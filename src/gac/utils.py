@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
-import tempfile
+import time
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from typing import Any, TypeVar
 
 from rich.console import Console
@@ -21,49 +18,90 @@ from rich.progress import (
 )
 
 from gac.errors import GacError
+from gac.guard import atomic_dir, atomic_write_text, parse_device  # noqa: F401 - re-exported
 
 console = Console(stderr=True)
+#: Results (the report tables a command exists to print) go to stdout; progress and notes to stderr.
+out_console = Console()
 T = TypeVar("T")
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and an atomic rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+def _fmt_s(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
-@contextlib.contextmanager
-def atomic_dir(out: str | Path, overwrite: bool = False) -> Iterator[Path]:
-    """Yield a temporary directory next to ``out``; rename it to ``out`` only on success.
+class PlainProgress:
+    """Progress for logs (stderr is not a terminal): plain lines instead of a live bar.
 
-    On any exception the temporary directory is removed, so no half-written output remains.
+    One line when a task starts (with its total: the work estimate), then at most one line every
+    ``GAC_PROGRESS_INTERVAL`` seconds (default 30) with the count, percent, elapsed time and ETA,
+    and one when it ends. Same ``add_task`` / ``advance`` / ``update`` calls as rich's Progress.
     """
-    out = Path(out)
-    if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
-        raise GacError(f"output {out} already exists and is not empty (pass --overwrite to replace it)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+
+    def __init__(self, interval: float | None = None) -> None:
+        self.interval = float(os.environ.get("GAC_PROGRESS_INTERVAL", 30)) if interval is None else interval
+        self.tasks: dict[int, dict[str, Any]] = {}
+
+    def __enter__(self) -> PlainProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            for t in self.tasks.values():
+                if not t["done"]:
+                    self._line(t, final=True)
+
+    def _line(self, t: dict[str, Any], final: bool = False) -> None:
+        el = time.monotonic() - t["t0"]
+        n, total = t["n"], t["total"]
+        if total:
+            eta = "" if final or not n else f", eta {_fmt_s(el * (total - n) / n)}"
+            msg = f"{t['desc']}: {n:,}/{total:,} ({100 * n / total:.0f}%), {_fmt_s(el)} elapsed{eta}"
+        else:
+            msg = f"{t['desc']}: {n:,} done, {_fmt_s(el)} elapsed"
+        if final:
+            t["done"] = True
+        console.print(msg, markup=False, highlight=False, soft_wrap=True)
+        t["last"] = time.monotonic()
+
+    def add_task(self, description: str, total: float | None = None, **_: Any) -> int:
+        tid = len(self.tasks)
+        now = time.monotonic()
+        t = {"desc": description, "total": int(total) if total else None, "n": 0, "t0": now, "last": now}
+        t["done"] = False
+        self.tasks[tid] = t
+        what = f"{int(total):,} steps" if total else "starting"
+        console.print(f"{description}: {what}", markup=False, highlight=False, soft_wrap=True)
+        return tid
+
+    def advance(self, task: int, advance: float = 1) -> None:
+        t = self.tasks[task]
+        t["n"] += int(advance)
+        if t["total"] and t["n"] >= t["total"]:
+            self._line(t, final=True)
+        elif time.monotonic() - t["last"] >= self.interval:
+            self._line(t)
+
+    def update(self, task: int, **kw: Any) -> None:
+        t = self.tasks[task]
+        if "description" in kw:
+            t["desc"] = kw["description"]
+        if "total" in kw and kw["total"]:
+            t["total"] = int(kw["total"])
+        if "completed" in kw:
+            t["n"] = int(kw["completed"])
+        if "advance" in kw:
+            self.advance(task, kw["advance"])
 
 
-def progress() -> Progress:
-    """A rich progress bar with count, elapsed time and ETA (prints to stderr)."""
+def progress() -> Progress | PlainProgress:
+    """Progress on stderr: rich's live bar in a terminal, plain periodic lines in a log.
+
+    ``GAC_NO_PROGRESS=1`` turns both off.
+    """
+    if os.environ.get("GAC_NO_PROGRESS") != "1" and not console.is_terminal:
+        return PlainProgress()
     return Progress(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
@@ -95,9 +133,7 @@ def resolve_device_dtype(device: str, dtype: str) -> tuple[str, Any]:
     """``auto`` device = CUDA when available, else CPU; ``auto`` dtype = bfloat16 on GPU, float32 on CPU."""
     import torch
 
-    dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-    if dev.startswith("cuda") and not torch.cuda.is_available():
-        raise GacError(f"device {dev} requested but CUDA is not available")
+    dev = parse_device(device)
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if dtype == "auto":
         return dev, (torch.bfloat16 if dev.startswith("cuda") else torch.float32)

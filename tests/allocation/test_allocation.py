@@ -119,7 +119,7 @@ def test_gac_respects_budget_aligns_everything_and_beats_rounding(mod):
     prof = _profile(mod)
     none = allocate("none", sites, native, prof, curves)
     rnd = allocate("round", sites, native, prof, curves)
-    gac = allocate("gac", sites, native, prof, curves)
+    gac = allocate("gac", sites, native, prof, curves, objective="curve")
     assert none.pct_aligned < 50  # irregular native dims
     assert gac.pct_aligned == 100.0 and rnd.pct_aligned == 100.0
     assert all(d % mod == 0 or d == s.max_dim for s, d in zip(sites, gac.dims.values(), strict=True))
@@ -134,7 +134,19 @@ def test_gac_respects_budget_aligns_everything_and_beats_rounding(mod):
         assert gac.loss <= rnd.loss + 1e-12
     # the record is coherent
     assert gac.cost == sum(r.cost for r in gac.sites)
-    assert gac.predicted_speedup_vs_native > 1.0
+    # The predicted latency is the profile's efficiency model, recomputed here independently:
+    # 2 * tokens * params / (peak * efficiency of the rank's power-of-two class).
+    peak = max(max(r.curve.get("tflops") or [0.0]) for r in prof.ops.values()) or 100.0
+    eff = prof.ops["lowrank_r"].class_efficiency
+
+    def ms(s, d):
+        if d >= s.max_dim:
+            return prof.gemm_ms(gac.tokens, s.shape[1], s.shape[0])
+        cls = next(c for c in (128, 64, 32, 16, 8, 4, 2, 1) if d % c == 0)
+        return 2.0 * gac.tokens * s.cost(d) / (peak * 1e12 * eff[str(cls)]) * 1e3
+
+    assert gac.predicted_ms == pytest.approx(sum(ms(s, gac.dims[s.name]) for s in sites))
+    assert none.predicted_ms == pytest.approx(sum(ms(s, native[s.name]) for s in sites))
 
 
 def test_gac_is_optimal_on_a_small_instance():
@@ -143,11 +155,12 @@ def test_gac_is_optimal_on_a_small_instance():
         1, {"q": (120, 120), "k": (24, 120), "gate": (200, 120)}, keep=0.6
     )
     prof = default_profile()
-    gac = allocate("gac", sites, native, prof, curves)
+    gac = allocate("gac", sites, native, prof, curves, objective="curve", window=4)
     cand = []
     for s in sites:
-        c = sorted(set(prof.candidates(s.op, native[s.name], lo=s.min_dim, hi=s.max_dim - 1)) | {s.max_dim})
-        cand.append(c)
+        m = prof.modulus(s.op)
+        lo, hi = _expected_range(native[s.name], m, 4, s.min_dim, s.max_dim - 1)
+        cand.append([d for d in range(lo, hi + 1) if d % m == 0] + [s.max_dim])
     best = min(
         sum(curves[s.name][d] for s, d in zip(sites, combo, strict=True))
         for combo in itertools.product(*cand)
@@ -167,7 +180,7 @@ def test_importance_fallback_rounds_important_sites_up():
     sites, _, native = _sites_and_curves(2, TINY)
     imp = {s.name: (10.0 if s.name.endswith(".q") else 1.0) for s in sites}
     gac = allocate("gac", sites, native, default_profile(), curves=None, importance=imp)
-    assert gac.objective == "importance_x_params"
+    assert gac.objective == "paper:importance"
     assert gac.pct_aligned == 100.0 and gac.cost <= gac.budget
     for r in gac.sites:
         if r.name.endswith(".q"):
@@ -188,8 +201,8 @@ def test_gac_solves_llama3_8b_in_under_a_second():
 def test_gac_latency_quality_mode_is_no_worse_than_native_and_faster_than_gac():
     sites, curves, native = _sites_and_curves(4, LLAMA3_8B)
     prof = _profile(8)
-    gac = allocate("gac", sites, native, prof, curves)
-    lat = allocate("gac-latency", sites, native, prof, curves)
+    gac = allocate("gac", sites, native, prof, curves, objective="curve")
+    lat = allocate("gac-latency", sites, native, prof, curves, objective="curve")
     assert lat.cost <= lat.budget
     assert lat.loss <= lat.native_loss * (1 + 1e-9)
     assert lat.predicted_ms <= gac.predicted_ms * (1 + 1e-9)
@@ -199,9 +212,9 @@ def test_gac_latency_quality_mode_is_no_worse_than_native_and_faster_than_gac():
 def test_gac_latency_latency_mode_meets_the_target():
     sites, curves, native = _sites_and_curves(4, LLAMA3_8B)
     prof = _profile(8)
-    gac = allocate("gac", sites, native, prof, curves)
+    gac = allocate("gac", sites, native, prof, curves, objective="curve")
     target = 0.97 * gac.predicted_ms / gac.dense_ms
-    lat = allocate("gac-latency", sites, native, prof, curves, latency_target=target)
+    lat = allocate("gac-latency", sites, native, prof, curves, latency_target=target, objective="curve")
     assert lat.predicted_ms <= target * lat.dense_ms * (1 + 1e-9)
     assert lat.cost <= lat.budget
     assert lat.loss >= gac.loss - 1e-12  # gac is the least-loss allocation
@@ -254,3 +267,104 @@ def test_prefer_candidates_are_multiples_of_the_fastest_modulus():
     assert any(not r.dense and r.dim % 64 != 0 for r in fine.sites)  # modulus steps are finer
     with pytest.raises(GacError, match="unknown candidate step"):
         allocate("gac", sites, native, prof, curves, candidates="nope")
+
+
+# ------------------------------------------------------------------ candidates, knapsack control
+def _expected_range(native: int, m: int, window: float, lo_min: int, hi_max: int) -> tuple[int, int]:
+    """The window written out independently of gac.allocation (steps of m, or a fraction)."""
+    if window >= 1:
+        lo, hi = native - int(window) * m, native + int(window) * m
+    else:
+        half = max(1, int(window * native + 0.5))
+        lo, hi = native - half, native + half
+    return max(lo, lo_min, 1), min(hi, hi_max)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_candidates_are_exactly_the_aligned_dims_of_the_window(seed):
+    from gac.allocation.strategies import _candidates
+
+    rng = np.random.default_rng(seed)
+    prof = default_profile()
+    for _ in range(40):
+        out_f, in_f = int(rng.integers(16, 700)), int(rng.integers(16, 700))
+        s = lowrank_site("x", out_f, in_f)
+        native = int(rng.integers(1, s.max_dim + 1))
+        m = int(rng.choice([1, 8, 16, 64]))
+        prof.ops["lowrank_r"] = OpRule(modulus=m, prefer=m)
+        window = float(rng.choice([1, 2, 4, 12, 0.05, 0.3]))
+        lo, hi = _expected_range(min(native, s.max_dim), m, window, s.min_dim, s.max_dim - 1)
+        aligned = set(range(lo, hi + 1)) & {d for d in range(1, s.max_dim) if d % m == 0}
+        got = _candidates(prof, s, native, window, keep_dense=True)
+        if aligned:
+            assert set(got) == aligned | {s.max_dim}
+        else:  # nothing aligned in a narrow window: the multiples around the native dim
+            assert set(got) - {s.max_dim} <= {native - native % m, native - native % m + m}
+        every = _candidates(prof, s, native, window, aligned=False, keep_dense=False)
+        assert set(every) - {s.max_dim} == set(range(lo, hi + 1))
+
+
+def test_window_must_be_steps_or_a_fraction():
+    sites, curves, native = _sites_and_curves(1, TINY)
+    for bad in (0, -1, 1.5, float("nan")):
+        with pytest.raises(GacError, match="window"):
+            allocate("gac", sites, native, default_profile(), curves, window=bad)
+    with pytest.raises(GacError, match="objective"):
+        allocate("gac", sites, native, default_profile(), curves, objective="nope")
+
+
+@pytest.mark.parametrize("objective", ["paper", "curve"])
+@pytest.mark.parametrize("mod", [8, 16])
+def test_knapsack_is_the_unaligned_control_of_gac(objective, mod):
+    """Same window, objective and budget; every integer dim is a candidate, so its value is <= gac's."""
+    sites, curves, native = _sites_and_curves(4, TINY | {"gate": (200, 120)}, keep=0.7)
+    prof = _profile(mod)
+    gac = allocate("gac", sites, native, prof, curves, objective=objective)
+    knap = allocate("knapsack", sites, native, prof, curves, objective=objective)
+    assert knap.budget == gac.budget == gac.native_cost
+    assert knap.cost <= knap.budget and gac.cost <= gac.budget
+    assert knap.budget - knap.cost < knap.cost_unit  # fill pass: steps of one rank
+    assert knap.cost_unit == min(r.shape[0] + r.shape[1] for r in knap.sites if not r.dense)
+    assert gac.pct_aligned == 100.0
+    assert knap.pct_aligned < 100.0  # alignment is really off
+    for r in knap.sites:  # the same window as gac
+        s = next(x for x in sites if x.name == r.name)
+        lo, hi = _expected_range(r.native, mod, 4, s.min_dim, s.max_dim - 1)
+        assert r.dense or lo <= r.dim <= hi
+    # The DP is exact and the candidates are a superset: its objective is never worse than gac's.
+    from gac.allocation.strategies import _linear_loss, _sensitivity
+
+    def value(alloc):
+        if objective == "curve":
+            return alloc.loss
+        tot = 0.0
+        for s in sites:
+            lo, hi = _expected_range(native[s.name], mod, 4, s.min_dim, s.max_dim - 1)
+            loss = lambda ds, c=curves[s.name]: c[np.minimum(ds, len(c) - 1)]  # noqa: E731
+            sens = _sensitivity(s, loss, 1.0, lo, hi, True)
+            tot += float(_linear_loss(s, sens, native[s.name])(alloc.dims[s.name])[0])
+        return tot
+
+    assert value(knap) <= value(gac) + 1e-9 * max(1.0, abs(value(gac)))
+
+
+def test_paper_objective_moves_parameters_to_sensitive_sites():
+    """Two sites, one with a steep loss curve: the paper value shifts params to it, within the window."""
+    a, b = lowrank_site("a", 512, 512), lowrank_site("b", 512, 512)
+    grid = np.arange(a.max_dim + 1, dtype=float)
+    curves = {"a": 10.0 * (a.max_dim - grid), "b": 0.1 * (b.max_dim - grid)}  # a is 100x as sensitive
+    native = {"a": 150, "b": 150}
+    prof = _profile(8)
+    gac = allocate("gac", [a, b], native, prof, curves)
+    assert gac.objective == "paper:loss_curve"
+    # default window 150 ± 8: aligned candidates 144 and 152; a rounds up, b pays by rounding down
+    assert (gac.dims["a"], gac.dims["b"]) == (152, 144)
+    wide = allocate("gac", [a, b], native, prof, curves, window=4)
+    # window 150 ± 32 = 118..182: a takes the top multiple (176), b the bottom (120): 296 <= 300 ranks
+    # (176 + 128 = 304 would exceed the budget)
+    assert (wide.dims["a"], wide.dims["b"]) == (176, 120)
+    assert gac.cost <= gac.budget and wide.cost <= wide.budget
+    # With a fractional window of 2% (±3 ranks) neither site can move more than that.
+    narrow = allocate("knapsack", [a, b], native, prof, curves, window=0.02)
+    assert all(abs(narrow.dims[n] - 150) <= 3 for n in "ab")
+    assert narrow.dims["a"] > 150 > narrow.dims["b"]

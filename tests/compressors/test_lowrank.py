@@ -215,3 +215,18 @@ def test_sensitivity_curve_interpolates_probes():
     d5, d8 = ratio_rank(site, 0.5), ratio_rank(site, 0.8)
     assert curve[d5] == pytest.approx(2.0) and curve[d8] == pytest.approx(1.0) and curve[-1] == 0
     assert curve[0] > curve[d5]  # extrapolated below the smallest probe
+
+
+def test_sensitivity_curve_pools_noisy_probes_instead_of_clamping():
+    """A probe above a deeper cut, and one below the dense ppl, are averaged with their neighbours."""
+    site = get_compressor("svd").sites(tiny_model("llama", layers=1))[0]
+    # ppl increase at ratios 0.4, 0.6, 0.8: 3.0, 1.0, 2.0 (0.8 noisier than 0.6), 0.9 below base.
+    probes = {0.4: 13.0, 0.6: 11.0, 0.8: 12.0, 0.9: 9.0}
+    curve = sensitivity_curve(site, probes, base_ppl=10.0)
+    d4, d6, d8, d9 = (ratio_rank(site, r) for r in (0.4, 0.6, 0.8, 0.9))
+    # isotonic fit of [3, 1, 2, -1, 0 (dense)]: 3, then the pool (1 + 2) / 2 = 1.5, then the pool
+    # of (-1, 0) = -0.5, floored at 0 only after fitting
+    assert curve[d4] == pytest.approx(3.0)
+    assert curve[d6] == pytest.approx(1.5) and curve[d8] == pytest.approx(1.5)
+    assert curve[d9] == pytest.approx(0.0) and curve[site.max_dim] == 0.0
+    assert np.all(np.diff(curve) <= 1e-12)

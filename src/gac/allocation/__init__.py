@@ -1,6 +1,6 @@
 """Allocation: choose each site's kept dim under a parameter budget (pure numpy, no torch).
 
-See :func:`allocate` for the strategies ``none``, ``round``, ``gac`` and ``gac-latency``.
+See :func:`allocate` for the strategies ``none``, ``round``, ``knapsack``, ``gac`` and ``gac-latency``.
 """
 
 from __future__ import annotations
@@ -9,21 +9,31 @@ from gac.allocation.knapsack import KnapsackSolution, solve_mckp
 from gac.allocation.strategies import (
     CANDIDATE_STEPS,
     DEFAULT_TOKENS,
+    DEFAULT_WINDOW,
+    KNAPSACK_STRATEGIES,
+    OBJECTIVES,
     STRATEGIES,
     Allocation,
     SiteAllocation,
     allocate,
+    candidate_range,
+    check_window,
     site_ms,
 )
 
 __all__ = [
     "CANDIDATE_STEPS",
     "DEFAULT_TOKENS",
+    "DEFAULT_WINDOW",
+    "KNAPSACK_STRATEGIES",
+    "OBJECTIVES",
     "STRATEGIES",
     "Allocation",
     "KnapsackSolution",
     "SiteAllocation",
     "allocate",
+    "candidate_range",
+    "check_window",
     "site_ms",
     "solve_mckp",
 ]

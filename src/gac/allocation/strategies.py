@@ -1,4 +1,4 @@
-"""Allocation strategies: ``none``, ``round``, ``gac`` and ``gac-latency`` (pure numpy, no torch).
+"""Allocation strategies: ``none``, ``round``, ``knapsack``, ``gac`` and ``gac-latency`` (pure numpy).
 
 Every strategy starts from the compressor's native allocation (site name -> kept dim) and
 returns an :class:`Allocation`: the dims it chose, what they cost against the budget, how many
@@ -8,13 +8,26 @@ are aligned under the hardware profile and the speedup that profile predicts.
 * ``round``: each dim to the nearest multiple of the profile's modulus (the naive fix); it
   may land over or under the budget, which the record reports.
 * ``gac``: a multiple-choice knapsack (:func:`gac.allocation.knapsack.solve_mckp`). Candidates per
-  site are the aligned dims near the native one that the profile marks fast
-  (``profile.candidates``) plus "keep dense" (``d = site.max_dim``). The value is the
-  compressor's loss curve ``loss(d)`` where it has one, else the published prototype's objective
-  ``importance * (params(d) - params(d*))`` (negated, since the knapsack minimises). The budget
-  is the native allocation's own total, so GAC never uses more parameters than ``none``.
-  After the DP, a fill pass spends any leftover on the best affordable aligned up-steps, so at
-  most one cost unit (the smallest aligned step of any site) stays unused.
+  site are the aligned dims (multiples of the profile's modulus for the site's operator class)
+  inside the site's *window* around the native dim (:func:`candidate_range`). The budget is the
+  native allocation's own total, so GAC never uses more parameters than ``none``. After the DP,
+  a fill pass spends any leftover on the best affordable aligned up-steps, so at most one cost
+  unit (the smallest aligned step of any site) stays unused.
+* ``knapsack``: the unaligned control: the same knapsack, objective, window and fill pass as
+  ``gac`` but with every integer dim of the window as a candidate (modulus 1). ``gac`` vs
+  ``knapsack`` is what alignment costs; ``knapsack`` vs ``none`` is what re-allocation does.
+
+The knapsack's value (``objective``, minimised):
+
+* ``paper`` (default): the GAC paper's first-order value, ``-sensitivity x (params(d) - params(d*))``
+  with ``d*`` the native dim: parameters move from insensitive to sensitive sites, within the
+  window only. A site's sensitivity is the slope (loss per parameter) of the compressor's loss
+  curve across the window, so the value is that curve's linearisation at the native dim; a site
+  without a curve uses the compressor's scalar ``importance``. Candidates: the window (plus the
+  dense dim only where the window reaches it).
+* ``curve``: the compressor's whole loss curve ``loss(d)`` as the value, with "keep dense"
+  (``d = site.max_dim``) as an extra candidate. It trusts the curve's values across sites;
+  ``benchmarks/quality_smollm2.py`` measures where that holds (docs/allocation.md).
 * ``gac-latency``: the same knapsack with the profile's predicted latency as a second cost,
   handled by a Lagrange multiplier found by bisection: either the least quality loss whose
   predicted latency meets ``latency_target`` (a fraction of the sites' dense latency), or the
@@ -30,14 +43,19 @@ from typing import Any
 
 import numpy as np
 
-from gac.alignment import aligned_candidates, round_nearest
+from gac.alignment import round_down, round_nearest, round_up
 from gac.allocation.knapsack import DEFAULT_MAX_STATES, solve_mckp
 from gac.errors import GacError
 from gac.hardware.profile import Profile
 from gac.sites import Site
 
-STRATEGIES: tuple[str, ...] = ("none", "round", "gac", "gac-latency")
+STRATEGIES: tuple[str, ...] = ("none", "round", "knapsack", "gac", "gac-latency")
+#: Strategies that re-select dims with the knapsack (and so use objective, window and curves).
+KNAPSACK_STRATEGIES: tuple[str, ...] = ("knapsack", "gac", "gac-latency")
 CANDIDATE_STEPS: tuple[str, ...] = ("modulus", "prefer")
+OBJECTIVES: tuple[str, ...] = ("paper", "curve")
+#: Default window: one modulus step on each side of the native dim (the aligned dims next to it).
+DEFAULT_WINDOW = 1.0
 #: Tokens per forward pass used by the latency model (a 1024-token prefill, as in the prototype).
 DEFAULT_TOKENS = 1024
 
@@ -67,7 +85,7 @@ class Allocation:
     """The result of an allocation strategy.
 
     Attributes:
-        strategy: ``none``, ``round``, ``gac`` or ``gac-latency``.
+        strategy: one of :data:`STRATEGIES`.
         profile_id: the hardware profile the dims were checked against.
         sites: per-site record (dims and costs before and after, predicted ms).
         budget: the parameter bound (the native allocation's total).
@@ -79,7 +97,11 @@ class Allocation:
         pct_aligned: % of compressed sites (``d < max_dim``) whose dim is aligned under the profile.
         pct_aligned_native: the same for the native allocation.
         predicted_ms / native_ms / dense_ms: summed predicted latency of the sites at ``tokens``.
-        loss / native_loss: summed estimated quality loss (the knapsack's objective).
+        loss / native_loss: summed loss-curve value of the chosen / native dims (the compressor's
+            own estimate, whatever the knapsack's objective).
+        objective: ``native`` (``none``/``round``) or ``OBJECTIVE:SOURCE`` for the knapsack
+            strategies (``paper:loss_curve``, ``curve:loss_curve``, ``paper:importance``...).
+        window: the candidate window the knapsack strategies used.
         solve_s: wall time of the strategy.
         notes: anything the user should know (quantized DP, unreachable targets...).
     """
@@ -103,6 +125,7 @@ class Allocation:
     solve_s: float
     objective: str = "loss_curve"
     notes: list[str] = field(default_factory=list)
+    window: float = DEFAULT_WINDOW
 
     @property
     def dims(self) -> dict[str, int]:
@@ -195,19 +218,77 @@ def _loss_fn(site: Site, curve: np.ndarray | None, importance: float, native: in
     )
 
 
-def _candidates(profile: Profile, site: Site, native: int, window: int, step: str = "modulus") -> list[int]:
-    hi = site.max_dim - 1
+def check_window(window: float) -> float:
+    """Validate a window: an integer >= 1 (modulus steps) or a fraction in (0, 1) of the native dim."""
+    w = float(window)
+    if not math.isfinite(w) or w <= 0 or (w >= 1 and w != int(w)):
+        raise GacError(
+            f"window must be a whole number of modulus steps (>= 1) or a fraction in (0, 1) of the "
+            f"native dim, got {window}"
+        )
+    return w
+
+
+def candidate_range(site: Site, native: int, m: int, window: float = DEFAULT_WINDOW) -> tuple[int, int]:
+    """The dims ``[lo, hi]`` a re-selection may pick for ``site`` (``hi < site.max_dim``).
+
+    ``window >= 1``: ``d* ± window · m`` (``m`` the site's modulus); the default 1 keeps ``gac`` to
+    the aligned dims next to the native one, the GAC paper's candidates. ``0 < window < 1``:
+    ``d* ± window · d*`` (at least ±1). The range is centred on the native dim, not on an aligned
+    dim, so the unaligned ``knapsack`` control can land anywhere in it.
+
+    >>> from gac.sites import Site
+    >>> s = Site("x", "lowrank_r", max_dim=64, unit_cost=128, dense_cost=8192)
+    >>> candidate_range(s, 37, 8), candidate_range(s, 37, 8, window=4), candidate_range(s, 40, 8, 0.1)
+    ((29, 45), (5, 63), (36, 44))
+    """
+    d = min(int(native), site.max_dim)
+    w = check_window(window)
+    half = int(w) * m if w >= 1 else max(1, int(w * d + 0.5))  # round half up
+    return max(d - half, site.min_dim, 1), min(d + half, site.max_dim - 1)
+
+
+def _candidates(
+    profile: Profile,
+    site: Site,
+    native: int,
+    window: float = DEFAULT_WINDOW,
+    step: str = "modulus",
+    aligned: bool = True,
+    keep_dense: bool = True,
+) -> list[int]:
+    """Candidate dims of one site: aligned dims (or, ``aligned=False``, every dim) in its window."""
     d = min(native, site.max_dim)
-    cands: set[int] = set()
-    if step == "prefer":
+    m = profile.modulus(site.op)
+    if step == "prefer" and aligned:
         # Multiples of the modulus at which the profile measured the best throughput; a site too
         # small to hold any falls back to the (finer) modulus.
-        m = profile.prefer(site.op)
-        cands = set(aligned_candidates(d, m, lo=site.min_dim, hi=hi, window=window))
-    if not cands:
-        cands = set(profile.candidates(site.op, d, lo=site.min_dim, hi=hi, window=window))
-    cands.add(site.max_dim)  # keep dense: leaves the original dims
+        mp = profile.prefer(site.op)
+        lo, hi = candidate_range(site, d, mp, window)
+        cands = {c for c in range(round_up(lo, mp), hi + 1, mp)}
+        if cands:
+            m = mp
+    lo, hi = candidate_range(site, d, m, window)
+    if not aligned:
+        cands = set(range(lo, hi + 1))
+    elif not (step == "prefer" and cands):
+        cands = set(range(round_up(lo, m), hi + 1, m))
+        if not cands:  # a narrow fractional window between two multiples: the two around d*
+            cands = {c for c in (round_down(d, m), round_up(d, m)) if site.min_dim <= c < site.max_dim}
+    if d >= site.max_dim or keep_dense or hi >= site.max_dim - 1 or not cands:
+        cands.add(site.max_dim)  # keep dense: leaves the original dims
     return sorted(cands)
+
+
+def _sensitivity(site: Site, loss, importance: float, lo: int, hi: int, has_curve: bool) -> float:
+    """Loss per parameter across ``[lo, hi]`` (the loss curve's slope there), or the scalar importance."""
+    if not has_curve:
+        return float(importance)
+    dc = site.cost(hi) - site.cost(lo)
+    if dc <= 0:
+        return 0.0
+    v = loss(np.array([lo, hi]))
+    return max(float(v[0] - v[1]), 0.0) / dc
 
 
 def _validate(sites: list[Site], native: dict[str, int]) -> None:
@@ -235,8 +316,9 @@ def allocate(
     importance: dict[str, float] | None = None,
     budget: int | None = None,
     tokens: int = DEFAULT_TOKENS,
-    window: int = 4,
+    window: float = DEFAULT_WINDOW,
     candidates: str = "modulus",
+    objective: str = "paper",
     latency_target: float | None = None,
     quality_target: float | None = None,
     max_states: int = DEFAULT_MAX_STATES,
@@ -250,12 +332,14 @@ def allocate(
         profile: the hardware profile that says which dims are aligned and fast.
         curves: per site, the compressor's loss curve (length ``max_dim + 1``) or None.
         importance: per site, the scalar importance used when a site has no curve (default 1).
-        budget: parameter bound for ``gac``/``gac-latency`` (default and maximum: the native total).
+        budget: parameter bound for the knapsack strategies (default and maximum: the native total).
         tokens: rows per forward pass for the latency model.
-        window: aligned candidates on each side of the native dim.
+        window: how far from the native dim a knapsack strategy may move a site
+            (:func:`candidate_range`): whole modulus steps (default 1) or a fraction of the dim.
         candidates: ``modulus`` (multiples of the profile's rule: finest aligned steps, best
             quality) or ``prefer`` (multiples of the modulus with the best measured throughput,
             e.g. 64 for low-rank pairs on the H200: coarser steps, faster kernels).
+        objective: ``paper`` (sensitivity x parameter change) or ``curve`` (the loss curve).
         latency_target: ``gac-latency`` only: predicted latency bound as a fraction of dense.
         quality_target: ``gac-latency`` only: loss bound (default: the native allocation's loss).
         max_states: DP width before the costs are quantized more coarsely.
@@ -263,22 +347,23 @@ def allocate(
     t0 = time.perf_counter()
     if strategy not in STRATEGIES:
         raise GacError(f"unknown align strategy {strategy!r}; choose one of: {', '.join(STRATEGIES)}")
+    if objective not in OBJECTIVES:
+        raise GacError(f"unknown objective {objective!r}; choose one of: {', '.join(OBJECTIVES)}")
+    window = check_window(window)
     _validate(sites, native)
     curves = curves or {}
     importance = importance or {}
     native_cost = sum(s.cost(native[s.name]) for s in sites)
     if budget is None:
         budget = native_cost
-    budget = min(int(budget), native_cost) if strategy in ("gac", "gac-latency") else int(budget)
-    loss = {
+    budget = min(int(budget), native_cost) if strategy in KNAPSACK_STRATEGIES else int(budget)
+    curve_loss = {
         s.name: _loss_fn(s, curves.get(s.name), importance.get(s.name, 1.0), native[s.name]) for s in sites
     }
-    objective = (
-        "loss_curve"
-        if all(curves.get(s.name) is not None for s in sites)
-        else ("importance_x_params" if not any(curves.get(s.name) is not None for s in sites) else "mixed")
-    )
+    has = [curves.get(s.name) is not None for s in sites]
+    source = "loss_curve" if all(has) else ("importance" if not any(has) else "mixed")
     notes: list[str] = []
+    loss = curve_loss
 
     if strategy == "none":
         dims = dict(native)
@@ -296,17 +381,29 @@ def allocate(
             raise GacError(
                 f"unknown candidate step {candidates!r}; choose one of: {', '.join(CANDIDATE_STEPS)}"
             )
-        cands = [_candidates(profile, s, native[s.name], window, candidates) for s in sites]
+        aligned = strategy != "knapsack"
+        step = candidates if aligned else "modulus"
+        cands = [
+            _candidates(profile, s, native[s.name], window, step, aligned, keep_dense=objective == "curve")
+            for s in sites
+        ]
+        if objective == "paper":
+            loss = {}
+            for s, h in zip(sites, has, strict=True):
+                # one window per site for gac and knapsack alike, so both value a dim the same
+                lo, hi = candidate_range(s, native[s.name], profile.modulus(s.op), window)
+                sens = _sensitivity(s, curve_loss[s.name], importance.get(s.name, 1.0), lo, hi, h)
+                loss[s.name] = _linear_loss(s, sens, native[s.name])
         costs = [np.array([s.cost(d) for d in c], dtype=np.int64) for s, c in zip(sites, cands, strict=True)]
         losses = [loss[s.name](np.array(c)) for s, c in zip(sites, cands, strict=True)]
-        if strategy == "gac":
+        if strategy in ("gac", "knapsack"):
             sol = solve_mckp(costs, losses, budget, max_states=max_states)
             dims = {s.name: c[j] for s, c, j in zip(sites, cands, sol.choice, strict=True)}
             if not sol.exact:
                 notes.append(
                     f"DP costs rounded up to units of {sol.unit:,} parameters ({sol.states:,} states)"
                 )
-            dims = _fill(sites, dims, loss, profile, budget, candidates)
+            dims = _fill(sites, dims, loss, profile, budget, step, cands, aligned)
         else:
             dims, note = _latency_knapsack(
                 sites,
@@ -324,31 +421,52 @@ def allocate(
             )
             notes.extend(note)
 
-    return _record(
+    objective_label = "native" if strategy in ("none", "round") else f"{objective}:{source}"
+    rec = _record(
         strategy,
         sites,
         native,
         dims,
         profile,
         budget,
-        loss,
+        curve_loss,
         tokens,
         time.perf_counter() - t0,
-        objective,
+        objective_label,
         notes,
+    )
+    rec.window = window
+    return rec
+
+
+def _linear_loss(site: Site, sensitivity: float, native: int):
+    """The paper's value as a loss: ``-sensitivity x (params(d) - params(d*))``."""
+    base = site.cost(native)
+    return lambda ds: np.array(
+        [-sensitivity * (site.cost(int(d)) - base) for d in np.atleast_1d(ds)], dtype=np.float64
     )
 
 
 def _fill(
-    sites: list[Site], dims: dict[str, int], loss, profile: Profile, budget: int, step: str = "modulus"
+    sites: list[Site],
+    dims: dict[str, int],
+    loss,
+    profile: Profile,
+    budget: int,
+    step: str = "modulus",
+    cands: list[list[int]] | None = None,
+    aligned: bool = True,
 ) -> dict[str, int]:
-    """Spend leftover budget on aligned up-steps (largest loss drop per parameter first).
+    """Spend leftover budget on up-steps to the next candidate (largest loss drop per parameter first).
 
-    Loss curves are non-increasing, so an up-step never hurts quality; this closes the gap
-    left by ties and by coarse DP quantization. With ``step="prefer"`` a site on the prefer grid
-    stays on it (the leftover is then below one prefer step).
+    An up-step is never taken when it raises the loss, so it never hurts quality; this closes the
+    gap left by ties and by coarse DP quantization. Steps go to the next larger candidate of the
+    site (``cands``), so a site stays inside its window and, for ``gac``, aligned (on the prefer
+    grid with ``step="prefer"``); without ``cands``, to the next multiple of the modulus (1 when
+    ``aligned`` is False).
     """
     dims = dict(dims)
+    by_site = {s.name: c for s, c in zip(sites, cands, strict=True)} if cands is not None else {}
     used = sum(s.cost(dims[s.name]) for s in sites)
     while True:
         best, best_gain = None, -math.inf
@@ -356,16 +474,22 @@ def _fill(
             d = dims[s.name]
             if d >= s.max_dim:
                 continue
-            m = profile.modulus(s.op)
-            if step == "prefer" and d % profile.prefer(s.op) == 0:
-                m = profile.prefer(s.op)
-            nxt = (d // m + 1) * m
-            if nxt >= s.max_dim:
-                nxt = s.max_dim
+            if s.name in by_site:
+                up = [c for c in by_site[s.name] if c > d]
+                if not up:
+                    continue
+                nxt = up[0]
+            else:
+                m = profile.modulus(s.op) if aligned else 1
+                if step == "prefer" and d % profile.prefer(s.op) == 0:
+                    m = profile.prefer(s.op)
+                nxt = min((d // m + 1) * m, s.max_dim)
             extra = s.cost(nxt) - s.cost(d)
             if extra <= 0 or used + extra > budget:
                 continue
             drop = float(loss[s.name](np.array([d]))[0] - loss[s.name](np.array([nxt]))[0])
+            if drop < 0:
+                continue
             gain = drop / extra
             if gain > best_gain:
                 best, best_gain = (s, nxt, extra), gain
@@ -484,7 +608,8 @@ def _record(
             )
         )
     comp = [s for s in sites if dims[s.name] < s.max_dim]
-    unit = min((s.unit_cost * profile.modulus(s.op) for s in comp), default=0)
+    step = (lambda s: 1) if strategy == "knapsack" else (lambda s: profile.modulus(s.op))
+    unit = min((s.unit_cost * step(s) for s in comp), default=0)
     return Allocation(
         strategy=strategy,
         profile_id=profile.id,

@@ -30,6 +30,33 @@ def parse_options(items: list[str]) -> dict[str, Any]:
     return out
 
 
+#: Calibration windows ASVD's sensitivity probes use on CPU when ``sensitivity_samples`` is not set
+#: (all windows on GPU). Each probe re-runs the model from its layer on over these windows: with
+#: the defaults, SmolLM2-135M has 210 sites x 6 ratios = 1,260 probes.
+CPU_SENSITIVITY_SAMPLES = 1
+
+
+def cpu_sized_defaults(cfg: Any) -> list[str]:
+    """Shrink the settings that make a CPU run take hours; return one line per change (printed).
+
+    Only options the user did not set are changed.
+    """
+    notes: list[str] = []
+    if cfg.compressor == "asvd" and "sensitivity_samples" not in cfg.options:
+        cfg.options["sensitivity_samples"] = CPU_SENSITIVITY_SAMPLES
+        notes.append(
+            f"asvd sensitivity probes on {CPU_SENSITIVITY_SAMPLES} calibration window "
+            "(GPU: all of them); -o sensitivity_samples=N to change"
+        )
+    if cfg.compressor == "asvd" and "svd_dtype" not in cfg.options:
+        cfg.options["svd_dtype"] = "float32"
+        notes.append(
+            "SVDs in float32 (as on GPU and in `gac demo`; float64 is several times slower on CPU); "
+            "-o svd_dtype=float64 to change"
+        )
+    return notes
+
+
 def compress_cmd(
     model: str = typer.Argument(..., help="Model: alias (smollm2), HF directory, .gguf file or hub id."),
     compressor: str = typer.Option(
@@ -38,7 +65,9 @@ def compress_cmd(
     param_ratio: float = typer.Option(
         0.85, "--param-ratio", "-r", help="Fraction of the targeted weights' parameters to keep, in (0, 1)."
     ),
-    align: str = typer.Option("gac", "--align", "-a", help="none | round | gac | gac-latency."),
+    align: str = typer.Option(
+        "gac", "--align", "-a", help="none | round | knapsack (unaligned control) | gac | gac-latency."
+    ),
     profile: str | None = typer.Option(
         None, "--profile", "-p", help="Hardware profile: path, shipped id or 'default' (auto)."
     ),
@@ -61,6 +90,19 @@ def compress_cmd(
         "--candidates",
         help="gac/gac-latency candidate step: modulus (profile rule, finest) | prefer (fastest modulus).",
     ),
+    objective: str = typer.Option(
+        "paper",
+        "--objective",
+        help="knapsack value: paper (sensitivity x parameter change) | curve (the compressor's loss curve).",
+    ),
+    window: float = typer.Option(
+        1.0,
+        "--window",
+        help="knapsack candidates: native dim ± N modulus steps (N >= 1, default 1) or ± a fraction in (0, 1).",
+    ),
+    calib_seed: int = typer.Option(
+        0, "--calib-seed", help="0: the first calibration windows; N: a seeded random choice of windows."
+    ),
     out: Path = typer.Option(..., "--out", help="Output directory (written atomically)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output directory."),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | cuda:N."),
@@ -73,7 +115,8 @@ def compress_cmd(
 ) -> None:
     """Compress MODEL with aligned dims under a parameter budget, save it to --out and print the report."""
     from gac.api import CompressConfig, compress_, gac_config_for_save
-    from gac.compressors.base import available_compressors
+    from gac.compressors.base import available_compressors, get_compressor
+    from gac.guard import check_out
 
     # Validate everything cheap before loading a model or calibrating.
     cfg = CompressConfig(
@@ -88,11 +131,14 @@ def compress_cmd(
         options=parse_options(option),
         latency_target=latency_target,
         candidates=candidates,
+        objective=objective,
+        window=window,
+        calib_seed=calib_seed,
     )
     if compressor not in available_compressors():
         raise GacError(f"unknown compressor {compressor!r}; available: {', '.join(available_compressors())}")
-    if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
-        raise GacError(f"output {out} already exists and is not empty (pass --overwrite to replace it)")
+    get_compressor(compressor, **cfg.options)  # option names and types fail now, not after loading
+    check_out(out, overwrite)
     dev, dt = resolve_device_dtype(device, dtype)
     if profile is not None:
         from gac.hardware.profile import load_profile
@@ -103,11 +149,16 @@ def compress_cmd(
     from gac.models import load_model
     from gac.utils import console
 
+    if not dev.startswith("cuda"):
+        for line in cpu_sized_defaults(cfg):
+            console.print(f"[yellow]CPU-sized default:[/yellow] {line}")
     lm = load_model(model, dtype=dt, device=dev)
     if io.is_gac_dir(model) and io.read_gac_config(model).get("factorized"):
         raise GacError(f"{model} is already compressed; compress its base model instead")
     report = compress_(lm.model, cfg, tokenizer=lm.tokenizer)
-    report.print(max_rows=rows)
+    from gac.utils import out_console
+
+    report.print(max_rows=rows, to=out_console)  # the result: stdout (progress stays on stderr)
     meta = gac_config_for_save(report, lm.source)
     io.save(
         lm.model,

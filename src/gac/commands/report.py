@@ -1,6 +1,6 @@
 """`gac report RESULTS_DIR`: compare variants from the JSON results gac's tools wrote.
 
-Reads, recursively: ``infer.json`` (``gac.infer/1``: prefill/decode sweeps), ``lm_eval.json``
+Reads, recursively: ``demo.json`` (``gac.demo/1``), ``infer.json`` (``gac.infer/1``: prefill/decode sweeps), ``lm_eval.json``
 (``gac.lm_eval/1``), ``ppl.json`` / any JSON with a ``ppl`` field, ``variant.json`` and
 ``gac_config.json`` (parameters, alignment).  Writes ``report.md`` and PNG plots
 (``report_speedup.png``, ``report_quality.png``) into the results directory (or ``--out``).
@@ -71,6 +71,17 @@ def collect(root: Path) -> dict[str, dict[str, Any]]:
                 meta = v.get("meta") or {}
                 if meta.get("pct_aligned") is not None:
                     r["pct_aligned"] = meta["pct_aligned"]
+                r.setdefault("sources", []).append(str(p.relative_to(root)))
+        elif schema == "gac.demo/1":  # `gac demo`'s demo.json: one row per variant
+            for dr in d.get("rows") or []:
+                if not isinstance(dr, dict) or not dr.get("variant"):
+                    continue
+                r = row(str(dr["variant"]))
+                for k in ("params", "pct_aligned", "ppl"):
+                    if dr.get(k) is not None:
+                        r[k] = dr[k]
+                if dr.get("targeted_ratio") is not None:
+                    r["param_ratio"] = dr["targeted_ratio"]
                 r.setdefault("sources", []).append(str(p.relative_to(root)))
         elif schema == "gac.lm_eval/1":
             name = (d.get("meta") or {}).get("variant") or folder

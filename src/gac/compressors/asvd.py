@@ -6,8 +6,10 @@ factor: ``W' = (U_d Σ_d^{1/2}) (Σ_d^{1/2} V_dᵀ S⁻¹)``; at full rank ``W' 
 
 Native allocation (the paper's sensitivity-based truncation-rank search):
 
-1. For every projection alone, truncate it at each probe parameter ratio (0.1 ... 0.9 by
-   default) and measure the perplexity on the calibration windows (the rest of the model dense).
+1. For every projection alone, truncate it at each probe parameter ratio (0.4 ... 0.9 by
+   default, the reference code's current ``param_ratio_candidates``; the paper's 0.1 ... 0.9 is
+   :data:`PAPER_PROBE_RATIOS`) and measure the perplexity on the calibration windows (the rest of
+   the model dense), as the reference does on all of its calibration windows.
 2. Sort all ``(projection, ratio, ppl)`` probes by perplexity and binary-search the loosest
    global perplexity threshold for which "every projection takes the smallest probed ratio whose
    perplexity is under the threshold (dense if none)" meets the parameter budget.
@@ -16,10 +18,12 @@ The probes re-run only the decoder layers from the probed one onward, from cache
 (checked once against a full forward; a full forward is used when the check fails).
 
 Loss curve (``curve="sensitivity"``, the default): the calibration-perplexity increase of the site
-alone, ``ppl(d) − ppl(dense)``, linear in ``d`` between the probe points, 0 at ``max_dim``,
-extrapolated below the smallest probe with the first segment's slope, clamped at 0 and made
-non-increasing. It is the same measurement the paper's allocation ranks, so the aligned knapsack
-optimises what ASVD itself optimises. ``curve="spectrum"`` exposes the truncated ``σ²`` of ``W·S``
+alone, ``ppl(d) − ppl(dense)``. Single-site probes are noisy (a probe can land below the dense
+perplexity, or above a deeper cut), so the points are *smoothed*, not clamped one by one: an
+isotonic (non-increasing in ``d``) least-squares fit through them and ``(max_dim, 0)`` pools
+disagreeing neighbours into their mean, and only then is the fit floored at 0. The curve is linear
+between the fitted points and extrapolated below the smallest probe with the first segment's
+slope. It is the same measurement the paper's allocation ranks. ``curve="spectrum"`` exposes the truncated ``σ²`` of ``W·S``
 instead (cheaper: no probes, but not comparable across layers of different scale).
 """
 
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -41,11 +46,15 @@ from gac.errors import GacError
 from gac.eval.ppl import nll_from_logits
 from gac.sites import Site
 from gac.surgery.factorized import FactorizedLinear, replace_module
-from gac.utils import track
+from gac.utils import console, track
 
 log = logging.getLogger(__name__)
 
+#: The ASVD paper's probe ratios.
 PAPER_PROBE_RATIOS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+#: The reference code's current probe ratios (``param_ratio_candidates`` of hahnyuan/ASVD4LLM's
+#: ``sensitivity.py``): the default.
+REFERENCE_PROBE_RATIOS = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
 
 # ----------------------------------------------------------------------------- math
@@ -96,23 +105,39 @@ def threshold_allocation(
     return dims(hi)
 
 
+def isotonic_decreasing(y: np.ndarray) -> np.ndarray:
+    """Least-squares non-increasing fit of ``y`` (pool-adjacent-violators, equal weights).
+
+    >>> isotonic_decreasing(np.array([3.0, 1.0, 2.0, 0.0])).tolist()
+    [3.0, 1.5, 1.5, 0.0]
+    """
+    blocks: list[list[float]] = []  # [sum, count]
+    for v in np.asarray(y, dtype=float):
+        blocks.append([v, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] < blocks[-1][0] / blocks[-1][1]:
+            s, c = blocks.pop()
+            blocks[-1][0] += s
+            blocks[-1][1] += c
+    return np.concatenate([np.full(int(c), s / c) for s, c in blocks])
+
+
 def sensitivity_curve(site: Site, probes: dict[float, float], base_ppl: float) -> np.ndarray:
     """Calibration-ppl increase as a function of the kept rank ``d`` (see the module docstring)."""
-    pts = {site.max_dim: 0.0}
+    pts: dict[int, list[float]] = {}
     for r, ppl in probes.items():
         d = ratio_rank(site, r)
         if d < site.max_dim:
-            pts[d] = max(pts.get(d, 0.0), max(ppl - base_ppl, 0.0))
-    xs = np.array(sorted(pts), dtype=float)
-    ys = np.array([pts[int(x)] for x in xs])
+            pts.setdefault(d, []).append(ppl - base_ppl if math.isfinite(ppl) else 1e6)
+    xs = np.array(sorted(pts) + [site.max_dim], dtype=float)
+    raw = np.array([float(np.mean(pts[int(x)])) for x in xs[:-1]] + [0.0])
+    ys = np.maximum(isotonic_decreasing(raw), 0.0)
+    ys[-1] = 0.0
     grid = np.arange(site.max_dim + 1, dtype=float)
     out = np.interp(grid, xs, ys)
     if len(xs) >= 2:
         slope = (ys[1] - ys[0]) / (xs[1] - xs[0])
         below = grid < xs[0]
         out[below] = ys[0] + slope * (grid[below] - xs[0])
-    out = np.maximum(out, 0.0)
-    out = np.maximum.accumulate(out[::-1])[::-1]  # non-increasing in d
     out[site.max_dim] = 0.0
     return out
 
@@ -209,7 +234,7 @@ class AsvdCompressor(LowRankCompressor):
     def __init__(
         self,
         alpha: float = 0.5,
-        probe_ratios: Sequence[float] = PAPER_PROBE_RATIOS,
+        probe_ratios: Sequence[float] = REFERENCE_PROBE_RATIOS,
         sensitivity_samples: int | None = None,
         curve: str = "sensitivity",
         svd_dtype: str | None = None,
@@ -262,10 +287,24 @@ class AsvdCompressor(LowRankCompressor):
             return self._sens
         if not self._probe_batches:
             raise GacError("asvd: call calibrate() before the sensitivity-based allocation")
+        t0 = time.perf_counter()
         runner = SuffixRunner(model, self._probe_batches)
+        full_s = time.perf_counter() - t0  # one full forward over the probe windows
         self._base_ppl = math.exp(runner.base_nll)
         sens: dict[str, dict[float, float]] = {}
-        for site in track(list(sites), f"asvd: sensitivity ({len(self.probe_ratios)} ratios per layer)"):
+        n_sites, n_r, n_w = len(sites), len(self.probe_ratios), len(self._probe_batches)
+        est_s = full_s * n_sites * n_r / 2  # a probe re-runs the layers from its site on: half on average
+        if est_s > 120:
+            console.print(
+                f"[yellow]asvd sensitivity: about {est_s / 60:.0f} min at this machine's speed[/yellow] "
+                f"({n_sites * n_r:,} probes); -o sensitivity_samples=N (now {n_w} window(s)) or fewer "
+                "-o probe_ratios=... make it shorter"
+            )
+        desc = (
+            f"asvd sensitivity: {n_sites:,} sites x {n_r} ratios = {n_sites * n_r:,} probes "
+            f"of {n_w} calibration window(s)"
+        )
+        for site in track(list(sites), desc):
             lin = model.get_submodule(site.name)
             u, s, vh, sc = self.decompose(site, lin)
             probes: dict[float, float] = {}

@@ -46,7 +46,10 @@ def get_compressor(name: str, **options: Any) -> Compressor:
     _import_builtin()
     if name not in _REGISTRY:
         raise GacError(f"unknown compressor {name!r}; available: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name](**options)
+    from gac.guard import validate_options
+
+    cls = _REGISTRY[name]
+    return cls(**validate_options(cls.__init__, options, f"compressor {name}"))
 
 
 def available_compressors() -> list[str]:

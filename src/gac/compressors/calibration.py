@@ -45,12 +45,16 @@ class CalibrationConfig:
         n_samples: number of windows (N).
         seq_len: tokens per window (L).
         batch_size: windows per forward pass.
+        seed: ``0`` takes the first ``n_samples`` windows of the text; another value takes
+            ``n_samples`` of all its non-overlapping windows at random (seeded), so two seeds give
+            two calibration sets for measuring the spread of a result.
     """
 
     source: str = "britannica"
     n_samples: int = 256
     seq_len: int = 2048
     batch_size: int = 1
+    seed: int = 0
 
     @classmethod
     def default(
@@ -73,7 +77,19 @@ def calibration_batches(tokenizer, config: CalibrationConfig) -> list[torch.Tens
 
     if config.batch_size < 1:
         raise GacError(f"calibration batch size must be positive, got {config.batch_size}")
-    windows = token_windows(tokenizer, load_text(config.source, "train"), config.seq_len, config.n_samples)
+    text = load_text(config.source, "train")
+    if config.seed == 0:
+        windows = token_windows(tokenizer, text, config.seq_len, config.n_samples)
+    else:
+        every = token_windows(tokenizer, text, config.seq_len)
+        if every.shape[0] < config.n_samples:
+            raise GacError(
+                f"calibration text holds {every.shape[0]} window(s) of {config.seq_len} tokens, "
+                f"{config.n_samples} needed; use fewer samples or a shorter length"
+            )
+        gen = torch.Generator().manual_seed(int(config.seed))
+        pick = torch.randperm(every.shape[0], generator=gen)[: config.n_samples].sort().values
+        windows = every[pick]
     return list(windows.split(config.batch_size))
 
 
@@ -135,7 +151,8 @@ def collect_stats(
         batches = list(batches) if not isinstance(batches, Sequence) else batches
         if not batches:
             raise GacError("no calibration batches given")
-        for b in track(batches, description):
+        n_tok = sum(int(b.numel()) for b in batches)
+        for b in track(batches, f"{description}: {len(batches)} batches, {n_tok:,} tokens"):
             model(input_ids=b.to(dev), use_cache=False)
     finally:
         for h in handles:

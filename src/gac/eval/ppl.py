@@ -142,8 +142,15 @@ def perplexity(
         ``dropped_tokens`` (a single trailing token that cannot be predicted) and ``truncated``.
 
     Raises:
-        GacError: text too short, or a NaN/inf loss.
+        GacError: not text (mostly non-printable), shorter than one window, or a NaN/inf loss.
     """
-    from gac.data import tokenize
+    from gac.data import check_text, tokenize
 
-    return perplexity_of_ids(model, tokenize(tokenizer, text), seq_len, batch_size, max_windows)
+    check_text(text, "the evaluation text")
+    ids = tokenize(tokenizer, text)
+    if seq_len >= 2 and ids.numel() < seq_len:
+        raise GacError(
+            f"the evaluation text is too short for one window: {ids.numel()} tokens < seq_len {seq_len} "
+            "(give more text or a smaller --seq-len)"
+        )
+    return perplexity_of_ids(model, ids, seq_len, batch_size, max_windows)

@@ -59,6 +59,10 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
     """The device to measure on: ``cuda`` when available (or asked for), else ``cpu``."""
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if isinstance(device, str):
+        from gac.guard import parse_device
+
+        device = parse_device(device)  # "tpu", "cuda:x": one line, not torch's RuntimeError
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise GacError("--device cuda asked for, but no CUDA device is available")

@@ -220,7 +220,30 @@ def _load_hf_dir(
 def _load_dir(
     p: Path, dtype: torch.dtype | None, device: str | torch.device, trust_remote_code: bool
 ) -> LoadedModel:
+    """Refuse code-running inputs, check ``p``'s config before allocating, then load; a corrupt
+    directory is one GacError."""
     check_dir_safe(p, trust_remote_code)
+    from gac.guard import check_model_dir_config
+
+    check_model_dir_config(p, torch.empty(0, dtype=dtype).element_size())
+    try:
+        return _load_dir_checked(p, dtype, device, trust_remote_code)
+    except GacError:
+        raise
+    except (KeyError, TypeError, AttributeError, IndexError, ValueError) as e:
+        # a gac_config.json / gac_repair.json / config.json with wrong types or missing fields
+        msg = " ".join(str(e).split())[:200]
+        raise GacError(f"{p} is a corrupt model directory ({type(e).__name__}: {msg})") from None
+    except Exception as e:
+        if "safetensor" in type(e).__name__.lower() or "safetensor" in str(e).lower():
+            msg = " ".join(str(e).split())[:200]
+            raise GacError(f"{p} has a corrupt or truncated .safetensors file: {msg}") from None
+        raise
+
+
+def _load_dir_checked(
+    p: Path, dtype: torch.dtype, device: str | torch.device, trust_remote_code: bool
+) -> LoadedModel:
     if (p / "gac_config.json").is_file():
         try:
             from gac import io as gac_io
@@ -341,7 +364,16 @@ def _load_alias(alias: str, dtype: torch.dtype, device: str | torch.device) -> L
             fresh = False
     if not fresh:
         _build_alias_cache(src, cache, stamp)
-    model = _load_hf_dir(cache, dtype, device, trust_remote_code=False)
+    try:
+        model = _load_hf_dir(cache, dtype, device, trust_remote_code=False)
+    except Exception as e:  # noqa: BLE001 - a damaged cache (truncated weights...) is rebuilt once
+        if not fresh:
+            raise
+        from gac.utils import console
+
+        console.print(f"[yellow]the cache {cache} is damaged ({type(e).__name__}); rebuilding it[/yellow]")
+        _build_alias_cache(src, cache, stamp)
+        model = _load_hf_dir(cache, dtype, device, trust_remote_code=False)
     return LoadedModel(
         model,
         _tokenizer(cache),
