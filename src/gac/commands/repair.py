@@ -69,7 +69,13 @@ def register(app: typer.Typer) -> None:
             source["gac_config"] = json.loads(gac_cfg.read_text())  # how the input was compressed
         save_repaired(lm.model, out, report, tokenizer=lm.tokenizer, overwrite=overwrite, source=source)
         console.print(report.summary())
-        console.print(f"wrote {out} (load it with gac.models.load_model({str(out)!r}))")
+        doc = json.loads((Path(out) / "gac_repair.json").read_text())
+        how = (
+            "AutoModelForCausalLM.from_pretrained or gac.load"
+            if doc.get("plain_transformers")
+            else f"gac.load; plain transformers cannot: {doc.get('plain_transformers_why_not')}"
+        )
+        console.print(f"wrote {out} (load it with {how})")
         typer.echo(
             json.dumps({"out": str(out), **{k: v for k, v in report.to_dict().items() if k != "changes"}})
         )
