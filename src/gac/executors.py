@@ -44,6 +44,19 @@ def check_slurm() -> None:
         )
 
 
+def _read(p: Path) -> str:
+    try:
+        return Path(p).read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _active_jobs() -> set[str] | None:
+    """Job ids (array tasks expanded, ``1_0``) still queued or running; None if squeue fails."""
+    r = subprocess.run(["squeue", "--noheader", "-r", "-o", "%i"], capture_output=True, text=True, timeout=30)
+    return set(r.stdout.split()) if r.returncode == 0 else None
+
+
 def _tail(text: str | None, n: int = 15) -> str:
     return "\n".join((text or "").rstrip().splitlines()[-n:])
 
@@ -81,14 +94,32 @@ def run_slurm(plan: ExperimentPlan, plan_dir: str | Path, poll_s: float = 2.0) -
         jobs = [ex.submit(_group_job, str(plan_dir), g) for g in pending]
     for g, j in zip(pending, jobs, strict=True):
         console.print(f"submitted {g}: Slurm job {j.job_id}")
-    while not all(j.done() for j in jobs):
+    finished: dict[str, bool] = {}  # job id -> has a result file
+    while len(finished) < len(jobs):
         time.sleep(poll_s)
+        active = _active_jobs()
+        for j in jobs:
+            if j.job_id in finished:
+                continue
+            has_result = j.paths.result_pickle.exists()
+            # without Slurm accounting (sacct) submitit cannot tell a job that died before
+            # writing its result: a job that left the queue without one has failed
+            if has_result or (active is not None and j.job_id not in active):
+                finished[j.job_id] = has_result or j.paths.result_pickle.exists()
     for g, j in zip(pending, jobs, strict=True):
-        try:
-            out.update(j.result())
-        except Exception as e:  # noqa: BLE001 - a failed job: report, its cells re-run next time
-            tail = _tail(j.stderr()) or _tail(j.stdout()) or str(e)
-            console.print(f"[red]Slurm job {j.job_id} ({g}) failed[/red]; log tail:\n{tail}")
+        err: str | None = None
+        if finished[j.job_id]:
+            try:
+                out.update(j.result())
+            except Exception as e:  # noqa: BLE001 - a failed job: report, its cells re-run next time
+                err = str(e)
+        else:
+            err = "the job ended without a result"
+        if err is not None:
+            tail = _tail(_read(j.paths.stderr)) or _tail(_read(j.paths.stdout)) or err
+            console.print(
+                f"[red]Slurm job {j.job_id} ({g}) failed[/red]: {err.splitlines()[0] if err else ''}; log tail:\n{tail}"
+            )
             for c in plan.groups()[g]:
                 if cell_state(plan, plan_dir, c) != "done":
                     out[c.id] = "failed"
