@@ -160,3 +160,17 @@ def test_sigkill_midway_then_rerun_is_identical(tmp_path):
     rest = run_local(plan, open_plan_dir(plan, d))
     assert sum(v == "done" for v in rest.values()) == partial  # finished cells not redone
     assert _results(d) == _results(ref)
+
+
+@pytest.mark.parametrize("name", ["demo", "paper"])
+def test_shipped_plans_expand_and_dry_run(tmp_path, name):
+    from gac.commands.run import run_plan
+
+    plan_file = Path(__file__).parents[1] / "plans" / f"{name}.toml"
+    plan = load_plan(plan_file)
+    assert {"none", "knapsack", "gac"} <= set(plan.aligns)
+    states = run_plan(plan_file, tmp_path / "out", dry_run=True)
+    assert len(states) == len(plan.cells()) and set(states.values()) == {"pending"}
+    assert not (tmp_path / "out").exists()  # a dry run writes nothing
+    if name == "paper":
+        assert all("source" in v for v in plan.published.values())  # published values carry their source
