@@ -91,7 +91,9 @@ class LlmPrunerCompressor(Compressor):
         global_pruning: bool = False,
     ) -> None:
         if importance not in IMPORTANCE:
-            raise GacError(f"llm-pruner: importance must be one of {', '.join(IMPORTANCE)}, got {importance!r}")
+            raise GacError(
+                f"llm-pruner: importance must be one of {', '.join(IMPORTANCE)}, got {importance!r}"
+            )
         if reduction not in REDUCTIONS:
             raise GacError(f"llm-pruner: reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}")
         self.importance_kind = importance
@@ -144,7 +146,9 @@ class LlmPrunerCompressor(Compressor):
             )
             self._info[name] = {"kind": "mlp", "layer": i, "fqns": p}
             groups = mods["k"].out_features // hd
-            qkv_bias = sum(hd * (n_rep if r == "q" else 1) for r in ("q", "k", "v") if mods[r].bias is not None)
+            qkv_bias = sum(
+                hd * (n_rep if r == "q" else 1) for r in ("q", "k", "v") if mods[r].bias is not None
+            )
             attn_unit = hidden * hd * (2 * n_rep + 2) + qkv_bias
             attn_fixed = hidden if mods["o"].bias is not None else 0
             name = ad.attention_fqn(i)
@@ -175,7 +179,9 @@ class LlmPrunerCompressor(Compressor):
                 targets[info["fqns"][r]] = model.get_submodule(info["fqns"][r]).weight
         bad = [n for n, w in targets.items() if not w.dtype.is_floating_point]
         if bad:
-            raise GacError(f"llm-pruner: {bad[0]} has non-float weights ({targets[bad[0]].dtype}); no gradient path")
+            raise GacError(
+                f"llm-pruner: {bad[0]} has non-float weights ({targets[bad[0]].dtype}); no gradient path"
+            )
         saved = {n: p.requires_grad for n, p in model.named_parameters()}
         was_training = model.training
         try:
