@@ -150,3 +150,37 @@ def test_no_gradient_path():
     )
     with pytest.raises(GacError, match="gradient path"):
         _compress(bad, 0.8, "none", layer_start=0, layer_end=3)
+
+
+def test_lora_recovery_merges_and_keeps_shapes(tmp_path):
+    pytest.importorskip("peft")
+    from gac.recovery import recover_lora_
+
+    m = _model()
+    _compress(m, 0.8, "gac", layer_start=0, layer_end=3)
+    shapes = {n: tuple(p.shape) for n, p in m.named_parameters()}
+    before = m.model.layers[0].mlp.down_proj.weight.clone()
+    info = recover_lora_(m, [IDS], steps=4, rank=4, lr=1e-2)
+    assert {n: tuple(p.shape) for n, p in m.named_parameters()} == shapes  # merged: no peft modules left
+    assert not torch.equal(m.model.layers[0].mlp.down_proj.weight, before)
+    assert info["loss_last"] < info["loss_first"]
+    io.save(m, tmp_path / "m", {"compressor": "llm-pruner"})
+    with torch.no_grad():
+        torch.testing.assert_close(io.load(tmp_path / "m")(IDS).logits, m(IDS).logits, rtol=0, atol=0)
+
+
+def test_lora_recovery_without_peft(monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def fake(name, *a, **k):
+        if name == "peft" or name.startswith("peft."):
+            raise ImportError(name)
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", fake)
+    from gac.recovery import recover_lora_
+
+    with pytest.raises(GacError, match="peft"):
+        recover_lora_(_model(), [IDS])
