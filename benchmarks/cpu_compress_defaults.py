@@ -40,7 +40,9 @@ def main() -> int:
         "exit_status": proc.returncode,
         "wall_s": round(wall, 1),
         "saved_files": saved,
-        "stderr_lines": proc.stderr.splitlines()[-80:],
+        # progress and notes (stderr), without the result tables; the tables' tail (stdout)
+        "stderr_lines": [ln for ln in proc.stderr.splitlines() if ln[:1] not in "│┃┏┡└┗╭╰"][-120:],
+        "stdout_tail": proc.stdout.splitlines()[-25:],
         "env": {
             "python": platform.python_version(),
             "torch": torch.__version__,

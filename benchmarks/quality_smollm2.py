@@ -69,6 +69,10 @@ def run(args: argparse.Namespace) -> None:
     result: dict = json.loads(out.read_text()) if out.is_file() else {}
     if result and result.get("seed") != args.seed:
         sys.exit(f"error: {out} holds seed {result.get('seed')}, not {args.seed}")
+    if result.get("eval") and result["eval"].get("windows") != args.eval_windows:
+        # another evaluation protocol: keep the stored ASVD probes, re-score everything else
+        result.pop("base", None)
+        result["runs"] = []
     t_start = time.time() - float(result.get("elapsed_s", 0.0))
     torch.manual_seed(0)
     lm = load_model("smollm2")
@@ -163,7 +167,7 @@ def run(args: argparse.Namespace) -> None:
                 if p0 is None:
                     p0 = ref
             rows = [(a, "paper", DEFAULT_WINDOW) for a in args.aligns.split(",")]
-            if red == reductions[0]:
+            if red == reductions[0] and name in args.validate_compressors.split(","):
                 rows += [(a, o, w) for o, w in validate for a in ("knapsack", "gac")]
             for align, objective, window in rows:
                 key = _row_key(
@@ -359,6 +363,7 @@ def main() -> None:
         default="paper:4,curve:1,curve:4",
         help="extra OBJECTIVE:WINDOW knapsack/gac rows at the first reduction (empty: none)",
     )
+    ap.add_argument("--validate-compressors", default="asvd,svd-llm", help="compressors that get the extra rows")
     ap.add_argument("--calib-samples", type=int, default=32)
     ap.add_argument("--calib-len", type=int, default=256)
     ap.add_argument("--probe-samples", type=int, default=2, help="ASVD: calibration windows the probes run on")

@@ -852,3 +852,19 @@ def test_infer_sweep_with_every_point_failed_is_nonzero(tmp_path, capsys, monkey
         ["eval", "infer", "--baseline-model-id", str(d), "--device", "cpu", "--out", str(tmp_path / "r")]
     )
     assert rc == 2 and "every point of the sweep failed (oom)" in capsys.readouterr().err
+
+
+def test_progress_lines_in_a_log(monkeypatch, capsys):
+    """stderr is not a terminal: plain lines (start with the amount of work, periodic, final)."""
+    from gac.utils import track
+
+    monkeypatch.setenv("GAC_NO_PROGRESS", "0")
+    monkeypatch.setenv("GAC_PROGRESS_INTERVAL", "0")
+    assert list(track(range(4), "asvd sensitivity: 2 sites x 2 ratios = 4 probes")) == [0, 1, 2, 3]
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0] == "asvd sensitivity: 2 sites x 2 ratios = 4 probes: 4 steps"
+    assert lines[1].startswith("asvd sensitivity: 2 sites x 2 ratios = 4 probes: 1/4 (25%)")
+    assert "4/4 (100%)" in lines[-1] and len(lines) == 5
+    monkeypatch.setenv("GAC_NO_PROGRESS", "1")
+    list(track(range(3), "quiet"))
+    assert capsys.readouterr().err == ""

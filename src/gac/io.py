@@ -171,6 +171,7 @@ def save(
             f"saving {len(tensors):,} tensors ({nbytes / 1e6:,.1f} MB, {len(shards)} file(s)) to {out_dir}",
             markup=False,
             highlight=False,
+            soft_wrap=True,
         )
         if len(shards) == 1:
             save_file(shards[0], str(tmp / WEIGHTS), metadata={"format": "pt"})

@@ -62,7 +62,7 @@ class PlainProgress:
             msg = f"{t['desc']}: {n:,} done, {_fmt_s(el)} elapsed"
         if final:
             t["done"] = True
-        console.print(msg, markup=False, highlight=False)
+        console.print(msg, markup=False, highlight=False, soft_wrap=True)
         t["last"] = time.monotonic()
 
     def add_task(self, description: str, total: float | None = None, **_: Any) -> int:
@@ -72,7 +72,7 @@ class PlainProgress:
         t["done"] = False
         self.tasks[tid] = t
         what = f"{int(total):,} steps" if total else "starting"
-        console.print(f"{description}: {what}", markup=False, highlight=False)
+        console.print(f"{description}: {what}", markup=False, highlight=False, soft_wrap=True)
         return tid
 
     def advance(self, task: int, advance: float = 1) -> None:

@@ -48,6 +48,12 @@ def cpu_sized_defaults(cfg: Any) -> list[str]:
             f"asvd sensitivity probes on {CPU_SENSITIVITY_SAMPLES} calibration window "
             "(GPU: all of them); -o sensitivity_samples=N to change"
         )
+    if cfg.compressor == "asvd" and "svd_dtype" not in cfg.options:
+        cfg.options["svd_dtype"] = "float32"
+        notes.append(
+            "SVDs in float32 (as on GPU and in `gac demo`; float64 is several times slower on CPU); "
+            "-o svd_dtype=float64 to change"
+        )
     return notes
 
 
