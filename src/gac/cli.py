@@ -23,7 +23,7 @@ app = typer.Typer(
 )
 
 # One module per command group; each defines register(app).
-COMMAND_MODULES = ("bench", "profile", "analyze", "repair", "compress", "eval", "demo", "report")
+COMMAND_MODULES = ("bench", "profile", "analyze", "repair", "compress", "eval", "demo", "report", "run")
 
 
 def _version(value: bool) -> None:

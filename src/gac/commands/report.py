@@ -208,6 +208,10 @@ def report(results_dir: str | Path, out: str | Path | None = None) -> Path:
     root = Path(results_dir)
     if not root.is_dir():
         raise GacError(f"{root} is not a directory of gac results")
+    from gac.plan_report import is_plan_dir, render_plan
+
+    if is_plan_dir(root):  # written by `gac run PLAN.toml`
+        return render_plan(root, Path(out) if out else None)
     rows = collect(root)
     if not rows:
         raise GacError(f"no gac results (infer.json, lm_eval.json, ppl.json, variant.json) under {root}")

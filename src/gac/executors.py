@@ -1,0 +1,135 @@
+"""Where the cells of an experiment plan run: ``local`` (in order, in this process) or ``slurm``.
+
+The Slurm executor submits one job per *group* (the cells sharing one calibration) through
+``submitit``; each job runs :func:`gac.experiments.run_group`, which writes its cells' JSON into the
+plan directory. Job logs land in ``PLAN_DIR/slurm/``. A job that fails (or dies) leaves its cells
+failed or missing; they are reported with the job's log tail and re-submitted on the next run.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from gac.errors import GacError
+from gac.experiments import ExperimentPlan, cell_state, plan_from_dir, run_group, run_local
+
+EXECUTORS = ("local", "slurm")
+
+
+def _group_job(plan_dir: str, group: str) -> dict[str, str]:
+    """The function a Slurm job runs (re-reads the plan from its directory)."""
+    return run_group(plan_from_dir(plan_dir), plan_dir, group)
+
+
+def check_slurm() -> None:
+    """Refuse the Slurm executor without ``submitit`` or without a reachable controller."""
+    try:
+        import submitit  # noqa: F401
+    except ImportError:
+        raise GacError("--executor slurm needs submitit: pip install 'gac[slurm]'") from None
+    if shutil.which("sbatch") is None or shutil.which("squeue") is None:
+        raise GacError("--executor slurm: no sbatch/squeue on PATH (is Slurm installed here?)")
+    try:
+        r = subprocess.run(["squeue", "--noheader", "--me"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise GacError(f"--executor slurm: the Slurm controller is not reachable ({e})") from None
+    if r.returncode != 0:
+        line = (r.stderr or r.stdout).strip().splitlines()
+        raise GacError(
+            "--executor slurm: the Slurm controller is not reachable" + (f" ({line[-1]})" if line else "")
+        )
+
+
+def _read(p: Path) -> str:
+    try:
+        return Path(p).read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _active_jobs() -> set[str] | None:
+    """Job ids (array tasks expanded, ``1_0``) still queued or running; None if squeue fails."""
+    r = subprocess.run(["squeue", "--noheader", "-r", "-o", "%i"], capture_output=True, text=True, timeout=30)
+    return set(r.stdout.split()) if r.returncode == 0 else None
+
+
+def _tail(text: str | None, n: int = 15) -> str:
+    return "\n".join((text or "").rstrip().splitlines()[-n:])
+
+
+def run_slurm(plan: ExperimentPlan, plan_dir: str | Path, poll_s: float = 2.0) -> dict[str, str]:
+    """Submit one job per unfinished group, wait for all, report failures with their log tail."""
+    import submitit
+
+    from gac.utils import console
+
+    check_slurm()
+    plan_dir = Path(plan_dir).resolve()
+    pending = [g for g, cells in plan.groups().items()
+               if any(cell_state(plan, plan_dir, c) != "done" for c in cells)]  # fmt: skip
+    out = {c.id: "done" for g, cells in plan.groups().items() if g not in pending for c in cells}
+    if not pending:
+        return out
+    ex = submitit.AutoExecutor(folder=str(plan_dir / "slurm" / "%j"), cluster="slurm")
+    s = plan.slurm
+    params: dict[str, Any] = {"timeout_min": int(s.get("time_min", 60)), "slurm_job_name": f"gac-{plan.name}"}
+    if s.get("partition"):
+        params["slurm_partition"] = s["partition"]
+    if s.get("gpus"):
+        params["gpus_per_node"] = int(s["gpus"])
+    if s.get("cpus"):
+        params["cpus_per_task"] = int(s["cpus"])
+    if s.get("mem_gb"):
+        params["mem_gb"] = int(s["mem_gb"])
+    if s.get("array_parallelism"):
+        params["slurm_array_parallelism"] = int(s["array_parallelism"])
+    if s.get("setup"):
+        params["slurm_setup"] = list(s["setup"])
+    ex.update_parameters(**params)
+    with ex.batch():
+        jobs = [ex.submit(_group_job, str(plan_dir), g) for g in pending]
+    for g, j in zip(pending, jobs, strict=True):
+        console.print(f"submitted {g}: Slurm job {j.job_id}")
+    finished: dict[str, bool] = {}  # job id -> has a result file
+    while len(finished) < len(jobs):
+        time.sleep(poll_s)
+        active = _active_jobs()
+        for j in jobs:
+            if j.job_id in finished:
+                continue
+            has_result = j.paths.result_pickle.exists()
+            # without Slurm accounting (sacct) submitit cannot tell a job that died before
+            # writing its result: a job that left the queue without one has failed
+            if has_result or (active is not None and j.job_id not in active):
+                finished[j.job_id] = has_result or j.paths.result_pickle.exists()
+    for g, j in zip(pending, jobs, strict=True):
+        err: str | None = None
+        if finished[j.job_id]:
+            try:
+                out.update(j.result())
+            except Exception as e:  # noqa: BLE001 - a failed job: report, its cells re-run next time
+                err = str(e)
+        else:
+            err = "the job ended without a result"
+        if err is not None:
+            tail = _tail(_read(j.paths.stderr)) or _tail(_read(j.paths.stdout)) or err
+            console.print(
+                f"[red]Slurm job {j.job_id} ({g}) failed[/red]: {err.splitlines()[0] if err else ''}; log tail:\n{tail}"
+            )
+            for c in plan.groups()[g]:
+                if cell_state(plan, plan_dir, c) != "done":
+                    out[c.id] = "failed"
+    return out
+
+
+def execute(plan: ExperimentPlan, plan_dir: str | Path, executor: str = "local") -> dict[str, str]:
+    """Run ``plan``'s unfinished cells with ``executor``; returns cell id -> state."""
+    if executor == "local":
+        return run_local(plan, plan_dir)
+    if executor == "slurm":
+        return run_slurm(plan, plan_dir)
+    raise GacError(f"unknown executor {executor!r}; choose one of: {', '.join(EXECUTORS)}")

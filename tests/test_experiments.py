@@ -1,0 +1,176 @@
+"""gac run PLAN.toml: expansion, bad input, skip of finished cells, resume after SIGKILL, report."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gac.errors import GacError
+from gac.experiments import load_plan, open_plan_dir, parse_plan, run_local, status_table
+
+TINY = """
+[plan]
+name = "tiny"
+[axes]
+models = ["tiny:llama"]
+compressors = ["svd"]
+ratios = [0.8, 0.7]
+align = ["none", "knapsack", "gac"]
+[compress]
+profile = "h200-bfloat16"
+[[evals]]
+kind = "ppl"
+source = "britannica"
+seq_len = 64
+windows = 1
+[[evals]]
+kind = "predict"
+"""
+
+
+def _plan(tmp_path: Path, text: str = TINY) -> Path:
+    p = tmp_path / "plan.toml"
+    p.write_text(text)
+    return p
+
+
+def _results(d: Path) -> dict[str, object]:
+    """Every cell's deterministic part (status + results), by cell id."""
+    out = {}
+    for p in sorted((d / "cells").rglob("*.json")):
+        rec = json.loads(p.read_text())
+        out[rec["id"]] = (rec["status"], rec["input_hash"], rec["results"])
+    return out
+
+
+def test_expansion_groups_and_registry(tmp_path):
+    plan = load_plan(_plan(tmp_path))
+    cells = plan.cells()
+    assert len(cells) == 1 + 2 * 3  # base + ratios x aligns
+    assert len({c.id for c in cells}) == len(cells)
+    groups = plan.groups()
+    assert list(groups) == ["tiny-llama/base", "tiny-llama/svd-r0.8", "tiny-llama/svd-r0.7"]
+    assert [c.align for c in groups["tiny-llama/svd-r0.8"]] == ["none", "knapsack", "gac"]
+    from gac.compressors.base import available_compressors
+
+    star = load_plan(_plan(tmp_path, TINY.replace('["svd"]', '["*"]')))
+    assert star.compressors == available_compressors()  # discovered, never a list
+
+
+@pytest.mark.parametrize(
+    "old, new, msg",
+    [
+        ('name = "tiny"', 'name = "tiny"\ncolour = 1', "unknown key 'colour'"),
+        ('["svd"]', '["svd", "zip"]', "unknown compressor 'zip'"),
+        ('["tiny:llama"]', '["no-such-model"]', "unknown model"),
+        ('["tiny:llama"]', '["tiny:gpt9"]', "unknown tiny model family"),
+        ('kind = "ppl"', 'kind = "hellaswag-ish"', "unknown kind"),
+        ("[0.8, 0.7]", "[0.8, 1.5]", "strictly between 0 and 1"),
+        ("windows = 1", "windows = 0", "positive integer"),
+        ('"none", "knapsack"', '"none", "sideways"', "unknown align strategy"),
+        ('profile = "h200-bfloat16"', 'profile = "h200-bfloat16"\nn_samples = -3', "n-samples"),
+        ('profile = "h200-bfloat16"', "[compress.options.svd]\nbogus = 1", "bogus"),
+    ],
+)
+def test_bad_plans_refused_before_work(tmp_path, old, new, msg):
+    assert old in TINY
+    with pytest.raises(GacError, match=msg):
+        load_plan(_plan(tmp_path, TINY.replace(old, new)))
+
+
+def test_plan_dir_of_another_plan_refused(tmp_path):
+    d = tmp_path / "out"
+    open_plan_dir(load_plan(_plan(tmp_path)), d)
+    other = parse_plan({"axes": {"models": ["tiny:llama"], "compressors": ["svd"], "ratios": [0.5]}})
+    with pytest.raises(GacError, match="another plan"):
+        open_plan_dir(other, d)
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "x.txt").write_text("mine")
+    with pytest.raises(GacError, match="not a plan directory"):
+        open_plan_dir(other, tmp_path / "junk")
+
+
+def test_run_skips_finished_and_reports(tmp_path):
+    plan = load_plan(_plan(tmp_path))
+    d = open_plan_dir(plan, tmp_path / "out")
+    first = run_local(plan, d)
+    assert set(first.values()) == {"ok"}
+    stamps = {p: p.stat().st_mtime_ns for p in (d / "cells").rglob("*.json")}
+    assert len(stamps) == 7
+    again = run_local(plan, d)
+    assert set(again.values()) == {"done"}  # second run does no work
+    assert {p: p.stat().st_mtime_ns for p in (d / "cells").rglob("*.json")} == stamps
+    res = _results(d)
+    gac = res["tiny-llama/svd-r0.8-gac"][2]
+    assert gac["pct_aligned"] == 100.0 and gac["cost"] <= gac["budget"]
+    assert res["tiny-llama/svd-r0.8-knapsack"][2]["cost"] <= gac["budget"]
+    # shared calibration: one plan per group, so every align of a group spends the same budget
+    assert {res[f"tiny-llama/svd-r0.8-{a}"][2]["budget"] for a in ("none", "knapsack", "gac")} == {
+        gac["budget"]
+    }
+    # a failed cell is re-run; the others are not
+    rec_p = d / "cells" / "tiny-llama" / "svd-r0.7-gac.json"
+    rec = json.loads(rec_p.read_text())
+    rec["status"], rec["error"] = "failed", "injected"
+    rec_p.write_text(json.dumps(rec))
+    st = {cid: s for _, cid, s in status_table(plan, d)}
+    assert st["tiny-llama/svd-r0.7-gac"] == "failed"
+    third = run_local(plan, d)
+    assert third["tiny-llama/svd-r0.7-gac"] == "ok"
+    assert sum(v == "ok" for v in third.values()) == 1
+    assert _results(d) == res
+
+    from gac.commands.report import report
+
+    md = report(d)
+    text = md.read_text()
+    assert "| svd | 0.8 | gac |" in text and "| base | 1 | base |" in text
+    assert list(d.glob("frontier_*.png"))
+
+
+def test_sigkill_midway_then_rerun_is_identical(tmp_path):
+    plan_file = _plan(tmp_path)
+    ref = tmp_path / "ref"
+    plan = load_plan(plan_file)
+    run_local(plan, open_plan_dir(plan, ref))
+    d = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gac", "run", str(plan_file), "--out", str(d)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if (d / "cells").is_dir() and len(list((d / "cells").rglob("*.json"))) >= 2:
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    partial = len(list((d / "cells").rglob("*.json")))
+    assert partial >= 2
+    rest = run_local(plan, open_plan_dir(plan, d))
+    assert sum(v == "done" for v in rest.values()) == partial  # finished cells not redone
+    assert _results(d) == _results(ref)
+
+
+@pytest.mark.parametrize("name", ["demo", "paper"])
+def test_shipped_plans_expand_and_dry_run(tmp_path, name):
+    from gac.commands.run import run_plan
+
+    plan_file = Path(__file__).parents[1] / "plans" / f"{name}.toml"
+    plan = load_plan(plan_file)
+    assert {"none", "knapsack", "gac"} <= set(plan.aligns)
+    states = run_plan(plan_file, tmp_path / "out", dry_run=True)
+    assert len(states) == len(plan.cells()) and set(states.values()) == {"pending"}
+    assert not (tmp_path / "out").exists()  # a dry run writes nothing
+    if name == "paper":
+        assert all("source" in v for v in plan.published.values())  # published values carry their source
