@@ -118,6 +118,11 @@ class LlmPrunerCompressor(Compressor):
         from gac.models.adapters import get_adapter
 
         ad = get_adapter(model)
+        if not {"q", "k", "v", "gate", "up", "down"} <= set(ad.roles):
+            raise GacError(
+                f"llm-pruner needs separate q/k/v and gate/up/down projections; this {ad.family} model has "
+                f"{', '.join(ad.roles)}"
+            )
         s, e = self._range = self._layer_range(ad.num_layers)
         hidden, heads, kv, hd = ad.hidden, ad.heads, ad.kv_heads, ad.head_dim
         n_rep = heads // kv
