@@ -197,7 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--scale", type=int, default=1, help="divide every width by this (smoke tests)")
-    ap.add_argument("--variants", default="dense,dense+fuse,none,gac,gac+fuse,gac+triton")
+    ap.add_argument(
+        "--variants",
+        default="dense+fuse,gac+fuse",
+        help="of dense, dense+fuse, none, none+fuse, gac, gac+fuse, gac+triton (default: the fast path)",
+    )
     ap.add_argument("--prefill-batches", default="1,8")
     ap.add_argument("--prefill-seqs", default="128,512,1024,2048")
     ap.add_argument("--decode-batches", default="1,16,64")
@@ -206,7 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefill-reps", type=int, default=10)
     ap.add_argument("--profile", default=None, help="hardware profile (default: auto for this GPU)")
     ap.add_argument("--device", default=None)
-    ap.add_argument("--compile", action="store_true", help="decode through torch.compile (then CUDA graphs)")
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument(
+        "--compile", dest="compile", action="store_true", default=None, help="torch.compile steps (GPU default)"
+    )
+    g.add_argument("--no-compile", dest="compile", action="store_false")
     ap.add_argument(
         "--compile-mode",
         default=None,
@@ -224,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         decode_kv=ints(args.decode_kv),
         decode_reps=args.decode_reps,
         prefill_reps=args.prefill_reps,
-        graphs=dev.type == "cuda",
+        graphs=dev.type == "cuda",  # compile: None = on where CUDA is, as in llm_run
         compile=args.compile,
         compile_mode=args.compile_mode,
     )
@@ -278,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         "dense": dense_builder(mcfg, dev),
         "dense+fuse": dense_builder(mcfg, dev, fuse=True),
         "none": lowrank_builder(mcfg, dims["none"], dev),
+        "none+fuse": lowrank_builder(mcfg, dims["none"], dev, fuse=True),
         "gac": lowrank_builder(mcfg, dims["gac"], dev),
         "gac+fuse": lowrank_builder(mcfg, dims["gac"], dev, fuse=True),
         "gac+triton": lowrank_builder(mcfg, dims["gac"], dev, triton=True),

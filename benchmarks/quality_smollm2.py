@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> None:
     reductions = [float(r) for r in args.reductions.split(",")]
     validate = [(v.split(":")[0], float(v.split(":")[1])) for v in args.validate.split(",") if v]
     for name in args.compressors.split(","):
-        options: dict = {"svd_dtype": "float32"}
+        options: dict = {} if name == "llm-pruner" else {"svd_dtype": "float32"}
         if name == "asvd":
             options.update(sensitivity_samples=args.probe_samples)
         cfg0 = CompressConfig(compressor=name, param_ratio=1 - reductions[0], align="none", options=options)

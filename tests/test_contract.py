@@ -97,7 +97,7 @@ def plans():
 
 
 def test_every_builtin_compressor_is_in_the_table():
-    assert {"svd", "asvd", "svd-llm"} <= set(COMPRESSORS)
+    assert {"svd", "asvd", "svd-llm", "llm-pruner"} <= set(COMPRESSORS)
 
 
 @pytest.mark.parametrize(("compressor", "align"), CASES)
@@ -128,7 +128,13 @@ def test_contract(plans, tmp_path, compressor, align):
     # the model really has the reported dims
     for s in a["sites"]:
         mod = model.get_submodule(s["name"])
-        if s["dense"]:
+        if compressor == "llm-pruner":  # structured pruning: narrower plain layers, no factors
+            assert not any(isinstance(m, FactorizedLinear) for m in mod.modules())
+            if s["op"] == "kv_groups":
+                assert mod.k_proj.out_features == s["dim"] * mod.head_dim
+            else:
+                assert mod.gate_proj.out_features == mod.down_proj.in_features == s["dim"]
+        elif s["dense"]:
             assert isinstance(mod, torch.nn.Linear)
         else:
             assert isinstance(mod, FactorizedLinear) and mod.rank == s["dim"]

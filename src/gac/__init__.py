@@ -17,7 +17,7 @@ __all__ = ["CompressConfig", "GacError", "__version__", "compress_", "load", "sa
 _LAZY = {
     "compress_": ("gac.api", "compress_"),
     "CompressConfig": ("gac.api", "CompressConfig"),
-    "load": ("gac.io", "load"),
+    "load": ("gac.models.loading", "load"),
     "save": ("gac.io", "save"),
 }
 

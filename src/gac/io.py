@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gac.errors import GacError
+from gac.errors import GacError, check_schema
 from gac.surgery.factorized import FactorizedLinear, replace_module
 from gac.utils import atomic_dir, console
 
@@ -149,12 +149,22 @@ def save(
         torch_version=torch.__version__.split("+")[0],
         architecture=type(model).__name__,
         factorized=factorized_sites(model),
+        pruned=dict(getattr(model, "_gac_pruned", {})),
         tied=tied,
         dtype=str(next(iter(tensors.values())).dtype).removeprefix("torch.") if tensors else None,
     )
     out_dir = Path(out_dir)
+    hf_config = model.config
+    if meta["pruned"]:
+        uniform = uniform_pruned_config(model)
+        meta["pruned_uniform"] = uniform is not None
+        if uniform is not None:
+            hf_config, meta["pruned"] = uniform, {}
+            meta["pruned_widths"] = pruned_widths(model)
+        else:
+            meta["pruned_widths"] = pruned_widths(model)
     with atomic_dir(out_dir, overwrite=overwrite) as tmp:
-        model.config.save_pretrained(tmp)
+        hf_config.save_pretrained(tmp)
         shards = _shards(tensors, max_shard_bytes)
         nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
         console.print(
@@ -186,6 +196,69 @@ def save(
     return out_dir
 
 
+def pruned_widths(model: nn.Module) -> list[dict[str, int]]:
+    """Per layer: MLP width, query heads and KV heads (as the modules hold them)."""
+    from gac.models.adapters import get_adapter
+
+    ad = get_adapter(model)
+    hd = ad.head_dim
+    out = []
+    for i in range(ad.num_layers):
+        p = ad.projections(i)
+        out.append(
+            {
+                "intermediate": int(model.get_submodule(p["gate"]).out_features),
+                "heads": int(model.get_submodule(p["q"]).out_features) // hd,
+                "kv_heads": int(model.get_submodule(p["k"]).out_features) // hd,
+            }
+        )
+    return out
+
+
+def uniform_pruned_config(model: nn.Module) -> Any | None:
+    """A standard Hugging Face config for a model whose layers all share one set of widths, else None.
+
+    Plain ``transformers`` then rebuilds the pruned model without gac (head_dim written explicitly).
+    """
+    import copy
+
+    from gac.models.adapters import get_adapter
+
+    widths = pruned_widths(model)
+    if any(w != widths[0] for w in widths):
+        return None
+    cfg = copy.deepcopy(model.config)
+    hd = get_adapter(model).head_dim
+    cfg.intermediate_size = widths[0]["intermediate"]
+    cfg.num_attention_heads = widths[0]["heads"]
+    cfg.num_key_value_heads = widths[0]["kv_heads"]
+    cfg.head_dim = hd
+    return cfg
+
+
+def _apply_pruned_shapes(model: nn.Module, pruned: dict[str, list[int]]) -> None:
+    """Swap the skeleton's linears for empty ones of the recorded (pruned) shapes."""
+    for fqn, (out_f, in_f) in pruned.items():
+        try:
+            old = model.get_submodule(fqn)
+        except AttributeError:
+            raise GacError(
+                f"{GAC_CONFIG} names pruned module {fqn!r}, absent from the architecture"
+            ) from None
+        replace_module(model, fqn, nn.Linear(in_f, out_f, bias=old.bias is not None, device="meta"))
+    from gac.models.adapters import get_adapter
+
+    ad = get_adapter(model)
+    hd = ad.head_dim if ad.num_layers else 1
+    for i in range(ad.num_layers):
+        attn = model.get_submodule(ad.attention_fqn(i))
+        q, k = (model.get_submodule(ad.projection(i, r)) for r in ("q", "k"))
+        for attr, val in (("num_heads", q.out_features // hd), ("num_key_value_heads", k.out_features // hd)):
+            if hasattr(attn, attr):
+                setattr(attn, attr, val)
+    model._gac_pruned = dict(pruned)  # type: ignore[attr-defined]
+
+
 # ------------------------------------------------------------------------------------ load
 def read_gac_config(path: str | Path) -> dict[str, Any]:
     """The ``gac_config.json`` of a saved directory (validated schema)."""
@@ -196,8 +269,7 @@ def read_gac_config(path: str | Path) -> dict[str, Any]:
         cfg = json.loads(p.read_text())
     except json.JSONDecodeError as e:
         raise GacError(f"{p} is not valid JSON: {e}") from None
-    if cfg.get("schema") != SCHEMA:
-        raise GacError(f"{p} has schema {cfg.get('schema')!r}; this gac reads {SCHEMA!r}")
+    check_schema(cfg.get("schema"), SCHEMA, p)
     return cfg
 
 
@@ -305,6 +377,8 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device: str | torch
         raise GacError(f"cannot read {path / 'config.json'}: {str(e).splitlines()[0]}") from None
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+    if cfg.get("pruned"):
+        _apply_pruned_shapes(model, cfg["pruned"])
     for site in cfg.get("factorized", []):
         try:
             model.get_submodule(site["name"])

@@ -1,10 +1,14 @@
 """``python -m gac.llm_run``: inference speed of a variant next to its dense baseline.
 
     python -m gac.llm_run --variant baseline|DIR|SPEC --suite infer_sweep \\
-        --baseline-model-id MODEL --out DIR [--fuse] [--triton] [--prefill-batches 1,8] ...
+        --baseline-model-id MODEL --out DIR [--no-fuse] [--no-compile] [--no-graphs] ...
 
 The dense baseline is built, timed and freed first, then the variant, in the same process
-(see :mod:`gac.eval.infer`).  Writes ``DIR/infer.json``, ``DIR/infer.csv`` and plots.
+(see :mod:`gac.eval.infer`).  The fast path is the default, for both: q/k/v and gate/up fused
+into one GEMM each (exact; the factors' first stages for a compressed model), every prefill
+and decode step compiled by ``torch.compile`` at its static shape and replayed as a CUDA
+graph.  Compile and capture time is reported apart (``setup_s``), never in the latency.
+On CPU, compile and graphs fall back to eager with a one-line notice.  Writes ``DIR/infer.json``, ``DIR/infer.csv`` and plots.
 The same command is ``gac eval infer``.
 """
 
@@ -43,7 +47,9 @@ def run(
     decode_batches: str | tuple[int, ...] = (1, 16, 64),
     decode_kv: str | tuple[int, ...] = (512, 4096),
     graphs: bool | None = None,
-    fuse: bool = False,
+    compile: bool | None = None,
+    compile_mode: str | None = None,
+    fuse: bool = True,
     triton: bool = False,
     prefill_reps: int = 10,
     decode_reps: int = 30,
@@ -52,7 +58,11 @@ def run(
     overwrite: bool = False,
     plots: bool = True,
 ) -> dict[str, Any]:
-    """Time the baseline and ``variant`` (optionally fused / with the Triton kernel) and write the results."""
+    """Time the baseline and ``variant`` on the fast path (fused, compiled, graphs) and write the results.
+
+    ``graphs`` and ``compile`` default to on where CUDA is; ``fuse`` applies to the baseline and
+    the variant alike, so the speedup compares like with like.
+    """
     from gac.eval.infer import SweepConfig, Variant, run_sweep, write_results
     from gac.eval.variants import load_variant, parse_variant
     from gac.utils import resolve_device_dtype
@@ -79,6 +89,8 @@ def run(
         decode_batches=_ints(decode_batches),
         decode_kv=_ints(decode_kv),
         graphs=graphs,
+        compile=compile,
+        compile_mode=compile_mode,
         prefill_reps=prefill_reps,
         decode_reps=decode_reps,
     )
@@ -88,27 +100,29 @@ def run(
         )
     infos: dict[str, dict[str, Any]] = {}
 
-    def builder(s, transform: bool):
+    def builder(s, transform: bool, triton: bool = triton):
         def build():
             lv = load_variant(s, baseline_model_id, dtype=dt, device=dev)
-            infos[name_of(s, transform)] = {k: v for k, v in lv.info.items() if k != "compression"}
+            infos[name_of(s, transform, triton)] = {k: v for k, v in lv.info.items() if k != "compression"}
             if transform:
                 _transform(lv.model, fuse, triton)
             return lv.model
 
         return build
 
-    def name_of(s, transform: bool) -> str:
-        tags = [t for t, on in (("fuse", fuse), ("triton", triton)) if on and transform]
+    def name_of(s, transform: bool, triton: bool = triton) -> str:
+        # how a model ran (fused, compiled, graphs) is in res["options"]; the name says what it is
+        tags = ["triton"] if triton and transform else []
         return "+".join([s.name, *tags])
 
     base = parse_variant("baseline")
-    variants = [Variant("baseline", builder(base, False))]  # the dense baseline, untouched, first
-    if spec.kind != "baseline" or fuse or triton:
+    # the dense baseline first, on the same fast path (fusion is exact for dense layers too)
+    variants = [Variant(name_of(base, fuse, False), builder(base, fuse, triton=False))]
+    if spec.kind != "baseline" or triton:
         variants.append(Variant(name_of(spec, True), builder(spec, True)))
     res = run_sweep(variants, cfg, dev)
     res["command"] = " ".join(sys.argv)
-    res["options"] = {"fuse": fuse, "triton": triton}
+    res["options"] = {"fuse": fuse, "triton": triton, "compile": compile, "graphs": graphs}
     for name, info in infos.items():
         if name in res["variants"]:
             res["variants"][name]["meta"] = info
@@ -152,7 +166,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--graphs", dest="graphs", action="store_true", default=None, help="CUDA-graph decode (GPU default)"
     )
     g.add_argument("--no-graphs", dest="graphs", action="store_false")
-    ap.add_argument("--fuse", action="store_true", help="fuse q/k/v and gate/up first stages (exact)")
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument(
+        "--compile", dest="compile", action="store_true", default=None, help="torch.compile steps (GPU default)"
+    )
+    g.add_argument("--no-compile", dest="compile", action="store_false")
+    ap.add_argument(
+        "--compile-mode", default=None, help="default | max-autotune-no-cudagraphs (Inductor autotunes GEMMs)"
+    )
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument(
+        "--fuse", dest="fuse", action="store_true", default=True, help="fuse q/k/v and gate/up (default)"
+    )
+    g.add_argument("--no-fuse", dest="fuse", action="store_false")
     ap.add_argument("--triton", action="store_true", help="fused Triton low-rank GEMV for decode (CUDA)")
     ap.add_argument("--prefill-reps", type=int, default=10)
     ap.add_argument("--decode-reps", type=int, default=30)
@@ -177,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
             decode_batches=a.decode_batches,
             decode_kv=a.decode_kv,
             graphs=a.graphs,
+            compile=a.compile,
+            compile_mode=a.compile_mode,
             fuse=a.fuse,
             triton=a.triton,
             prefill_reps=a.prefill_reps,

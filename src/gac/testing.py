@@ -5,14 +5,20 @@ from __future__ import annotations
 import torch
 from transformers import (
     AutoModelForCausalLM,
+    GPTNeoXConfig,
+    GraniteConfig,
     LlamaConfig,
     MistralConfig,
+    Olmo2Config,
+    Phi3Config,
     PretrainedConfig,
     Qwen2Config,
     Qwen3Config,
 )
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+#: families with other layouts, found by structural discovery (:mod:`gac.models.adapters`)
+OTHER_FAMILIES = ("phi3", "olmo2", "gpt_neox", "granite")
 
 
 def tiny_config(
@@ -46,7 +52,22 @@ def tiny_config(
         return Qwen2Config(**common)  # q/k/v carry biases
     if family == "qwen3":
         return Qwen3Config(**common)  # q/k RMSNorm over head_dim
-    raise ValueError(f"unknown family {family!r}; known: {FAMILIES}")
+    if family == "phi3":
+        return Phi3Config(**common, pad_token_id=0)  # fused qkv_proj and gate_up_proj
+    if family == "olmo2":
+        return Olmo2Config(**common, pad_token_id=0)  # post-norms only; q/k RMSNorm over all heads
+    if family == "granite":  # Llama layout with multipliers (attention scale is not 1/sqrt(d))
+        return GraniteConfig(
+            **common,
+            attention_multiplier=0.09,
+            embedding_multiplier=2.0,
+            residual_multiplier=0.5,
+            logits_scaling=4.0,
+        )
+    if family == "gpt_neox":  # query_key_value per head, LayerNorm, parallel residual, 25% rotary
+        common.pop("num_key_value_heads")
+        return GPTNeoXConfig(**common, bos_token_id=0, eos_token_id=0)
+    raise ValueError(f"unknown family {family!r}; known: {FAMILIES + OTHER_FAMILIES}")
 
 
 def tiny_model(

@@ -58,7 +58,25 @@ def test_gac_eval_infer_fuse_and_errors(tmp_path, model_dir, capsys):
         gac_main(["eval", "infer", "--baseline-model-id", str(model_dir), "--out", str(out), "--fuse", *GRID])
         == 0
     )
-    assert list(json.loads((out / "infer.json").read_text())["variants"]) == ["baseline", "baseline+fuse"]
+    res = json.loads((out / "infer.json").read_text())
+    assert list(res["variants"]) == ["baseline"]
+    assert res["options"]["fuse"] is True
+    # the fast path is the default: fused unless --no-fuse; compile falls back on CPU with a notice
+    cap = capsys.readouterr()
+    assert "--compile needs CUDA" not in cap.out + cap.err  # no request, no notice
+    out2 = tmp_path / "unfused"
+    assert (
+        gac_main(
+            ["eval", "infer", "--baseline-model-id", str(model_dir), "--out", str(out2), "--no-fuse", "--compile", *GRID]
+        )
+        == 0
+    )
+    res2 = json.loads((out2 / "infer.json").read_text())
+    assert res2["options"]["fuse"] is False
+    cap = capsys.readouterr()
+    assert "--compile needs CUDA" in cap.out + cap.err
+    p = res2["variants"]["baseline"]["prefill"][0]
+    assert p["status"] == "ok" and p["compiled"] is False and p["setup_s"] >= 0
     assert (
         gac_main(
             [

@@ -77,10 +77,10 @@ def test_weight_bytes_skip_untied_embedding_only():
 def test_oom_point_is_recorded_and_the_sweep_goes_on(monkeypatch):
     real = infer.prefill_point
 
-    def fake(model, batch, seq, cfg):
+    def fake(model, batch, seq, cfg, *args):
         if batch == 2 and seq == 16:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
-        return real(model, batch, seq, cfg)
+        return real(model, batch, seq, cfg, *args)
 
     monkeypatch.setattr(infer, "prefill_point", fake)
     cfg = SweepConfig(**{**TINY.to_dict(), "profile_kernels": False, "decode_batches": (1,)})

@@ -60,7 +60,7 @@ def cpu_sized_defaults(cfg: Any) -> list[str]:
 def compress_cmd(
     model: str = typer.Argument(..., help="Model: alias (smollm2), HF directory, .gguf file or hub id."),
     compressor: str = typer.Option(
-        "asvd", "--compressor", "-c", help="Compressor name (svd, asvd, svd-llm)."
+        "asvd", "--compressor", "-c", help="Compressor name (svd, asvd, svd-llm, llm-pruner)."
     ),
     param_ratio: float = typer.Option(
         0.85, "--param-ratio", "-r", help="Fraction of the targeted weights' parameters to keep, in (0, 1)."
@@ -103,6 +103,14 @@ def compress_cmd(
     calib_seed: int = typer.Option(
         0, "--calib-seed", help="0: the first calibration windows; N: a seeded random choice of windows."
     ),
+    recover: str = typer.Option(
+        "none",
+        "--recover",
+        help="none | lora: a short LoRA fine-tune on calibration text, merged (needs peft).",
+    ),
+    recover_steps: int = typer.Option(20, "--recover-steps", help="LoRA recovery: optimizer steps."),
+    recover_rank: int = typer.Option(8, "--recover-rank", help="LoRA recovery: adapter rank."),
+    recover_lr: float = typer.Option(1e-4, "--recover-lr", help="LoRA recovery: learning rate."),
     out: Path = typer.Option(..., "--out", help="Output directory (written atomically)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output directory."),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | cuda:N."),
@@ -138,6 +146,15 @@ def compress_cmd(
     if compressor not in available_compressors():
         raise GacError(f"unknown compressor {compressor!r}; available: {', '.join(available_compressors())}")
     get_compressor(compressor, **cfg.options)  # option names and types fail now, not after loading
+    if recover not in ("none", "lora"):
+        raise GacError(f"unknown recovery {recover!r}; choose none or lora")
+    if recover == "lora":
+        import importlib.util
+
+        if importlib.util.find_spec("peft") is None:
+            raise GacError("--recover lora needs peft: pip install 'gac[recover]' (or pip install peft)")
+        if recover_steps < 1 or recover_rank < 1 or not recover_lr > 0:
+            raise GacError("--recover-steps and --recover-rank must be >= 1 and --recover-lr > 0")
     check_out(out, overwrite)
     dev, dt = resolve_device_dtype(device, dtype)
     if profile is not None:
@@ -160,6 +177,31 @@ def compress_cmd(
 
     report.print(max_rows=rows, to=out_console)  # the result: stdout (progress stays on stderr)
     meta = gac_config_for_save(report, lm.source)
+    if recover == "lora":
+        from gac.compressors.calibration import CalibrationConfig, calibration_batches, model_device
+        from gac.recovery import recover_lora_
+
+        d = CalibrationConfig.default(model_device(lm.model), source=calib)
+        cc = CalibrationConfig(
+            source=calib,
+            n_samples=n_samples or d.n_samples,
+            seq_len=seq_len or d.seq_len,
+            batch_size=batch_size,
+            seed=calib_seed,
+        )
+        meta["recovery"] = {
+            "method": "lora",
+            **recover_lora_(
+                lm.model,
+                calibration_batches(lm.tokenizer, cc),
+                steps=recover_steps,
+                rank=recover_rank,
+                lr=recover_lr,
+            ),
+        }
+        console.print(
+            f"LoRA recovery: loss {meta['recovery']['loss_first']:.3f} -> {meta['recovery']['loss_last']:.3f}"
+        )
     io.save(
         lm.model,
         out,

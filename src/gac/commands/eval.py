@@ -132,7 +132,13 @@ def infer_cmd(
     graphs: bool | None = typer.Option(
         None, "--graphs/--no-graphs", help="CUDA-graph decode (default: on GPU)."
     ),
-    fuse: bool = typer.Option(False, "--fuse", help="Fuse q/k/v and gate/up first stages (exact)."),
+    compile: bool | None = typer.Option(
+        None, "--compile/--no-compile", help="torch.compile each static shape (default: on GPU)."
+    ),
+    compile_mode: str | None = typer.Option(
+        None, "--compile-mode", help="default | max-autotune-no-cudagraphs."
+    ),
+    fuse: bool = typer.Option(True, "--fuse/--no-fuse", help="Fuse q/k/v and gate/up (exact; default)."),
     triton: bool = typer.Option(False, "--triton", help="Fused Triton low-rank GEMV for decode (CUDA)."),
     prefill_reps: int = typer.Option(10, "--prefill-reps"),
     decode_reps: int = typer.Option(30, "--decode-reps"),
@@ -152,6 +158,8 @@ def infer_cmd(
         decode_batches=decode_batches,
         decode_kv=decode_kv,
         graphs=graphs,
+        compile=compile,
+        compile_mode=compile_mode,
         fuse=fuse,
         triton=triton,
         prefill_reps=prefill_reps,

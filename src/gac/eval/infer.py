@@ -62,9 +62,11 @@ class SweepConfig:
     profile_kernels: bool = True
     #: bytes of the copy used to measure the bandwidth ceiling (CUDA only).
     copy_bytes: int = 2 * 2**30
-    #: run decode steps through ``torch.compile`` (default mode: fused elementwise kernels),
-    #: then capture the compiled step as a CUDA graph as usual.
-    compile: bool = False
+    #: run prefill and decode steps through ``torch.compile`` (default mode: fused elementwise
+    #: kernels), one static-shape compile per grid point, then capture the compiled step as a
+    #: CUDA graph as usual.  None = on where CUDA is (the default path); on CPU a request falls
+    #: back to eager with a one-line notice.
+    compile: bool | None = None
     #: ``torch.compile`` mode when ``compile`` is on (None = default; ``"max-autotune-no-cudagraphs"``
     #: lets Inductor benchmark its own GEMM/GEMV kernels; modes that capture CUDA graphs themselves
     #: are refused: the step is captured here).
@@ -262,22 +264,93 @@ def _vocab(model: nn.Module) -> int:
 
 
 @torch.no_grad()
-def prefill_point(model: nn.Module, batch: int, seq: int, cfg: SweepConfig) -> dict[str, Any]:
-    """Latency of one prompt forward pass at ``batch × seq`` (last-position logits only)."""
+def prefill_point(
+    model: nn.Module,
+    batch: int,
+    seq: int,
+    cfg: SweepConfig,
+    forward: Callable[..., Any] | None = None,
+    graphs: bool = False,
+) -> dict[str, Any]:
+    """Latency of one prompt forward pass at ``batch × seq`` (last-position logits only).
+
+    ``forward`` (e.g. a compiled ``model.forward``) replaces the eager call; ``graphs`` captures
+    the step at this static shape as a CUDA graph.  The first call (compile, autotune, capture)
+    is timed apart as ``setup_s`` and never counted in the latency.
+    """
     dev = model_device(model)
     g = torch.Generator(device="cpu").manual_seed(batch * 100003 + seq)
     ids = torch.randint(0, _vocab(model), (batch, seq), generator=g).to(dev)
+    fwd = forward or model
 
-    def step() -> Any:
-        return model(input_ids=ids, use_cache=False, logits_to_keep=1)
+    def eager() -> Any:
+        return fwd(input_ids=ids, use_cache=False, logits_to_keep=1).logits
 
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
-    st = _time_calls(step, dev, cfg.prefill_warmup, cfg.prefill_reps)
+    frames0 = compiled_frames()
+    t0 = time.perf_counter()
+    step, close = (_capture(eager, dev) if graphs else (eager, lambda: None))
+    step()
+    _sync(dev)
+    setup_s = time.perf_counter() - t0
+    try:
+        st = _time_calls(step, dev, cfg.prefill_warmup, cfg.prefill_reps)
+    finally:
+        close()
     rec: dict[str, Any] = {"phase": "prefill", "batch": batch, "seq": seq, "status": "ok", **st}
     rec["tokens_per_s"] = batch * seq / (st["median_ms"] * 1e-3)
+    rec.update(graphs=graphs, compiled=forward is not None, setup_s=setup_s)
+    rec["compiles"] = compiled_frames() - frames0 if forward is not None else 0
     rec["peak_mem_gib"] = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None
     return rec
+
+
+def compiled_frames() -> int:
+    """Frames Dynamo has compiled so far in this process (recompiles included)."""
+    try:
+        from torch._dynamo.utils import counters
+
+        return int(counters["stats"]["unique_graphs"])
+    except Exception:  # noqa: BLE001 - a missing counter only loses the recompile check
+        return 0
+
+
+def _capture(fn: Callable[[], Any], dev: torch.device) -> tuple[Callable[[], Any], Callable[[], None]]:
+    """Warm ``fn`` up on a side stream, capture it as a CUDA graph; return (replay, release)."""
+    s = torch.cuda.Stream(dev)
+    s.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream(dev).wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    box = {"graph": graph, "out": out}
+
+    def replay() -> Any:
+        box["graph"].replay()
+        return box["out"]
+
+    def release() -> None:
+        box.clear()
+
+    return replay, release
+
+
+def resolve_fast_path(cfg: SweepConfig, dev: torch.device) -> tuple[bool, bool]:
+    """(graphs, compile) for ``dev``: on where CUDA is; a CPU request falls back with a notice."""
+    graphs = cfg.graphs if cfg.graphs is not None else dev.type == "cuda"
+    if graphs and dev.type != "cuda":
+        raise GacError("CUDA graphs were asked for, but the model is on CPU; drop --graphs or use a GPU")
+    compile_ = cfg.compile if cfg.compile is not None else dev.type == "cuda"
+    if compile_ and dev.type != "cuda":
+        console.print(
+            f"notice: --compile needs CUDA; timing the eager model on {dev.type} (labelled compiled=false)"
+        )
+        compile_ = False
+    return graphs, compile_
 
 
 class DecodeStep:
@@ -304,7 +377,9 @@ class DecodeStep:
         self.cache = StaticCache(config=model.config, max_cache_len=kv)
         g = torch.Generator(device="cpu").manual_seed(batch * 7919 + kv)
         self.ids = torch.randint(0, _vocab(model), (batch, 1), generator=g).to(self.dev)
-        self._eager()  # allocates the cache (lazy in transformers)
+        # the first call allocates the cache (lazy in transformers): eager, so that the compiled
+        # step sees the allocated cache only and compiles once per shape
+        self.model(input_ids=self.ids, past_key_values=self.cache, use_cache=True)
         for layer in self.cache.layers:  # random, not zero, keys and values
             layer.keys.normal_(0, 1)
             layer.values.normal_(0, 1)
@@ -368,7 +443,13 @@ def decode_point(
         raise GacError(f"decode needs warmup + reps ({n}) <= KV length ({kv})")
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
-    step = DecodeStep(model, batch, kv, graphs, forward=forward)
+    frames0 = compiled_frames()
+    t0 = time.perf_counter()
+    step = DecodeStep(model, batch, kv, graphs, forward=forward)  # compile + capture happen here
+    if not graphs:
+        step()  # the compile of an uncaptured step, also outside the latency
+    _sync(dev)
+    setup_s = time.perf_counter() - t0
     try:
         step.set_position(kv - n)  # the timed steps end on the cache's last slot
         st = _time_calls(step, dev, cfg.decode_warmup, cfg.decode_reps)
@@ -383,6 +464,8 @@ def decode_point(
         "status": "ok",
         "graphs": graphs,
         "compiled": forward is not None,
+        "setup_s": setup_s,
+        "compiles": compiled_frames() - frames0 if forward is not None else 0,
         **st,
     }
     rec.update(
@@ -424,9 +507,7 @@ def sweep_model(
     from gac.utils import progress
 
     dev = model_device(model)
-    graphs = cfg.graphs if cfg.graphs is not None else dev.type == "cuda"
-    if graphs and dev.type != "cuda":
-        raise GacError("CUDA graphs were asked for, but the model is on CPU; drop --graphs or use a GPU")
+    graphs, compile_ = resolve_fast_path(cfg, dev)
     model.eval()
     wbytes = weight_bytes_per_step(model)
     out: dict[str, Any] = {
@@ -444,12 +525,19 @@ def sweep_model(
             "use 'default' or 'max-autotune-no-cudagraphs' (the decode step is captured by the sweep)"
         )
     mode = None if cfg.compile_mode in (None, "default") else cfg.compile_mode
-    if cfg.compile:
+    if compile_:
         # each variant compiles twice (before and after the lazy KV-cache allocation); without a
         # reset, the variants of one sweep add up to Dynamo's recompile limit and fall back to eager
         torch._dynamo.reset()
-    forward = torch.compile(model.forward, dynamic=False, mode=mode) if cfg.compile else None
-    out["compiled_decode"] = cfg.compile
+        # one static-shape compile per grid point (and two per decode point, before and after the
+        # lazy cache allocation): more than Dynamo's default limit of 8 per code object
+        for knob in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit"):
+            if hasattr(torch._dynamo.config, knob):
+                setattr(torch._dynamo.config, knob, max(256, getattr(torch._dynamo.config, knob)))
+    forward = torch.compile(model.forward, dynamic=False, mode=mode) if compile_ else None
+    out["compiled_decode"] = compile_
+    out["compiled_prefill"] = compile_
+    out["compile_mode"] = mode or ("default" if compile_ else None)
     grid_p = [(b, s) for b in cfg.prefill_batches for s in cfg.prefill_seqs]
     grid_d = [(b, k) for b in cfg.decode_batches for k in cfg.decode_kv]
     with progress() as p:
@@ -457,7 +545,7 @@ def sweep_model(
         for b, s in grid_p:
             out["prefill"].append(
                 _guard(
-                    lambda b=b, s=s: prefill_point(model, b, s, cfg),
+                    lambda b=b, s=s: prefill_point(model, b, s, cfg, forward, graphs),
                     {"phase": "prefill", "batch": b, "seq": s},
                     dev,
                 )
@@ -474,6 +562,9 @@ def sweep_model(
             )
             p.advance(task)
             _free(dev)
+    ok = [r for r in out["prefill"] + out["decode"] if r.get("status") == "ok"]
+    out["setup_s_total"] = sum(r.get("setup_s", 0.0) for r in ok)  # compile + capture, not in latency
+    out["compiles_total"] = sum(r.get("compiles", 0) for r in ok)
     if cfg.profile_kernels:
         out["kernels"] = {}
         with torch.no_grad():
@@ -483,10 +574,12 @@ def sweep_model(
                 out["kernels"]["prefill"] = {
                     "batch": b,
                     "seq": s,
-                    **kernel_summary(lambda: model(input_ids=ids, use_cache=False, logits_to_keep=1), dev),
+                    **kernel_summary(
+                        lambda: (forward or model)(input_ids=ids, use_cache=False, logits_to_keep=1), dev
+                    ),
                 }
                 b, k = grid_d[0]
-                step = DecodeStep(model, b, k, graphs=False)
+                step = DecodeStep(model, b, k, graphs=False, forward=forward)
                 step.set_position(k // 2)
                 out["kernels"]["decode"] = {"batch": b, "kv": k, **kernel_summary(step, dev)}
                 step.close()

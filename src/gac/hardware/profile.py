@@ -84,6 +84,12 @@ class OpRule:
         )
 
 
+#: Pseudo operator classes whose every dim is aligned: a count of whole KV-head groups (pruned
+#: attention) keeps every GEMM a multiple of head_dim, so it has no cliff of its own; the
+#: latency model prices its FLOPs at full efficiency.
+STRUCTURAL_OPS: dict[str, OpRule] = {"kv_groups": OpRule(modulus=1, prefer=1, class_efficiency={"1": 1.0})}
+
+
 @dataclass
 class Profile:
     """A shape contract for one GPU and dtype. Load with :func:`load_profile`."""
@@ -98,6 +104,8 @@ class Profile:
 
     # ------------------------------------------------------------------ rules
     def rule(self, op: str) -> OpRule:
+        if op in STRUCTURAL_OPS and op not in self.ops:
+            return STRUCTURAL_OPS[op]
         if op not in self.ops:
             raise GacError(
                 f"profile {self.id!r} has no operator class {op!r}; known: {', '.join(sorted(self.ops))}"

@@ -4,7 +4,7 @@ dimension inventory (:mod:`gac.models.inventory`)."""
 from __future__ import annotations
 
 from gac.models.adapters import ROLES, SUPPORTED, FamilyAdapter, get_adapter, in_features, out_features
-from gac.models.loading import ALIASES, LoadedModel, cache_root, load_model
+from gac.models.loading import ALIASES, LoadedModel, cache_root, load, load_model
 
 __all__ = [
     "ALIASES",
@@ -15,6 +15,7 @@ __all__ = [
     "cache_root",
     "get_adapter",
     "in_features",
+    "load",
     "load_model",
     "out_features",
 ]

@@ -1,36 +1,69 @@
-"""Per-family adapters: where the dims of a decoder-only LM live, in one place.
+"""Structural adapters: where the dims of any decoder-only LM live, found from its modules.
 
 Every part of gac that needs to find a projection, a norm or a head count asks the model's
-:class:`FamilyAdapter` (``get_adapter(model)``) instead of guessing module names.  Dims are read
-from the modules themselves (not only the config), so they stay right after pruning or
-factorization: ``intermediate(i)`` may differ per layer, and a projection may be an
-``nn.Linear`` or a :class:`gac.surgery.factorized.FactorizedLinear`.
+:class:`FamilyAdapter` (``get_adapter(model)``) instead of guessing module names.  The adapter is
+*discovered*, not looked up in a list of admitted families: the decoder layers are the model's
+longest ``ModuleList`` of identical blocks, the embeddings come from ``get_input_embeddings`` /
+``get_output_embeddings``, the attention and MLP of a layer are its children that hold linear
+projections, and the projections are named by role from a small table of the names
+``transformers`` uses (:data:`ROLE_NAMES`).  Dims are read from the modules themselves (not only
+the config), so they stay right after pruning or factorization: ``intermediate(i)`` may differ per
+layer, and a projection may be an ``nn.Linear`` or a :class:`gac.surgery.factorized.FactorizedLinear`.
+
+Layouts found this way (each tested on a tiny model built in code): separate q/k/v/o (Llama,
+Mistral, Qwen2 with q/k/v biases, Qwen3 with per-head q/k norms, OLMo-2 with full-width q/k norms
+and post-norms, Granite with its multipliers), fused qkv and gate_up (Phi-3), and other names with
+LayerNorm and a parallel residual (GPT-NeoX: ``query_key_value``, ``dense_h_to_4h``...).  Where a
+family really differs, :data:`EXCEPTIONS` says how (today: GPT-NeoX interleaves q/k/v per head).
 
 Example::
 
     ad = get_adapter(model)
     for i in range(ad.num_layers):
-        for role, fqn in ad.projections(i).items():   # role in ROLES
+        for role, fqn in ad.projections(i).items():   # role in ROLES (+ "qkv", "gate_up" when fused)
             mod = model.get_submodule(fqn)
             print(i, role, in_features(mod), out_features(mod))
 
-Supported families (``SUPPORTED``): Llama, Mistral, Qwen2 (biases on q/k/v), Qwen3 (RMSNorm on
-q and k over head_dim); grouped-query attention in all of them.
+A model whose structure cannot be understood gets one :class:`GacError` line naming the part that
+was not found.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from dataclasses import dataclass, field
+from typing import Any
 
 from torch import nn
 
 from gac.errors import GacError
 
-#: projection roles of one decoder layer, in forward order
+#: projection roles of one decoder layer, in forward order (unfused layout)
 ROLES: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
 ATTN_ROLES: tuple[str, ...] = ("q", "k", "v", "o")
 MLP_ROLES: tuple[str, ...] = ("gate", "up", "down")
+#: fused roles: ``qkv`` holds q, k and v; ``gate_up`` holds gate then up
+FUSED_ROLES: tuple[str, ...] = ("qkv", "gate_up")
+ALL_ROLES: tuple[str, ...] = ("q", "k", "v", "qkv", "o", "gate", "up", "gate_up", "down")
+
+#: child names that play each role, as transformers' models spell them
+ROLE_NAMES: dict[str, tuple[str, ...]] = {
+    "q": ("q_proj", "query", "wq"),
+    "k": ("k_proj", "key", "wk"),
+    "v": ("v_proj", "value", "wv"),
+    "qkv": ("qkv_proj", "query_key_value", "Wqkv", "W_pack", "c_attn"),
+    "o": ("o_proj", "dense", "out_proj", "wo", "c_proj"),
+    "gate": ("gate_proj", "w1"),
+    "up": ("up_proj", "w3", "fc1", "fc_in", "dense_h_to_4h", "c_fc"),
+    "gate_up": ("gate_up_proj",),
+    "down": ("down_proj", "w2", "fc2", "fc_out", "dense_4h_to_h", "c_proj"),
+}
+#: where a family really differs from what discovery assumes (keyed by ``config.model_type``)
+EXCEPTIONS: dict[str, dict[str, Any]] = {
+    "gpt_neox": {"qkv_layout": "interleaved"},  # query_key_value holds [q_h, k_h, v_h] per head
+}
+_ATTN_NAMES = ("self_attn", "attention", "attn", "self_attention")
+_MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe")
+_NO_ROTARY = "<no rotary embedding>"
 
 
 def out_features(mod: nn.Module) -> int:
@@ -43,39 +76,52 @@ def in_features(mod: nn.Module) -> int:
     return int(mod.in_features)
 
 
+def _is_linear(mod: nn.Module) -> bool:
+    from gac.surgery.factorized import FactorizedLinear
+
+    return isinstance(mod, nn.Linear | FactorizedLinear)
+
+
+def is_norm(mod: nn.Module) -> bool:
+    """A normalization module (RMSNorm or LayerNorm of any family)."""
+    return isinstance(mod, nn.LayerNorm) or type(mod).__name__.endswith("Norm")
+
+
+def is_rms_norm(mod: nn.Module) -> bool:
+    """An RMSNorm (no mean subtraction, no bias): exactly paddable with zeros."""
+    return is_norm(mod) and not isinstance(mod, nn.LayerNorm) and getattr(mod, "bias", None) is None
+
+
+def _fqn_of(model: nn.Module, target: nn.Module | None) -> str | None:
+    if target is None:
+        return None
+    for name, mod in model.named_modules():
+        if mod is target:
+            return name
+    return None
+
+
 @dataclass
 class FamilyAdapter:
-    """The layout of one model of a supported family.
+    """The layout of one decoder-only causal LM, discovered from its modules.
 
     Attributes:
         model: the ``*ForCausalLM`` module.
     """
 
     model: nn.Module
-
-    family: ClassVar[str] = "?"
-    model_types: ClassVar[tuple[str, ...]] = ()
-    #: attribute names of the projections inside ``self_attn`` / ``mlp``
-    _attr: ClassVar[dict[str, str]] = {
-        "q": "self_attn.q_proj",
-        "k": "self_attn.k_proj",
-        "v": "self_attn.v_proj",
-        "o": "self_attn.o_proj",
-        "gate": "mlp.gate_proj",
-        "up": "mlp.up_proj",
-        "down": "mlp.down_proj",
-    }
-    #: True when q and k pass through an RMSNorm over head_dim (Qwen3)
-    has_qk_norm: ClassVar[bool] = False
-    #: True when q/k/v carry biases by design (Qwen2)
-    has_qkv_bias: ClassVar[bool] = False
-
-    # ---------------------------------------------------------------- layout
-    layers_fqn: ClassVar[str] = "model.layers"
-    embed_fqn: ClassVar[str] = "model.embed_tokens"
-    final_norm_fqn: ClassVar[str] = "model.norm"
-    rotary_fqn: ClassVar[str] = "model.rotary_emb"
-    lm_head_fqn: ClassVar[str] = "lm_head"
+    family: str = "?"
+    layers_fqn: str = "model.layers"
+    embed_fqn: str = "model.embed_tokens"
+    final_norm_fqn: str = "model.norm"
+    rotary_fqn: str = "model.rotary_emb"
+    lm_head_fqn: str = "lm_head"
+    attn_name: str = "self_attn"
+    mlp_name: str = "mlp"
+    #: role -> path of the projection inside a layer (e.g. ``self_attn.q_proj``)
+    _attr: dict[str, str] = field(default_factory=dict)
+    #: how a fused qkv is laid out: ``blocked`` ([q | k | v], Phi-3) or ``interleaved`` (per head)
+    qkv_layout: str = "blocked"
 
     @property
     def config(self):
@@ -94,40 +140,75 @@ class FamilyAdapter:
         return f"{self.layers_fqn}.{i}"
 
     def attention_fqn(self, i: int) -> str:
-        return f"{self.layer_fqn(i)}.self_attn"
+        return f"{self.layer_fqn(i)}.{self.attn_name}"
 
     def mlp_fqn(self, i: int) -> str:
-        return f"{self.layer_fqn(i)}.mlp"
+        return f"{self.layer_fqn(i)}.{self.mlp_name}"
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """The roles present in this layout, in forward order."""
+        return tuple(r for r in ALL_ROLES if r in self._attr)
+
+    @property
+    def fused_qkv(self) -> bool:
+        return "qkv" in self._attr
+
+    @property
+    def fused_gate_up(self) -> bool:
+        return "gate_up" in self._attr
+
+    @property
+    def gated(self) -> bool:
+        """True when the MLP multiplies an activated gate by an up projection."""
+        return "gate" in self._attr or "gate_up" in self._attr
 
     def projection(self, i: int, role: str) -> str:
-        """Fully qualified name of projection ``role`` (one of :data:`ROLES`) of layer ``i``."""
+        """Fully qualified name of projection ``role`` of layer ``i``."""
         if role not in self._attr:
-            raise GacError(f"unknown projection role {role!r}; roles: {', '.join(ROLES)}")
+            raise GacError(
+                f"this {self.family} layout has no {role!r} projection; its roles: {', '.join(self.roles)}"
+            )
         return f"{self.layer_fqn(i)}.{self._attr[role]}"
 
     def projections(self, i: int) -> dict[str, str]:
         """``role -> fqn`` for every projection of layer ``i``."""
-        return {r: self.projection(i, r) for r in ROLES}
+        return {r: self.projection(i, r) for r in self.roles}
 
     def all_projections(self) -> list[tuple[int, str, str]]:
         """``(layer, role, fqn)`` for every projection of the model."""
         return [(i, r, f) for i in range(self.num_layers) for r, f in self.projections(i).items()]
 
     def layer_norm_fqns(self, i: int) -> list[str]:
-        """RMSNorms over the hidden size in layer ``i`` (input and post-attention)."""
-        return [f"{self.layer_fqn(i)}.input_layernorm", f"{self.layer_fqn(i)}.post_attention_layernorm"]
+        """Norms over the hidden size in layer ``i`` (input, post-attention, post-feed-forward...)."""
+        layer = self.model.get_submodule(self.layer_fqn(i))
+        out = []
+        for name, mod in layer.named_modules():
+            if not name or name.split(".")[0] in (self.attn_name, self.mlp_name) or not is_norm(mod):
+                continue
+            out.append(f"{self.layer_fqn(i)}.{name}")
+        return out
 
     def hidden_norm_fqns(self) -> list[str]:
-        """Every RMSNorm over the hidden size (all layers, then the final norm)."""
+        """Every norm over the hidden size (all layers, then the final norm)."""
         out = [f for i in range(self.num_layers) for f in self.layer_norm_fqns(i)]
-        return [*out, self.final_norm_fqn]
+        return [*out, self.final_norm_fqn] if self.final_norm_fqn else out
 
     def qk_norm_fqns(self, i: int) -> list[str]:
-        """RMSNorms over head_dim on q and k in layer ``i`` (empty unless the family has them)."""
-        if not self.has_qk_norm:
-            return []
-        a = self.attention_fqn(i)
-        return [f"{a}.q_norm", f"{a}.k_norm"]
+        """Norms on q and k inside the attention of layer ``i`` (per head or full width; may be empty)."""
+        attn = self.model.get_submodule(self.attention_fqn(i))
+        return [f"{self.attention_fqn(i)}.{n}" for n, m in attn.named_modules() if n and is_norm(m)]
+
+    @property
+    def has_qk_norm(self) -> bool:
+        return self.num_layers > 0 and bool(self.qk_norm_fqns(0))
+
+    @property
+    def has_qkv_bias(self) -> bool:
+        if self.num_layers == 0:
+            return False
+        role = "qkv" if self.fused_qkv else "q"
+        return getattr(self._mod(self.projection(0, role)), "bias", None) is not None
 
     # ------------------------------------------------------------------ dims
     def _mod(self, fqn: str) -> nn.Module:
@@ -156,13 +237,18 @@ class FamilyAdapter:
         if self.num_layers == 0:
             return int(getattr(self.config, "head_dim", None) or self.hidden // self.heads)
         attn = self._mod(self.attention_fqn(0))
-        return int(
-            getattr(attn, "head_dim", None) or out_features(self._mod(self.projection(0, "q"))) // self.heads
-        )
+        hd = getattr(attn, "head_dim", None) or getattr(attn, "head_size", None)
+        if hd:
+            return int(hd)
+        if self.fused_qkv:
+            return out_features(self._mod(self.projection(0, "qkv"))) // (self.heads + 2 * self.kv_heads)
+        return out_features(self._mod(self.projection(0, "q"))) // self.heads
 
     def intermediate(self, i: int) -> int:
         """MLP width of layer ``i`` (may differ per layer after pruning)."""
-        return out_features(self._mod(self.projection(i, "gate")))
+        if self.fused_gate_up:
+            return out_features(self._mod(self.projection(i, "gate_up"))) // 2
+        return out_features(self._mod(self.projection(i, "gate" if "gate" in self._attr else "up")))
 
     @property
     def tied_embeddings(self) -> bool:
@@ -170,6 +256,11 @@ class FamilyAdapter:
         head = self._mod(self.lm_head_fqn)
         emb = self._mod(self.embed_fqn)
         return getattr(head, "weight", None) is emb.weight
+
+    @property
+    def parallel_residual(self) -> bool:
+        """True when attention and MLP read the same input (GPT-NeoX, Phi-1/2)."""
+        return bool(getattr(self.config, "use_parallel_residual", False))
 
     def summary(self) -> dict[str, object]:
         """The headline dims, JSON-ready."""
@@ -183,58 +274,139 @@ class FamilyAdapter:
             "intermediate": [self.intermediate(i) for i in range(self.num_layers)],
             "vocab": self.vocab,
             "tied_embeddings": self.tied_embeddings,
+            "roles": list(self.roles),
         }
 
 
-class LlamaAdapter(FamilyAdapter):
-    family = "llama"
-    model_types = ("llama",)
+#: model types whose whole pipeline (analyze, exact repair, compression, save/load) the test suite
+#: runs on tiny models; any other decoder-only model is discovered the same way
+SUPPORTED: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "gpt_neox", "granite")
 
 
-class MistralAdapter(FamilyAdapter):
-    family = "mistral"
-    model_types = ("mistral",)
+def _find_layers(model: nn.Module) -> str:
+    best: tuple[int, str] | None = None
+    no_linear: tuple[int, str, set[str]] | None = None
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.ModuleList) and len({type(m) for m in mod}) <= 1:
+            n = len(mod)
+            if n and not any(_is_linear(m) for m in mod[0].modules()):
+                if no_linear is None or n > no_linear[0]:
+                    kinds = {type(m).__name__ for m in mod[0].modules() if not list(m.children())}
+                    no_linear = (n, name, kinds)
+                continue
+            if n == 0 and not name.endswith(("layers", ".h", "blocks")):
+                continue
+            if best is None or n > best[0]:
+                best = (n, name)
+    if best is None and no_linear is not None:
+        n, name, kinds = no_linear
+        raise GacError(
+            f"{type(model).__name__}: the blocks of {name} hold no nn.Linear projections "
+            f"(they hold {', '.join(sorted(kinds))}); gac finds projections as nn.Linear"
+        )
+    if best is None:
+        raise GacError(
+            f"{type(model).__name__}: no decoder layers found (no ModuleList of identical blocks holding "
+            f"linear projections)"
+        )
+    return best[1]
 
 
-class Qwen2Adapter(FamilyAdapter):
-    family = "qwen2"
-    model_types = ("qwen2",)
-    has_qkv_bias = True
+def _child(layer: nn.Module, names: tuple[str, ...], word: str) -> str | None:
+    kids = dict(layer.named_children())
+    for n in names:
+        if n in kids:
+            return n
+    for n, m in kids.items():
+        if word in type(m).__name__.lower():
+            return n
+    return None
 
 
-class Qwen3Adapter(FamilyAdapter):
-    family = "qwen3"
-    model_types = ("qwen3",)
-    has_qk_norm = True
+def _roles_in(parent: nn.Module, roles: tuple[str, ...]) -> dict[str, str]:
+    kids = {n: m for n, m in parent.named_children() if _is_linear(m)}
+    out: dict[str, str] = {}
+    for r in roles:
+        for n in ROLE_NAMES[r]:
+            if n in kids and n not in out.values():
+                out[r] = n
+                break
+    return out
 
 
-_ADAPTERS: tuple[type[FamilyAdapter], ...] = (LlamaAdapter, MistralAdapter, Qwen2Adapter, Qwen3Adapter)
-#: family names gac supports, for messages and docs
-SUPPORTED: tuple[str, ...] = tuple(a.family for a in _ADAPTERS)
+def _describe(parent: nn.Module) -> str:
+    kids = [f"{n} ({type(m).__name__})" for n, m in parent.named_children()]
+    return ", ".join(kids) or "nothing"
 
 
 def get_adapter(model: nn.Module) -> FamilyAdapter:
-    """The adapter for ``model`` (a ``*ForCausalLM`` of a supported family).
+    """The structural adapter for ``model`` (any ``transformers`` decoder-only ``*ForCausalLM``).
 
     Raises:
-        GacError: the architecture is not one of :data:`SUPPORTED`.
+        GacError: one line naming the part of the structure that was not found.
     """
     cfg = getattr(model, "config", None)
-    mt = getattr(cfg, "model_type", None)
-    for cls in _ADAPTERS:
-        if mt in cls.model_types:
-            ad = cls(model)
-            try:
-                model.get_submodule(ad.layers_fqn)
-                model.get_submodule(ad.embed_fqn)
-            except AttributeError:
-                raise GacError(
-                    f"{type(model).__name__} is a {mt} model without a causal-LM head layout "
-                    f"({ad.layers_fqn}); load it with AutoModelForCausalLM"
-                ) from None
-            return ad
-    arch = ", ".join(getattr(cfg, "architectures", None) or []) or type(model).__name__
-    raise GacError(
-        f"unsupported architecture {arch} (model_type {mt!r}); gac supports the families: "
-        f"{', '.join(SUPPORTED)}"
+    mt = getattr(cfg, "model_type", None) or type(model).__name__
+    arch = type(model).__name__
+    if cfg is None or getattr(cfg, "num_attention_heads", None) is None:
+        raise GacError(f"{arch}: no config with num_attention_heads (not a transformers decoder-only LM)")
+    get_in = getattr(model, "get_input_embeddings", None)
+    get_out = getattr(model, "get_output_embeddings", None)
+    embed = _fqn_of(model, get_in() if get_in else None)
+    head = _fqn_of(model, get_out() if get_out else None)
+    if embed is None:
+        raise GacError(f"{arch}: no input embedding found (get_input_embeddings)")
+    if head is None:
+        raise GacError(
+            f"{arch} ({mt}) has no language-model head (get_output_embeddings): load it with AutoModelForCausalLM"
+        )
+    layers_fqn = _find_layers(model)
+    layers = model.get_submodule(layers_fqn)
+    ad = FamilyAdapter(
+        model,
+        family=str(mt),
+        layers_fqn=layers_fqn,
+        embed_fqn=embed,
+        lm_head_fqn=head,
+        **EXCEPTIONS.get(mt, {}),
     )
+    inside = layers_fqn + "."
+    norms = [n for n, m in model.named_modules() if is_norm(m) and not n.startswith(inside)]
+    ad.final_norm_fqn = norms[-1] if norms else ""
+    rot = [n for n, m in model.named_modules() if hasattr(m, "inv_freq") and not n.startswith(inside)]
+    ad.rotary_fqn = rot[0] if rot else _NO_ROTARY
+    if len(layers) == 0:
+        ad._attr = {r: f"{ad.attn_name if r in ATTN_ROLES else ad.mlp_name}.{r}_proj" for r in ROLES}
+        return ad
+    layer0 = layers[0]
+    attn = _child(layer0, _ATTN_NAMES, "attention")
+    if attn is None:
+        raise GacError(f"{arch}: no attention found in {layers_fqn}.0 (it holds {_describe(layer0)})")
+    mlp = _child(layer0, _MLP_NAMES, "mlp")
+    if mlp is None:
+        raise GacError(f"{arch}: no MLP found in {layers_fqn}.0 (it holds {_describe(layer0)})")
+    ad.attn_name, ad.mlp_name = attn, mlp
+    a = _roles_in(getattr(layer0, attn), ("q", "k", "v", "qkv", "o"))
+    if not ({"q", "k", "v"} <= a.keys() or "qkv" in a) or "o" not in a:
+        raise GacError(
+            f"{arch}: attention projections not found in {layers_fqn}.0.{attn} (need q/k/v or a fused qkv, and o "
+            f"as nn.Linear; it holds {_describe(getattr(layer0, attn))})"
+        )
+    if "qkv" in a:
+        a = {r: n for r, n in a.items() if r in ("qkv", "o")}
+    m = _roles_in(getattr(layer0, mlp), ("gate", "up", "gate_up", "down"))
+    if "down" not in m or not ("up" in m or "gate_up" in m):
+        raise GacError(
+            f"{arch}: MLP projections not found in {layers_fqn}.0.{mlp} (need gate/up/down, a fused gate_up, "
+            f"or fc1/fc2 as nn.Linear; it holds {_describe(getattr(layer0, mlp))})"
+        )
+    if "gate_up" in m:
+        m = {r: n for r, n in m.items() if r in ("gate_up", "down")}
+    ad._attr = {**{r: f"{attn}.{n}" for r, n in a.items()}, **{r: f"{mlp}.{n}" for r, n in m.items()}}
+    for i in range(1, len(layers)):
+        for r, f in ad.projections(i).items():
+            try:
+                model.get_submodule(f)
+            except AttributeError:
+                raise GacError(f"{arch}: layer {i} lacks the {r} projection that layer 0 has ({f})") from None
+    return ad

@@ -63,9 +63,67 @@ def cache_root() -> Path:
     return Path(os.environ.get("GAC_CACHE") or Path.home() / ".cache" / "gac").expanduser()
 
 
+def load(
+    spec: str | os.PathLike[str],
+    dtype: torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+    trust_remote_code: bool = False,
+) -> nn.Module:
+    """``gac.load``: the one loader for every directory gac writes and any Hugging Face model.
+
+    Reads gac-saved (compressed, pruned, PaLU) directories, repaired directories, plain Hugging Face
+    directories, GGUF files, aliases and hub ids (see the module docstring); the tokenizer, when
+    there is one, is attached as ``model.gac_tokenizer`` and the origin as ``model.gac_source``.
+
+    Args:
+        spec: what to load.
+        dtype: parameter dtype (default: as saved for gac directories, float32 otherwise).
+        device: where the parameters go.
+        trust_remote_code: allow a model's own Python code (off by default; gac never needs it).
+
+    Raises:
+        GacError: not a model, pickle weights, remote code, or a schema newer than this gac.
+    """
+    lm = load_model(spec, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+    lm.model.gac_tokenizer = lm.tokenizer  # type: ignore[attr-defined]
+    lm.model.gac_source = lm.source  # type: ignore[attr-defined]
+    return lm.model
+
+
+#: weight files that are Python pickles (loading one can run arbitrary code)
+PICKLE_SUFFIXES: tuple[str, ...] = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
+
+
+def check_dir_safe(p: Path, trust_remote_code: bool = False) -> None:
+    """Refuse a directory whose loading could run code: pickle weights, or ``auto_map`` remote code.
+
+    Raises:
+        GacError: one line saying which file and why.
+    """
+    if not any(p.glob("*.safetensors")):
+        pickles = sorted(f.name for f in p.iterdir() if f.suffix.lower() in PICKLE_SUFFIXES)
+        if pickles:
+            raise GacError(
+                f"{p} holds pickle weights ({pickles[0]}) and no .safetensors: gac does not unpickle "
+                f"(it can run code on load); convert them to safetensors first"
+            )
+    cfg = p / "config.json"
+    if not trust_remote_code and cfg.is_file():
+        try:
+            auto_map = json.loads(cfg.read_text()).get("auto_map")
+        except (json.JSONDecodeError, AttributeError):
+            auto_map = None
+        if auto_map:
+            first = next(iter(auto_map.values())) if isinstance(auto_map, dict) else auto_map
+            raise GacError(
+                f"{cfg} maps the model to remote code ({first}): gac runs no code from a model "
+                f"directory; pass trust_remote_code=True only if you trust it"
+            )
+
+
 def load_model(
     spec: str | os.PathLike[str],
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | None = torch.float32,
     device: str | torch.device = "cpu",
     trust_remote_code: bool = False,
 ) -> LoadedModel:
@@ -82,7 +140,7 @@ def load_model(
     """
     s = str(spec)
     if s.lower() in ALIASES:
-        lm = _load_alias(s.lower(), dtype, device)
+        lm = _load_alias(s.lower(), dtype or torch.float32, device)
     else:
         p = Path(s).expanduser()
         if p.is_dir():
@@ -93,11 +151,11 @@ def load_model(
                     f"{p} is a file but not a model: expected a .gguf file, a model directory, "
                     f"a hub id or an alias ({', '.join(ALIASES)})"
                 )
-            lm = _load_gguf(p, dtype, device)
+            lm = _load_gguf(p, dtype or torch.float32, device)
         elif p.exists() or _looks_local(s):
             raise GacError(f"{s} is not a model: no such file or directory")
         elif _HUB_ID.match(s):
-            lm = _load_hub(s, dtype, device, trust_remote_code)
+            lm = _load_hub(s, dtype or torch.float32, device, trust_remote_code)
         else:
             raise GacError(
                 f"{s!r} is not a model: not an alias ({', '.join(ALIASES)}), a local path or a hub id"
@@ -160,9 +218,11 @@ def _load_hf_dir(
 
 
 def _load_dir(
-    p: Path, dtype: torch.dtype, device: str | torch.device, trust_remote_code: bool
+    p: Path, dtype: torch.dtype | None, device: str | torch.device, trust_remote_code: bool
 ) -> LoadedModel:
-    """Check ``p``'s config before allocating, then load; a corrupt directory is one GacError."""
+    """Refuse code-running inputs, check ``p``'s config before allocating, then load; a corrupt
+    directory is one GacError."""
+    check_dir_safe(p, trust_remote_code)
     from gac.guard import check_model_dir_config
 
     check_model_dir_config(p, torch.empty(0, dtype=dtype).element_size())
@@ -200,12 +260,12 @@ def _load_dir_checked(
     if (p / "gac_repair.json").is_file():
         from gac.surgery.repair import load_repaired
 
-        model = load_repaired(p, dtype=dtype, device=device)
+        model = load_repaired(p, dtype=dtype or torch.float32, device=device)
         return LoadedModel(
             model, _tokenizer(p), {"id": str(p), "kind": "repaired", "revision": None, "path": str(p)}
         )
     if (p / "config.json").is_file():
-        model = _load_hf_dir(p, dtype, device, trust_remote_code)
+        model = _load_hf_dir(p, dtype or torch.float32, device, trust_remote_code)
         return LoadedModel(
             model,
             _tokenizer(p, trust_remote_code=trust_remote_code),
@@ -213,7 +273,7 @@ def _load_dir_checked(
         )
     ggufs = sorted(p.glob("*.gguf"))
     if len(ggufs) == 1:
-        return _load_gguf(ggufs[0], dtype, device)
+        return _load_gguf(ggufs[0], dtype or torch.float32, device)
     raise GacError(
         f"{p} is not a model directory: no config.json, gac_config.json or single .gguf file in it"
     )

@@ -26,6 +26,7 @@ what the config cannot express (attention scales, norm eps, rotary frequencies, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -37,9 +38,9 @@ from torch import nn
 
 from gac import __version__
 from gac.alignment import round_up
-from gac.errors import GacError
+from gac.errors import GacError, check_schema
 from gac.hardware.profile import Profile, load_profile
-from gac.models.adapters import FamilyAdapter, get_adapter, in_features, out_features
+from gac.models.adapters import FamilyAdapter, get_adapter, in_features, is_rms_norm, out_features
 from gac.surgery.factorized import FactorizedLinear, replace_module
 from gac.surgery.padding import (
     head_end_placement,
@@ -96,6 +97,7 @@ class RepairReport:
     params_after: int = 0
     predicted_speedup: float = 1.0
     tokens: int = 2048
+    notes: list[str] = field(default_factory=list)
 
     @property
     def noop(self) -> bool:
@@ -163,6 +165,8 @@ def _rope_ok(model: nn.Module, ad: FamilyAdapter) -> str | None:
         rot = model.get_submodule(ad.rotary_fqn)
     except AttributeError:
         return "no rotary embedding module found"
+    if ad.fused_qkv and ad.qkv_layout != "blocked":
+        return f"the fused qkv of {ad.family} is {ad.qkv_layout} per head, which head_dim padding does not handle"
     rt = getattr(rot, "rope_type", "default")
     if isinstance(rt, dict) or rt not in _STATIC_ROPE:
         return f"RoPE type {rt!r} recomputes its frequencies at run time"
@@ -244,7 +248,13 @@ def repair_(
     plan: dict[str, Any] = {}
     h = ad.hidden
     if target("hidden", h) != h:
-        plan["hidden"] = (h, target("hidden", h))
+        ln = [f for f in ad.hidden_norm_fqns() if not is_rms_norm(model.get_submodule(f))]
+        if ln:
+            report.skipped.append(
+                f"hidden {h}: {ln[0]} is a LayerNorm (mean-centred), which zero channels would change"
+            )
+        else:
+            plan["hidden"] = (h, target("hidden", h))
     inter = {
         i: (ad.intermediate(i), target("intermediate", ad.intermediate(i))) for i in range(ad.num_layers)
     }
@@ -284,8 +294,12 @@ def repair_(
             report.changes.append(DimChange("rank", name, r, r_new))
     for i, (d, d_new) in plan["intermediate"].items():
         p = ad.projections(i)
-        pad_out_(model.get_submodule(p["gate"]), d_new)
-        pad_out_(model.get_submodule(p["up"]), d_new)
+        if "gate_up" in p:  # fused [gate | up]: each half grows separately
+            halves = torch.cat([torch.arange(d), d_new + torch.arange(d)])
+            pad_out_(model.get_submodule(p["gate_up"]), 2 * d_new, halves)
+        for role in ("gate", "up"):  # fc1/fc2 MLPs have "up" only: act(0) = 0 keeps the zeros
+            if role in p:
+                pad_out_(model.get_submodule(p[role]), d_new)
         pad_in_(model.get_submodule(p["down"]), d_new)
         mlp = model.get_submodule(ad.mlp_fqn(i))
         if hasattr(mlp, "intermediate_size"):
@@ -293,8 +307,10 @@ def repair_(
         report.changes.append(DimChange("intermediate", ad.mlp_fqn(i), d, d_new))
     if "head_dim" in plan:
         d, d_new = plan["head_dim"]
-        _pad_head_dim(model, ad, d, d_new)
+        why = _pad_head_dim(model, ad, d, d_new)
         report.changes.append(DimChange("head_dim", "model", d, d_new))
+        if why is not None:
+            report.notes.append(f"head_dim {d} -> {d_new} needs gac's loader: {why}")
     if "hidden" in plan:
         d, d_new = plan["hidden"]
         _pad_hidden(model, ad, d, d_new)
@@ -306,24 +322,107 @@ def repair_(
     return report
 
 
-def _pad_head_dim(model: nn.Module, ad: FamilyAdapter, d: int, d_new: int) -> None:
+def _pad_head_dim(model: nn.Module, ad: FamilyAdapter, d: int, d_new: int) -> str | None:
+    """Pad head_dim ``d -> d_new``; returns None when the result is expressible by a plain config
+    (``rope_theta' = rope_theta^(d'/d)``, q scaled by ``sqrt(d'/d)``), else why it needs gac's loader."""
     nq, nkv = ad.heads, ad.kv_heads
-    for i in range(ad.num_layers):
-        p = ad.projections(i)
-        pad_out_(model.get_submodule(p["q"]), nq * d_new, rope_head_placement(nq, d, d_new))
-        pad_out_(model.get_submodule(p["k"]), nkv * d_new, rope_head_placement(nkv, d, d_new))
-        pad_out_(model.get_submodule(p["v"]), nkv * d_new, head_end_placement(nkv, d, d_new))
-        pad_in_(model.get_submodule(p["o"]), nq * d_new, head_end_placement(nq, d, d_new))
-        for f in ad.qk_norm_fqns(i):
-            pad_rmsnorm_(model.get_submodule(f), d_new, rope_head_placement(1, d, d_new))
-        attn = model.get_submodule(ad.attention_fqn(i))
-        attn.scaling = float(getattr(attn, "scaling", d**-0.5))  # keep 1/sqrt(d), not 1/sqrt(d_new)
-        attn.head_dim = d_new
     rot = model.get_submodule(ad.rotary_fqn)
     inv = rot.inv_freq
+    plain = _plain_rope(model, ad, rot, d, d_new)
+    why = plain if isinstance(plain, str) else None
+    gain = (d_new / d) ** 0.5
+    for i in range(ad.num_layers):
+        p = ad.projections(i)
+        q_rows = None
+        if "qkv" in p:  # blocked [q | k | v] (interleaved layouts are refused by _rope_ok)
+            placement = torch.cat(
+                [
+                    rope_head_placement(nq, d, d_new),
+                    nq * d_new + rope_head_placement(nkv, d, d_new),
+                    (nq + nkv) * d_new + head_end_placement(nkv, d, d_new),
+                ]
+            )
+            pad_out_(model.get_submodule(p["qkv"]), (nq + 2 * nkv) * d_new, placement)
+            q_rows = nq * d_new
+        else:
+            pad_out_(model.get_submodule(p["q"]), nq * d_new, rope_head_placement(nq, d, d_new))
+            pad_out_(model.get_submodule(p["k"]), nkv * d_new, rope_head_placement(nkv, d, d_new))
+            pad_out_(model.get_submodule(p["v"]), nkv * d_new, head_end_placement(nkv, d, d_new))
+        pad_in_(model.get_submodule(p["o"]), nq * d_new, head_end_placement(nq, d, d_new))
+        for f in ad.qk_norm_fqns(i):  # per head (Qwen3) or over all heads (OLMo-2)
+            norm = model.get_submodule(f)
+            n = norm.weight.numel() // d
+            pad_rmsnorm_(norm, n * d_new, rope_head_placement(n, d, d_new))
+        attn = model.get_submodule(ad.attention_fqn(i))
+        if why is None:
+            # softmax scale 1/sqrt(d) = (q * sqrt(d'/d)) . k / sqrt(d'): fold the gain into q (or q's norm)
+            qn = [f for f in ad.qk_norm_fqns(i) if f.rpartition(".")[2].startswith("q")]
+            target = model.get_submodule(qn[0]) if qn else model.get_submodule(p.get("q") or p["qkv"])
+            _scale_out_(target, gain, None if qn else q_rows)
+            attn.scaling = d_new**-0.5
+        else:
+            attn.scaling = float(getattr(attn, "scaling", d**-0.5))  # keep 1/sqrt(d), not 1/sqrt(d_new)
+        attn.head_dim = d_new
+    if why is None:
+        new_cfg, new_inv = plain
+        model.config.rope_parameters = new_cfg.rope_parameters
+        if hasattr(new_cfg, "rope_theta") and not isinstance(
+            getattr(type(new_cfg), "rope_theta", None), property
+        ):
+            with contextlib.suppress(AttributeError):
+                model.config.rope_theta = new_cfg.rope_theta
+        _set_inv_freq(rot, new_inv.to(dtype=inv.dtype, device=inv.device))
+        return None
     new_inv = torch.zeros(d_new // 2, dtype=inv.dtype, device=inv.device)
     new_inv[: inv.numel()] = inv  # original pairs keep their frequencies; padded pairs hold zeros
     _set_inv_freq(rot, new_inv)
+    return why
+
+
+def _scale_out_(mod: nn.Module, gain: float, rows: int | None = None) -> None:
+    """Multiply a module's output (its first ``rows`` outputs when given) by ``gain``: a Linear's
+    weight and bias, a factorized layer's ``u``, or a norm's weight."""
+    mod = getattr(mod, "u", mod)  # FactorizedLinear: the output side
+    with torch.no_grad():
+        for name in ("weight", "bias"):
+            t = getattr(mod, name, None)
+            if isinstance(t, torch.Tensor):
+                part = t if rows is None else t[:rows]
+                part.copy_((part.double() * gain).to(t.dtype))
+
+
+def _plain_rope(model: nn.Module, ad: FamilyAdapter, rot: nn.Module, d: int, d_new: int) -> Any:
+    """``(config, inv_freq)`` of a config with head_dim ``d_new`` whose rotary embedding keeps every
+    original frequency exactly (``rope_theta' = rope_theta^(d'/d)``), or a string saying why none does."""
+    import copy
+
+    cfg = model.config
+    rp = getattr(cfg, "rope_parameters", None)
+    if not isinstance(rp, dict) or "rope_theta" not in rp:
+        return "the config has no single rope_parameters['rope_theta'] to rescale"
+    attn = model.get_submodule(ad.attention_fqn(0))
+    if abs(float(getattr(attn, "scaling", d**-0.5)) - d**-0.5) > 1e-12 * d**-0.5:
+        return "the attention scale is not 1/sqrt(head_dim)"
+    new = copy.deepcopy(cfg)
+    new.head_dim = d_new
+    new.rope_parameters = {**rp, "rope_theta": float(rp["rope_theta"]) ** (d_new / d)}
+    try:
+        fresh = type(rot)(config=new)
+    except Exception as e:  # noqa: BLE001 - any refusal means "no exact config"
+        return f"the rotary embedding cannot be rebuilt for head_dim {d_new} ({type(e).__name__})"
+    old_inv = rot.inv_freq.detach().double().cpu()
+    new_inv = fresh.inv_freq.detach().double().cpu()
+    if new_inv.numel() != d_new // 2 or not torch.allclose(
+        new_inv[: old_inv.numel()], old_inv, rtol=1e-6, atol=0
+    ):
+        rt = rp.get("rope_type", "default")
+        return f"RoPE type {rt!r} has no rope_theta that keeps the original frequencies at head_dim {d_new}"
+    if (
+        abs(float(getattr(fresh, "attention_scaling", 1.0)) - float(getattr(rot, "attention_scaling", 1.0)))
+        > 1e-12
+    ):
+        return "the rotary attention scaling depends on head_dim"
+    return new, fresh.inv_freq.detach().float()
 
 
 def _set_inv_freq(rot: nn.Module, inv: torch.Tensor) -> None:
@@ -338,8 +437,9 @@ def _pad_hidden(model: nn.Module, ad: FamilyAdapter, d: int, d_new: int) -> None
     pad_embedding_(emb, d_new)
     for i in range(ad.num_layers):
         p = ad.projections(i)
-        for role in ("q", "k", "v", "gate", "up"):
-            pad_in_(model.get_submodule(p[role]), d_new)
+        for role in ("q", "k", "v", "qkv", "gate", "up", "gate_up"):
+            if role in p:
+                pad_in_(model.get_submodule(p[role]), d_new)
         for role in ("o", "down"):
             pad_out_(model.get_submodule(p[role]), d_new)
     for f in ad.hidden_norm_fqns():
@@ -359,6 +459,46 @@ def _sync_config(model: nn.Module, ad: FamilyAdapter) -> None:
     cfg.head_dim = ad.head_dim
     inter = {ad.intermediate(i) for i in range(ad.num_layers)}
     cfg.intermediate_size = max(inter)
+    eps = {
+        m.variance_epsilon for m in model.modules() if isinstance(getattr(m, "variance_epsilon", None), float)
+    }
+    if len(eps) == 1 and hasattr(cfg, "rms_norm_eps"):
+        cfg.rms_norm_eps = eps.pop()  # hidden padding scales every norm's eps by d/d_pad
+
+
+def plain_mismatch(model: nn.Module, config_dir: str | Path) -> str | None:
+    """None when ``AutoModelForCausalLM.from_pretrained(config_dir)`` (config only, no gac) rebuilds
+    ``model``'s runtime state exactly (attention scales, norm eps, rotary frequencies, module shapes);
+    else the first difference, in words."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:
+        no_init_weights = contextlib.nullcontext
+    try:
+        config = AutoConfig.from_pretrained(str(config_dir))
+    except (OSError, ValueError) as e:
+        return f"config.json does not load ({str(e).splitlines()[0]})"
+    try:
+        with no_init_weights():
+            fresh = AutoModelForCausalLM.from_config(config)
+    except Exception as e:  # noqa: BLE001 - any refusal means "not plain"
+        return f"transformers cannot build the model from config.json ({type(e).__name__})"
+    want, got = runtime_state(model), runtime_state(fresh)
+    for name, s in want["attention_scaling"].items():
+        if abs(got["attention_scaling"].get(name, float("nan")) - s) > 1e-9 * abs(s):
+            return f"attention scale of {name} differs from the config's"
+    for name, e in want["norm_eps"].items():
+        if abs(got["norm_eps"].get(name, float("nan")) - e) > 1e-9 * abs(e) + 1e-30:
+            return f"eps of {name} differs from the config's rms_norm_eps"
+    a, b = torch.tensor(want["inv_freq"]), torch.tensor(got["inv_freq"])
+    if a.shape != b.shape or not torch.allclose(a, b, rtol=1e-6, atol=0):
+        return "the rotary frequencies are not those the config gives"
+    for name, spec in want["modules"].items():
+        if got["modules"].get(name) != spec:
+            return f"{name} has a shape the config cannot express ({spec['type']} {spec.get('out')}x{spec['in']})"
+    return None
 
 
 # ----------------------------------------------------------------------------- save / load
@@ -450,6 +590,10 @@ def save_repaired(
             "config_overrides": overrides,
             "runtime": runtime_state(model),
         }
+        why = plain_mismatch(model, tmp)
+        doc["plain_transformers"] = why is None
+        if why is not None:
+            doc["plain_transformers_why_not"] = why
         (tmp / "gac_repair.json").write_text(json.dumps(doc, indent=1))
     return out
 
@@ -501,21 +645,30 @@ def load_repaired(
         doc = json.loads((path / "gac_repair.json").read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise GacError(f"{path} has no readable gac_repair.json: {e}") from None
-    if doc.get("schema") != SCHEMA:
-        raise GacError(f"{path}/gac_repair.json has schema {doc.get('schema')!r}, expected {SCHEMA!r}")
+    check_schema(doc.get("schema"), SCHEMA, path / "gac_repair.json")
     state = doc["runtime"]
     config = AutoConfig.from_pretrained(str(path))
     for k, val in (doc.get("config_overrides") or {}).items():
         setattr(config, k, val)
+    modules = state.get("modules", {})
+    if doc.get("plain_transformers") or not any(m["type"] == "factorized" for m in modules.values()):
+        # transformers' own loader (it knows each family's checkpoint key names), then gac's runtime state
+        try:
+            from gac.models.loading import _quiet_hf
+
+            with _quiet_hf():
+                model = AutoModelForCausalLM.from_pretrained(str(path), config=config, dtype=dtype)
+        except Exception:  # noqa: BLE001 - shapes the config cannot express: build the skeleton below
+            model = None
+        if model is not None and not _needs_skeleton(model, modules):
+            apply_runtime_state(model, state)
+            return model.to(device=device, dtype=dtype).eval()
     try:
         from transformers.initialization import no_init_weights
     except ImportError:  # older layouts: initialise (slower, same result after loading)
-        import contextlib
-
         no_init_weights = contextlib.nullcontext
     with no_init_weights():
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    modules = state.get("modules", {})
     if _needs_skeleton(model, modules):
         for name, spec in modules.items():
             if spec["type"] == "factorized":
