@@ -174,3 +174,16 @@ def test_shipped_plans_expand_and_dry_run(tmp_path, name):
     assert not (tmp_path / "out").exists()  # a dry run writes nothing
     if name == "paper":
         assert all("source" in v for v in plan.published.values())  # published values carry their source
+
+
+def test_star_axis_keeps_plan_identity_when_compressors_join(tmp_path, monkeypatch):
+    from gac.compressors import base as registry
+
+    star = TINY.replace('["svd"]', '["*"]')
+    plan = load_plan(_plan(tmp_path, star))
+    d = open_plan_dir(plan, tmp_path / "out")
+    monkeypatch.setitem(registry._REGISTRY, "zz-new", registry._REGISTRY["svd"])
+    grown = load_plan(_plan(tmp_path, star))
+    assert "zz-new" in grown.compressors and grown.hash == plan.hash
+    open_plan_dir(grown, d)  # same plan: its new cells are simply pending
+    assert len(grown.cells()) == len(plan.cells()) + 2 * 3

@@ -177,6 +177,9 @@ class ExperimentPlan:
     slurm: dict[str, Any] = field(default_factory=dict)
     published: dict[str, Any] = field(default_factory=dict)
     source: str = ""
+    #: the compressors axis as written (``["*"]`` stays ``["*"]`` in the plan's hash, so a newly
+    #: registered compressor adds cells to an existing plan directory instead of orphaning it)
+    compressors_spec: list[str] = field(default_factory=list)
 
     # -- identity
     def to_dict(self) -> dict[str, Any]:
@@ -184,7 +187,7 @@ class ExperimentPlan:
         return {
             "name": self.name,
             "models": self.models,
-            "compressors": self.compressors,
+            "compressors": self.compressors_spec or self.compressors,
             "ratios": self.ratios,
             "aligns": self.aligns,
             "device": self.device,
@@ -277,6 +280,7 @@ def parse_plan(data: dict[str, Any], source: str = "") -> ExperimentPlan:
         check_model_spec(m)
     known = available_compressors()
     comps = [str(c) for c in _list(axes.get("compressors", ["*"]), "[axes] compressors")]
+    spec = list(comps)
     comps = known if comps == ["*"] else comps
     for c in comps:
         if c not in known:
@@ -309,6 +313,7 @@ def parse_plan(data: dict[str, Any], source: str = "") -> ExperimentPlan:
         name=name, models=models, compressors=comps, ratios=ratios, aligns=aligns,
         device=device, dtype=dtype, compress=compress,
         options={c: options[c] for c in sorted(options) if c in comps}, source=source,
+        compressors_spec=spec,
     )  # fmt: skip
     for c in comps:  # every CompressConfig field checked (range, names) before any work
         for r in ratios:

@@ -101,8 +101,9 @@ def render_plan(root: Path, out: Path | None = None) -> Path:
                 ax.scatter([], [], marker=markers[i % len(markers)], color="gray", label=c)
             for i, a in enumerate(aligns):
                 ax.scatter([], [], marker="s", color=f"C{i}", label=f"align {a}")
+            ax.set_yscale("log")
             ax.set_xlabel(f"predicted speedup ({prof})")
-            ax.set_ylabel(f"perplexity ({srcs[0]})" if srcs else "perplexity")
+            ax.set_ylabel(f"perplexity ({srcs[0]}, log)" if srcs else "perplexity")
             ax.set_title(f"{model}: speed vs quality", fontsize=10)
             ax.legend(fontsize=7)
             fig.tight_layout()
