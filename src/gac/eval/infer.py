@@ -290,7 +290,7 @@ def prefill_point(
         torch.cuda.reset_peak_memory_stats(dev)
     frames0 = compiled_frames()
     t0 = time.perf_counter()
-    step, close = (_capture(eager, dev) if graphs else (eager, lambda: None))
+    step, close = _capture(eager, dev) if graphs else (eager, lambda: None)
     step()
     _sync(dev)
     setup_s = time.perf_counter() - t0
