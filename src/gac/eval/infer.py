@@ -347,7 +347,9 @@ def resolve_fast_path(cfg: SweepConfig, dev: torch.device) -> tuple[bool, bool]:
     compile_ = cfg.compile if cfg.compile is not None else dev.type == "cuda"
     if compile_ and dev.type != "cuda":
         console.print(
-            f"notice: --compile needs CUDA; timing the eager model on {dev.type} (labelled compiled=false)"
+            f"notice: --compile needs CUDA; timing the eager model on {dev.type} (labelled compiled=false)",
+            soft_wrap=True,  # one line, never wrapped
+            markup=False,
         )
         compile_ = False
     return graphs, compile_
