@@ -168,7 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-graphs", dest="graphs", action="store_false")
     g = ap.add_mutually_exclusive_group()
     g.add_argument(
-        "--compile", dest="compile", action="store_true", default=None, help="torch.compile steps (GPU default)"
+        "--compile",
+        dest="compile",
+        action="store_true",
+        default=None,
+        help="torch.compile steps (GPU default)",
     )
     g.add_argument("--no-compile", dest="compile", action="store_false")
     ap.add_argument(

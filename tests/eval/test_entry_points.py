@@ -67,7 +67,17 @@ def test_gac_eval_infer_fuse_and_errors(tmp_path, model_dir, capsys):
     out2 = tmp_path / "unfused"
     assert (
         gac_main(
-            ["eval", "infer", "--baseline-model-id", str(model_dir), "--out", str(out2), "--no-fuse", "--compile", *GRID]
+            [
+                "eval",
+                "infer",
+                "--baseline-model-id",
+                str(model_dir),
+                "--out",
+                str(out2),
+                "--no-fuse",
+                "--compile",
+                *GRID,
+            ]
         )
         == 0
     )

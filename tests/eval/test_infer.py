@@ -115,3 +115,15 @@ def test_decode_steps_advance_the_static_cache_like_generate():
             step.ids.copy_(ids[:, t : t + 1])
             got.append(step()[0, -1])
     torch.testing.assert_close(torch.stack(got), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_fast_path_resolution_on_cpu(capsys):
+    """Compile defaults on only where CUDA is; an explicit request on CPU falls back with one notice line."""
+    cpu = torch.device("cpu")
+    assert infer.resolve_fast_path(SweepConfig(), cpu) == (False, False)
+    assert infer.resolve_fast_path(SweepConfig(compile=True), cpu) == (False, False)
+    cap = capsys.readouterr()
+    lines = [ln for ln in (cap.out + cap.err).splitlines() if "compile" in ln]
+    assert len(lines) == 1 and lines[0].startswith("notice:")
+    with pytest.raises(GacError, match="CUDA graphs"):
+        infer.resolve_fast_path(SweepConfig(graphs=True), cpu)

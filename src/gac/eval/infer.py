@@ -290,7 +290,7 @@ def prefill_point(
         torch.cuda.reset_peak_memory_stats(dev)
     frames0 = compiled_frames()
     t0 = time.perf_counter()
-    step, close = (_capture(eager, dev) if graphs else (eager, lambda: None))
+    step, close = _capture(eager, dev) if graphs else (eager, lambda: None)
     step()
     _sync(dev)
     setup_s = time.perf_counter() - t0
@@ -347,7 +347,9 @@ def resolve_fast_path(cfg: SweepConfig, dev: torch.device) -> tuple[bool, bool]:
     compile_ = cfg.compile if cfg.compile is not None else dev.type == "cuda"
     if compile_ and dev.type != "cuda":
         console.print(
-            f"notice: --compile needs CUDA; timing the eager model on {dev.type} (labelled compiled=false)"
+            f"notice: --compile needs CUDA; timing the eager model on {dev.type} (labelled compiled=false)",
+            soft_wrap=True,  # one line, never wrapped
+            markup=False,
         )
         compile_ = False
     return graphs, compile_
