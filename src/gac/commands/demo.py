@@ -291,7 +291,9 @@ LABELS = {"asvd": "ASVD", "svd-llm": "SVD-LLM (W)", "svd": "SVD", "llm-pruner": 
 def demo_cmd(
     out: Path = typer.Option(DEFAULT_OUT, "--out", help="Directory for demo.json (written atomically)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing non-empty --out."),
-    compressor: str = typer.Option("asvd", "--compressor", "-c", help="Compressor (asvd, svd-llm, llm-pruner, ...)."),
+    compressor: str = typer.Option(
+        "asvd", "--compressor", "-c", help="Compressor (asvd, svd-llm, llm-pruner, ...)."
+    ),
     param_ratio: float = typer.Option(0.9, "--param-ratio", help="Fraction of targeted parameters kept."),
     profile: str | None = typer.Option(
         None, "--profile", help="Profile for alignment/prediction (default: shipped)."
