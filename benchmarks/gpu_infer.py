@@ -212,7 +212,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default=None)
     g = ap.add_mutually_exclusive_group()
     g.add_argument(
-        "--compile", dest="compile", action="store_true", default=None, help="torch.compile steps (GPU default)"
+        "--compile",
+        dest="compile",
+        action="store_true",
+        default=None,
+        help="torch.compile steps (GPU default)",
     )
     g.add_argument("--no-compile", dest="compile", action="store_false")
     ap.add_argument(

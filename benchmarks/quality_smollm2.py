@@ -81,7 +81,9 @@ def run(args: argparse.Namespace) -> None:
     cc = CalibrationConfig("britannica", args.calib_samples, args.calib_len, batch_size=4, seed=args.seed)
     batches = calibration_batches(tok, cc)
     cmd = "python benchmarks/quality_smollm2.py " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("summarize",) and v is not None
+        f"--{k.replace('_', '-')} {v}"
+        for k, v in vars(args).items()
+        if k not in ("summarize",) and v is not None
     )
     result.setdefault("schema", "gac.bench.quality/2")
     result.update(
@@ -138,7 +140,9 @@ def run(args: argparse.Namespace) -> None:
             comp = get_compressor(name, **options)
             sites = comp.sites(base)
             comp.calibrate(base, batches)
-            comp._sens = {k: {float(r): v for r, v in d.items()} for k, d in result[sens_key]["probes"].items()}
+            comp._sens = {
+                k: {float(r): v for r, v in d.items()} for k, d in result[sens_key]["probes"].items()
+            }
             comp._base_ppl = result[sens_key]["base_ppl"]
             comp._all_sites = sites
             p0 = None
@@ -171,11 +175,19 @@ def run(args: argparse.Namespace) -> None:
                 rows += [(a, o, w) for o, w in validate for a in ("knapsack", "gac")]
             for align, objective, window in rows:
                 key = _row_key(
-                    {"compressor": name, "reduction": red, "align": align, "objective": objective, "window": window}
+                    {
+                        "compressor": name,
+                        "reduction": red,
+                        "align": align,
+                        "objective": objective,
+                        "window": window,
+                    }
                 )
                 if key in done:
                     continue
-                console.print(f"[bold]seed {args.seed}: {name} -{red:.0%} align {align} ({objective}, window {window:g})[/]")
+                console.print(
+                    f"[bold]seed {args.seed}: {name} -{red:.0%} align {align} ({objective}, window {window:g})[/]"
+                )
                 model = copy.deepcopy(base)
                 p.config = dataclasses.replace(cfg, objective=objective, window=window)
                 t1 = time.time()
@@ -258,7 +270,8 @@ def summarize(paths: list[str], out: str) -> None:
         for r in res["runs"]:
             e = rows.setdefault(
                 _row_key(r),
-                {k: r[k] for k in ("compressor", "label", "reduction", "align", "objective", "window")} | {"seeds": {}},
+                {k: r[k] for k in ("compressor", "label", "reduction", "align", "objective", "window")}
+                | {"seeds": {}},
             )
             e["seeds"][str(res["seed"])] = {
                 "ppl": r["ppl"],
@@ -314,14 +327,19 @@ def summarize(paths: list[str], out: str) -> None:
             "sites": len(names),
             "spearman_mean_sensitivity": _spearman(a, b),
             "native_dims_equal_share": {
-                red: float(np.mean([d[0][n] == d[1][n] for n in d[0]])) for red, d in natives.items() if len(d) >= 2
+                red: float(np.mean([d[0][n] == d[1][n] for n in d[0]]))
+                for red, d in natives.items()
+                if len(d) >= 2
             },
             "base_calibration_ppl": [s["base_ppl"] for s in sens],
         }
     validation = []
     for res in runs:
         for r in res["runs"]:
-            if r["reduction"] == min(x["reduction"] for x in res["runs"]) and r["align"] in ("knapsack", "gac"):
+            if r["reduction"] == min(x["reduction"] for x in res["runs"]) and r["align"] in (
+                "knapsack",
+                "gac",
+            ):
                 validation.append(
                     {k: r[k] for k in ("compressor", "align", "objective", "window", "ppl", "predicted_loss")}
                     | {"seed": res["seed"]}
@@ -342,7 +360,15 @@ def summarize(paths: list[str], out: str) -> None:
         "command": "python benchmarks/quality_smollm2.py --summarize " + " ".join(paths) + f" --out {out}",
     }
     atomic_write_text(Path(out), json.dumps(summary, indent=1) + "\n")
-    print(json.dumps({k: summary[k] for k in ("base_ppl", "gac_within_2pct_of_knapsack", "asvd_sensitivity_agreement")}, indent=1))
+    print(
+        json.dumps(
+            {
+                k: summary[k]
+                for k in ("base_ppl", "gac_within_2pct_of_knapsack", "asvd_sensitivity_agreement")
+            },
+            indent=1,
+        )
+    )
     for e in main_rows:
         print(
             f"{e['label']:12s} -{e['reduction']:.0%} {e['align']:9s} ppl "
@@ -363,10 +389,14 @@ def main() -> None:
         default="paper:4,curve:1,curve:4",
         help="extra OBJECTIVE:WINDOW knapsack/gac rows at the first reduction (empty: none)",
     )
-    ap.add_argument("--validate-compressors", default="asvd,svd-llm", help="compressors that get the extra rows")
+    ap.add_argument(
+        "--validate-compressors", default="asvd,svd-llm", help="compressors that get the extra rows"
+    )
     ap.add_argument("--calib-samples", type=int, default=32)
     ap.add_argument("--calib-len", type=int, default=256)
-    ap.add_argument("--probe-samples", type=int, default=2, help="ASVD: calibration windows the probes run on")
+    ap.add_argument(
+        "--probe-samples", type=int, default=2, help="ASVD: calibration windows the probes run on"
+    )
     ap.add_argument("--eval-len", type=int, default=512)
     ap.add_argument("--eval-windows", type=int, default=8)
     ap.add_argument("--out", default=str(HERE / "results" / "cpu" / "quality_seed0.json"))
