@@ -79,7 +79,11 @@ def test_britannica_and_plays_are_real_and_disjoint(tmp_path, monkeypatch):
     monkeypatch.setenv("GAC_CACHE", str(tmp_path))
     ev = load_text("britannica", "test")
     cal = load_text("britannica", "train")
-    assert len(ev) > 250_000 and "ENCYCLOPAEDIA" in ev.upper()
-    assert "HAMLET" in cal and len(cal) > 500_000
-    assert ev[:2000] not in cal
+    plays = load_text("shakespeare", "train")
+    # the article is cut in two halves at a paragraph break: both prose, disjoint, nothing lost
+    assert len(ev) > 120_000 and len(cal) > 120_000 and "ENCYCLOPAEDIA" in ev.upper()
+    assert ev[-2000:] not in cal and cal[:2000] not in ev
+    assert len(ev) + len(cal) > 280_000
+    assert load_text("shakespeare", "test") == ev
+    assert "HAMLET" in plays and len(plays) > 500_000 and ev[:2000] not in plays
     assert not list(tmp_path.glob(".shakespeare*"))  # no temporary leftovers
