@@ -5,7 +5,9 @@ A saved directory holds:
 * ``config.json``: the base architecture's Hugging Face config (the dense skeleton);
 * ``gac_config.json``: how the artefact was made (schema ``gac.model/1``): compressor, ratio,
   profile id, base model id and revision, gac version, and every factorized site with its
-  ``(in, rank, out)`` and factor shapes, plus the tied weights that were stored once;
+  ``(in, rank, out)`` and factor shapes, every module that rebuilds its own skeleton
+  (``modules``: e.g. PaLU's latent attention, by gac class and spec), plus the tied weights that
+  were stored once;
 * ``model.safetensors``, or ``model-0000i-of-0000n.safetensors`` shards with
   ``model.safetensors.index.json`` when larger than ``max_shard_bytes``;
 * the tokenizer files, when a tokenizer is given.
@@ -72,6 +74,38 @@ def factorized_sites(model: nn.Module) -> list[dict[str, Any]]:
                 }
             )
     return out
+
+
+def structured_modules(model: nn.Module) -> list[dict[str, Any]]:
+    """Every module that describes its own skeleton (a ``gac_spec()`` method), e.g. PaLU's latent attention.
+
+    Each entry names the module, its class (``package.module:Class``, always inside ``gac``) and
+    the spec that class's ``skeleton(spec, original, model)`` rebuilds it from.
+    """
+    out = []
+    for name, m in model.named_modules():
+        spec = getattr(m, "gac_spec", None)
+        if callable(spec):
+            cls = type(m)
+            out.append({"name": name, "class": f"{cls.__module__}:{cls.__qualname__}", "spec": spec()})
+    return out
+
+
+def _skeleton_class(path: str, where: Path) -> Any:
+    import importlib
+
+    mod_name, _, cls_name = path.partition(":")
+    if not mod_name.startswith("gac.") or not cls_name:
+        raise GacError(f"{where / GAC_CONFIG}: module class {path!r} is not a gac class; refusing to load it")
+    try:
+        cls = getattr(importlib.import_module(mod_name), cls_name)
+    except (ImportError, AttributeError):
+        raise GacError(
+            f"{where / GAC_CONFIG}: module class {path!r} is unknown to this gac version"
+        ) from None
+    if not hasattr(cls, "skeleton"):
+        raise GacError(f"{where / GAC_CONFIG}: module class {path!r} cannot rebuild a skeleton")
+    return cls
 
 
 def _tensors_to_save(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -149,6 +183,7 @@ def save(
         torch_version=torch.__version__.split("+")[0],
         architecture=type(model).__name__,
         factorized=factorized_sites(model),
+        modules=structured_modules(model),
         pruned=dict(getattr(model, "_gac_pruned", {})),
         tied=tied,
         dtype=str(next(iter(tensors.values())).dtype).removeprefix("torch.") if tensors else None,
@@ -393,6 +428,15 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device: str | torch
                 site["in_features"], site["rank"], site["out_features"], bias=site["bias"], device="meta"
             ),
         )
+    for entry in cfg.get("modules", []):
+        cls = _skeleton_class(str(entry.get("class", "")), path)
+        try:
+            original = model.get_submodule(entry["name"])
+        except AttributeError:
+            raise GacError(
+                f"{path / GAC_CONFIG} names module {entry['name']!r}, absent from the architecture"
+            ) from None
+        replace_module(model, entry["name"], cls.skeleton(entry["spec"], original, model))
     tensors = _read_weights(path)
     buffers = {k.removeprefix(BUFFER_PREFIX): v for k, v in tensors.items() if k.startswith(BUFFER_PREFIX)}
     params = {k: v for k, v in tensors.items() if not k.startswith(BUFFER_PREFIX)}

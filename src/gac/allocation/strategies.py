@@ -5,8 +5,9 @@ returns an :class:`Allocation`: the dims it chose, what they cost against the bu
 are aligned under the hardware profile and the speedup that profile predicts.
 
 * ``none``: the native allocation as is.
-* ``round``: each dim to the nearest multiple of the profile's modulus (the naive fix); it
-  may land over or under the budget, which the record reports.
+* ``round``: each dim to the nearest multiple of the profile's modulus (the naive fix), or of
+  the compressor's own reference rounding where a site names one (``Site.meta["round_multiple"]``:
+  PaLU's 32, half to even); it may land over or under the budget, which the record reports.
 * ``gac``: a multiple-choice knapsack (:func:`gac.allocation.knapsack.solve_mckp`). Candidates per
   site are the aligned dims (multiples of the profile's modulus for the site's operator class)
   inside the site's *window* around the native dim (:func:`candidate_range`). The budget is the
@@ -374,7 +375,11 @@ def allocate(
             if d >= s.max_dim:
                 dims[s.name] = s.max_dim
                 continue
-            r = max(round_nearest(d, profile.modulus(s.op)), s.min_dim)
+            rm = s.meta.get("round_multiple")
+            if rm:  # the compressor's reference rounding (PaLU: Python's round, half to even)
+                r = max(max(1, round(d / rm)) * rm, s.min_dim)
+            else:
+                r = max(round_nearest(d, profile.modulus(s.op)), s.min_dim)
             dims[s.name] = s.max_dim if r >= s.max_dim else r
     else:
         if candidates not in CANDIDATE_STEPS:

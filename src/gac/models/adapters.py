@@ -78,8 +78,9 @@ def in_features(mod: nn.Module) -> int:
 
 def _is_linear(mod: nn.Module) -> bool:
     from gac.surgery.factorized import FactorizedLinear
+    from gac.surgery.latent_attention import LatentProjection
 
-    return isinstance(mod, nn.Linear | FactorizedLinear)
+    return isinstance(mod, nn.Linear | FactorizedLinear | LatentProjection)
 
 
 def is_norm(mod: nn.Module) -> bool:

@@ -1,0 +1,460 @@
+"""``palu`` (Chang et al., EMNLP 2024, "Palu: KV-cache compression with low-rank projection").
+
+Written after the paper and ``shadowpa0327/Palu`` (``palu/rank_search.py``,
+``palu/decomposition.py``, ``palu/model/modules/svd_linear.py``, ``kernel/palu_attention.py``);
+none of its code is copied.
+
+* **What is factorized.** Only ``k_proj`` and ``v_proj``, by group-head low-rank decomposition
+  (G-LRD): the KV heads are split into groups of ``group_size`` heads (default 4, the reference's;
+  1 = per head "M-LRD", all KV heads = joint "J-LRD"); each group's rows ``W_g [G·hd, hidden]``
+  get their own rank ``r_g``. The model then caches ``Σ r_g`` latents per token and projection
+  (:mod:`gac.surgery.latent_attention`).
+* **Decomposition.** The reference default ``whiten``: SVD-LLM's truncation-aware whitening with
+  the Cholesky factor of the projection input's Gram matrix (gac's
+  :func:`~gac.compressors.svdllm.whitening_factor` and
+  :func:`~gac.compressors.lowrank.truncated_factors`). ``decompose="svd"`` is plain SVD.
+* **Rank search** (the native allocation), the reference's three methods with
+  ``target = ratio · Σ max_dim`` latent dims:
+
+  - ``fisher_uniform`` (default): one Fisher score per projection (all KV heads as one group), a
+    rank per projection proportional to it (floored, capped at full rank, the shortfall added one
+    by one in the reference's order), then split evenly (integer division) over its groups;
+  - ``fisher``: the same per group;
+  - ``uniform``: ``ratio · G·hd`` for every group.
+
+  Fisher information is the reference's: ``sqrt(mean over batches of grad²)`` of each weight
+  under the language-modelling loss, averaged over a group's rows.
+* **Rounding.** The reference rounds every group rank to a multiple of 32 after the search
+  (``max(1, round(r/32))·32``), which moves it off the budget. That is what ``--align round``
+  does for this compressor (``Site.meta["round_multiple"]``); ``none`` is the search's raw ranks.
+* **Sites and costs.** One site per (layer, K or V, group); the cost of a site is its latent
+  width (values cached per token), so the budget is the KV-cache budget. The knapsack's value is
+  the Fisher-weighted truncation loss: ``F̄_g · Σ_{i>=d} σ_i² / tokens`` on the whitened spectrum.
+
+Settings that differ from the reference, and why: calibration uses gac's calibration windows for
+both the Fisher pass and the whitening Gram (the reference uses 32 x 1024 Wikitext-2 windows for
+Fisher and 256 x 2048 for whitening); the Fisher pass runs in the model's dtype (the reference
+casts to float16 on the GPU).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from gac.compressors.base import Compressor, register_compressor
+from gac.compressors.lowrank import svd_dtype_for, tail_energy_curve, truncated_factors
+from gac.compressors.svdllm import whitening_factor
+from gac.errors import GacError
+from gac.sites import Site
+from gac.utils import track
+
+log = logging.getLogger(__name__)
+
+SEARCH_METHODS = ("fisher_uniform", "fisher", "uniform")
+DECOMPOSE = ("whiten", "svd")
+#: the reference's rank rounding (``rounding_search_result(block_size=32)``)
+REF_ROUND = 32
+DEFAULT_GROUP_SIZE = 4
+
+
+def fisher_ranks(scores: list[float], caps: list[int], target: int) -> list[int]:
+    """The reference's proportional rank search: ``floor(target·F_i/ΣF)`` capped, then +1 one by one.
+
+    The shortfall is handed out one rank at a time over the entries sorted by ascending
+    ``float_rank - rank`` (the reference's order), skipping full-rank entries, until the target is
+    reached. ``target`` is an integer here, so the result never exceeds it.
+
+    >>> fisher_ranks([1.0, 3.0], [100, 100], 50)
+    [13, 37]
+    """
+    total = float(sum(scores))
+    if total <= 0 or not math.isfinite(total):
+        raise GacError("palu: Fisher information is zero or not finite (no gradient reached K/V?)")
+    floats = [target * s / total for s in scores]
+    ranks = [min(c, math.floor(f)) for f, c in zip(floats, caps, strict=True)]
+    order = sorted(range(len(ranks)), key=lambda i: floats[i] - ranks[i])
+    dif = target - sum(ranks)
+    while dif > 0:
+        moved = False
+        for i in order:
+            if ranks[i] >= caps[i]:
+                continue
+            ranks[i] += 1
+            dif -= 1
+            moved = True
+            if dif == 0:
+                break
+        if not moved:
+            break
+    return ranks
+
+
+def round_reference(r: int, block: int = REF_ROUND) -> int:
+    """``max(1, round(r / block)) · block`` (Python's round: half to even, as the reference)."""
+    return max(1, round(r / block)) * block
+
+
+@register_compressor("palu")
+class PaluCompressor(Compressor):
+    """Group-head low-rank K/V projections with a latent KV cache."""
+
+    def __init__(
+        self,
+        group_size: int | None = None,
+        search: str = "fisher_uniform",
+        decompose: str = "whiten",
+        fold_values: bool = True,
+        svd_dtype: str | None = None,
+    ) -> None:
+        if search not in SEARCH_METHODS:
+            raise GacError(f"palu: search must be one of {', '.join(SEARCH_METHODS)}, got {search!r}")
+        if decompose not in DECOMPOSE:
+            raise GacError(f"palu: decompose must be one of {', '.join(DECOMPOSE)}, got {decompose!r}")
+        if group_size is not None and int(group_size) < 1:
+            raise GacError(f"palu: group_size must be a positive number of KV heads, got {group_size}")
+        self.group_size = None if group_size is None else int(group_size)
+        self.search = search
+        self.decompose = decompose
+        self.fold_values = bool(fold_values)
+        self.svd_dtype = svd_dtype
+        self._layers: dict[int, dict[str, Any]] = {}
+        self._gram: dict[int, torch.Tensor] = {}
+        self._tokens = 0
+        self._fisher: dict[str, torch.Tensor] = {}
+        self._spectra: dict[str, torch.Tensor] = {}
+        self._chols: dict[int, torch.Tensor | None] = {}
+        self._gsize = 0
+
+    # ------------------------------------------------------------------ sites
+    def _group_size(self, kv_heads: int) -> int:
+        if self.group_size is not None:
+            if kv_heads % self.group_size:
+                raise GacError(
+                    f"palu: group size {self.group_size} does not divide the model's {kv_heads} KV heads"
+                )
+            return self.group_size
+        g = max(d for d in range(1, min(DEFAULT_GROUP_SIZE, kv_heads) + 1) if kv_heads % d == 0)
+        if g != DEFAULT_GROUP_SIZE:
+            log.warning("palu: the default group size 4 does not divide %d KV heads; using %d", kv_heads, g)
+        return g
+
+    def sites(self, model: nn.Module) -> list[Site]:
+        from gac.models.adapters import get_adapter
+
+        ad = get_adapter(model)
+        missing = [r for r in ("q", "k", "v", "o") if r not in ad.roles]
+        if missing:
+            raise GacError(
+                f"palu needs separate q/k/v/o attention projections; this {ad.family} model has "
+                f"{', '.join(ad.roles)} (no {', '.join(missing)})"
+            )
+        if ad.has_qk_norm:
+            raise GacError(
+                f"palu: this {ad.family} model normalizes keys per head (k_norm); the latent cache "
+                "supports only linear keys before RoPE"
+            )
+        cfg = ad.config
+        window = getattr(cfg, "sliding_window", None)
+        layer_types = set(getattr(cfg, "layer_types", None) or [])
+        if (window and getattr(cfg, "use_sliding_window", True)) or (layer_types - {"full_attention"}):
+            raise GacError(
+                f"palu: the latent cache does not support sliding-window attention "
+                f"(sliding_window={window}, layer types {sorted(layer_types) or 'unset'})"
+            )
+        if getattr(cfg, "is_encoder_decoder", False) or getattr(cfg, "add_cross_attention", False):
+            raise GacError("palu: the latent cache does not support cross-attention models")
+        hd, kvh, heads = ad.head_dim, ad.kv_heads, ad.heads
+        gs = self._gsize = self._group_size(kvh)
+        n_groups = kvh // gs
+        self._layers.clear()
+        out: list[Site] = []
+        for i in range(ad.num_layers):
+            p = ad.projections(i)
+            mods = {r: model.get_submodule(p[r]) for r in ("q", "k", "v", "o")}
+            for r in ("k", "v"):
+                if not isinstance(mods[r], nn.Linear) or mods[r].out_features != kvh * hd:
+                    raise GacError(
+                        f"palu: {p[r]} is not a dense {kvh * hd}-output projection "
+                        f"({type(mods[r]).__name__}); compress the base model"
+                    )
+            self._layers[i] = {"attn": ad.attention_fqn(i), "fqns": p}
+            for r in ("k", "v"):
+                for g in range(n_groups):
+                    gd = gs * hd
+                    out.append(
+                        Site(
+                            name=f"{p[r]}:g{g}",
+                            op="lowrank_r",
+                            max_dim=gd,
+                            unit_cost=1,
+                            dense_cost=gd,
+                            shape=(gd, ad.hidden),
+                            members=(p[r],),
+                            meta={
+                                "kind": r,
+                                "layer": i,
+                                "group": g,
+                                "round_multiple": REF_ROUND,
+                                "cost_unit": "latent dims per token",
+                            },
+                        )
+                    )
+        self._geom = {
+            "heads": heads,
+            "kv_heads": kvh,
+            "head_dim": hd,
+            "groups": n_groups,
+            "hidden": ad.hidden,
+        }
+        return out
+
+    # ------------------------------------------------------------ calibration
+    def calibrate(self, model: nn.Module, batches: Iterable[torch.Tensor]) -> None:
+        """One pass: the K/V input Gram per layer (whitening) and the Fisher information of K and V.
+
+        Each batch runs forward with hooks on ``k_proj`` (its input is ``v_proj``'s) and backward
+        on the language-modelling loss; ``grad²`` of ``k_proj``/``v_proj`` accumulates per weight.
+        """
+        if not self._layers:
+            self.sites(model)
+        targets = {}
+        for i, info in self._layers.items():
+            for r in ("k", "v"):
+                targets[info["fqns"][r]] = model.get_submodule(info["fqns"][r])
+        need_fisher = True  # every search but uniform needs it, and so does the knapsack's value
+        grams: dict[int, torch.Tensor] = {}
+        ntok = [0]
+        handles = []
+
+        def hook_for(i: int):
+            def hook(mod: nn.Module, args: tuple, _out: Any) -> None:
+                x = args[0].detach().reshape(-1, mod.in_features).to(torch.float64)
+                g = grams.get(i)
+                if g is None:
+                    g = grams[i] = torch.zeros(
+                        mod.in_features, mod.in_features, dtype=torch.float64, device=x.device
+                    )
+                g.addmm_(x.T, x)
+                if i == 0:
+                    ntok[0] += x.shape[0]
+
+            return hook
+
+        for i, info in self._layers.items():
+            handles.append(model.get_submodule(info["fqns"]["k"]).register_forward_hook(hook_for(i)))
+        saved = {n: p.requires_grad for n, p in model.named_parameters()}
+        was_training = model.training
+        sq: dict[str, torch.Tensor] = {}
+        n_batches = 0
+        try:
+            for p in model.parameters():
+                p.requires_grad_(False)
+            if need_fisher:
+                for mod in targets.values():
+                    mod.weight.requires_grad_(True)
+                    mod.weight.grad = None
+            model.eval()
+            dev = next(model.parameters()).device
+            for b in track(list(batches), "palu: Fisher information and whitening statistics"):
+                b = b.to(dev)
+                if need_fisher:
+                    out = model(input_ids=b, labels=b, use_cache=False)
+                    if out.loss is None or not out.loss.requires_grad:
+                        raise GacError("palu: the model's loss has no gradient path to k_proj/v_proj")
+                    out.loss.backward()
+                    for name, mod in targets.items():
+                        g2 = mod.weight.grad.detach().to(torch.float32).pow(2)
+                        sq[name] = g2 if name not in sq else sq[name] + g2
+                        mod.weight.grad = None
+                else:
+                    with torch.no_grad():
+                        model(input_ids=b, use_cache=False)
+                n_batches += 1
+        finally:
+            for h in handles:
+                h.remove()
+            for mod in targets.values():
+                mod.weight.grad = None
+            for nm, p in model.named_parameters():
+                p.requires_grad_(saved.get(nm, p.requires_grad))
+            model.train(was_training)
+        if n_batches == 0:
+            raise GacError("palu: calibration gave no windows (text too short for one window?)")
+        self._gram = grams
+        self._tokens = ntok[0]
+        self._fisher = {n: (s / n_batches).sqrt().cpu() for n, s in sq.items()}
+        self._spectra.clear()
+        self._chols.clear()
+        self._model = model
+
+    # ------------------------------------------------------------ statistics
+    def _rows(self, site: Site) -> slice:
+        gd = site.max_dim
+        g = site.meta["group"]
+        return slice(g * gd, (g + 1) * gd)
+
+    def group_fisher(self, site: Site) -> float:
+        """Mean Fisher information over the site's rows (the reference's per-group score)."""
+        f = self._fisher.get(site.members[0])
+        if f is None:
+            raise GacError(f"palu: no Fisher information for {site.members[0]}; call calibrate() first")
+        return float(f[self._rows(site)].double().mean())
+
+    def module_fisher(self, fqn: str) -> float:
+        f = self._fisher.get(fqn)
+        if f is None:
+            raise GacError(f"palu: no Fisher information for {fqn}; call calibrate() first")
+        return float(f.double().mean())
+
+    def _chol(self, layer: int) -> torch.Tensor | None:
+        if self.decompose != "whiten":
+            return None
+        if layer not in self._chols:
+            g = self._gram.get(layer)
+            if g is None:
+                raise GacError(f"palu: no whitening statistics for layer {layer}; call calibrate() first")
+            self._chols[layer] = whitening_factor(g, f"palu: layer {layer} k/v input")[0]
+        return self._chols[layer]
+
+    def _factor_svd(self, model: nn.Module, site: Site):
+        lin = model.get_submodule(site.members[0])
+        dt = svd_dtype_for(lin.weight.device, self.svd_dtype)
+        w = lin.weight.detach()[self._rows(site)].to(dt)
+        chol = self._chol(site.meta["layer"])
+        if chol is not None:
+            chol = chol.to(device=w.device, dtype=dt)
+            ws = w @ chol
+        else:
+            ws = w
+        u, s, vh = torch.linalg.svd(ws, full_matrices=False)
+        return u, s, vh, chol
+
+    def _spectrum(self, site: Site) -> torch.Tensor:
+        if site.name not in self._spectra:
+            _, s, _, _ = self._factor_svd(self._model, site)
+            self._spectra[site.name] = s.detach().cpu()
+        return self._spectra[site.name]
+
+    # --------------------------------------------------------------- curves
+    def loss_curve(self, site: Site) -> np.ndarray:
+        """``F̄_g · Σ_{i>=d} σ_i² / tokens`` of the group's whitened spectrum (0 at full rank)."""
+        return (
+            tail_energy_curve(self._spectrum(site), site.max_dim)
+            * self.group_fisher(site)
+            / max(self._tokens, 1)
+        )
+
+    def importance(self, site: Site) -> float:
+        return self.group_fisher(site)
+
+    # ---------------------------------------------------------- allocation
+    def native_allocation(self, model: nn.Module, sites: list[Site], budget: int) -> dict[str, int]:
+        """The reference's rank search for ``budget`` latent dims (see the module docstring)."""
+        if not sites:
+            return {}
+        n_groups = self._geom["groups"]
+        if budget < len(sites):
+            raise GacError(
+                f"palu: a KV budget of {budget:,} latent dims is below one rank per group ({len(sites)} groups)"
+            )
+        if self.search == "uniform":
+            return {
+                s.name: max(1, min(s.max_dim, math.floor(s.max_dim * budget / sum(x.max_dim for x in sites))))
+                for s in sites
+            }
+        if self.search == "fisher":
+            ranks = fisher_ranks([self.group_fisher(s) for s in sites], [s.max_dim for s in sites], budget)
+            return {s.name: max(1, r) for s, r in zip(sites, ranks, strict=True)}
+        # fisher_uniform: one rank per projection, split evenly over its groups
+        mods: dict[str, list[Site]] = {}
+        for s in sites:
+            mods.setdefault(s.members[0], []).append(s)
+        names = list(mods)
+        caps = [sum(x.max_dim for x in mods[n]) for n in names]
+        ranks = fisher_ranks([self.module_fisher(n) for n in names], caps, budget)
+        out: dict[str, int] = {}
+        for n, r in zip(names, ranks, strict=True):
+            for s in mods[n]:
+                out[s.name] = max(1, r // n_groups)
+        return out
+
+    # ----------------------------------------------------------------- apply
+    @torch.no_grad()
+    def apply(self, model: nn.Module, sites: list[Site], dims: dict[str, int]) -> None:
+        """Replace every layer's attention with :class:`~gac.surgery.latent_attention.LatentAttention`."""
+        from gac.surgery.factorized import replace_module
+        from gac.surgery.latent_attention import LatentAttention, LatentProjection, model_rotary
+
+        by_layer: dict[int, dict[str, list[Site]]] = {}
+        for s in sites:
+            if s.name not in dims:
+                raise GacError(f"no kept dim given for site {s.name}")
+            d = int(dims[s.name])
+            if d < 1 or d > s.max_dim:
+                raise GacError(f"kept dim {d} of {s.name} is outside 1..{s.max_dim}")
+            by_layer.setdefault(s.meta["layer"], {}).setdefault(s.meta["kind"], []).append(s)
+        geom = self._geom
+        rotary = model_rotary(model)
+        for i in track(sorted(by_layer), f"palu: latent attention ({len(by_layer)} layers)"):
+            info = self._layers[i]
+            attn = model.get_submodule(info["attn"])
+            projs = {}
+            for kind in ("k", "v"):
+                group = sorted(by_layer[i][kind], key=lambda s: s.meta["group"])
+                lin = model.get_submodule(info["fqns"][kind])
+                ranks = [int(dims[s.name]) for s in group]
+                lp = LatentProjection(
+                    lin.in_features,
+                    ranks,
+                    group[0].max_dim,
+                    bias=lin.bias is not None,
+                    device=lin.weight.device,
+                    dtype=lin.weight.dtype,
+                )
+                downs = []
+                for s, r, up in zip(group, ranks, lp.ups, strict=True):
+                    u, sv, vh, chol = self._factor_svd(model, s)
+                    a, b = truncated_factors(u, sv, vh, r, scale_tril=chol)
+                    up.weight.copy_(a.to(up.weight.dtype))
+                    if lin.bias is not None:
+                        up.bias.copy_(lin.bias[self._rows(s)])
+                    downs.append(b)
+                lp.down.weight.copy_(torch.cat(downs).to(lp.down.weight.dtype))
+                projs[kind] = lp
+            new = LatentAttention(
+                attn.q_proj,
+                projs["k"],
+                projs["v"],
+                attn.o_proj,
+                geom["heads"],
+                geom["kv_heads"],
+                geom["head_dim"],
+                getattr(attn, "layer_idx", i),
+                attn.config if hasattr(attn, "config") else model.config,
+                float(getattr(attn, "scaling", geom["head_dim"] ** -0.5)),
+                rotary,
+                fold_values=self.fold_values,
+            )
+            replace_module(model, info["attn"], new)
+        model._gac_latent = True  # type: ignore[attr-defined]
+
+    def release(self) -> None:
+        self._gram.clear()
+        self._chols.clear()
+
+    def options(self) -> dict[str, Any]:
+        return {
+            "group_size": self._gsize or self.group_size,
+            "search": self.search,
+            "decompose": self.decompose,
+            "fold_values": self.fold_values,
+            "round_multiple": REF_ROUND,
+            "budget_unit": "latent dims per token (KV cache)",
+        }

@@ -1,0 +1,222 @@
+"""PaLU: rank search, latent attention exactness, latent cache, budgets, save/load, bad input."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from gac.api import CompressConfig, apply_, compress_, gac_config_for_save, plan
+from gac.compressors.palu import fisher_ranks, round_reference
+from gac.errors import GacError
+from gac.surgery.latent_attention import LatentAttention, LatentCache, kv_bytes_per_token, latent_modules
+from gac.testing import tiny_model
+
+GEOM = dict(hidden=120, layers=2, heads=8, kv_heads=4, head_dim=24)  # 4 KV heads of 24: misaligned
+
+
+def _batches(n: int = 6, seq: int = 32) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(3, 240, (2, seq), generator=g) for _ in range(n)]
+
+
+def _ids(b: int = 2, s: int = 24) -> torch.Tensor:
+    return torch.randint(3, 240, (b, s), generator=torch.Generator().manual_seed(2))
+
+
+@pytest.fixture(scope="module")
+def llama64():
+    return tiny_model("llama", **GEOM).double()
+
+
+@pytest.fixture(scope="module")
+def planned(llama64):
+    m = copy.deepcopy(llama64)
+    cfg = CompressConfig(compressor="palu", param_ratio=0.5, align="none", options={"group_size": 2})
+    return plan(m, cfg, calib_batches=_batches())
+
+
+def _applied(base, p, dims, fold=True):
+    m = copy.deepcopy(base)
+    c = p.compressor
+    old, c.fold_values = c.fold_values, fold
+    try:
+        c.apply(m, p.sites, dims)
+    finally:
+        c.fold_values = old
+    return m
+
+
+def test_fisher_ranks_reference_rule():
+    assert fisher_ranks([1.0, 3.0], [100, 100], 50) == [13, 37]
+    r = fisher_ranks([5.0, 1.0, 1.0], [20, 100, 100], 90)
+    assert r[0] == 20 and sum(r) == 90  # capped at full rank, the rest handed out
+    assert round_reference(47) == 32 and round_reference(48) == 64 and round_reference(80) == 64
+    assert round_reference(3) == 32  # never below one block
+    with pytest.raises(GacError, match="Fisher"):
+        fisher_ranks([0.0, 0.0], [4, 4], 4)
+
+
+def test_sites_and_native_allocation(planned):
+    p = planned
+    assert len(p.sites) == 2 * 2 * 2  # layers x (K, V) x groups
+    assert all(s.max_dim == 48 and s.unit_cost == 1 for s in p.sites)
+    assert p.budget == int(0.5 * 8 * 48)
+    cost = sum(p.native.values())
+    assert cost <= p.budget and cost >= p.budget - 2 * 4  # fisher_uniform: floor split per projection
+    # fisher_uniform: both groups of a projection share its rank
+    for kind in ("k_proj", "v_proj"):
+        for layer in (0, 1):
+            r = {p.native[f"model.layers.{layer}.self_attn.{kind}:g{g}"] for g in (0, 1)}
+            assert len(r) == 1
+
+
+def test_full_rank_is_exact(llama64, planned):
+    full = {s.name: s.max_dim for s in planned.sites}
+    m = _applied(llama64, planned, full)
+    assert len(latent_modules(m)) == 2
+    ids = _ids()
+    with torch.no_grad():
+        assert torch.allclose(m(ids).logits, llama64(ids).logits, atol=1e-9, rtol=0)
+        # incremental decode through the latent cache equals the dense model's cached decode
+        out = m(ids[:, :10], past_key_values=LatentCache(), use_cache=True)
+        ref = llama64(ids[:, :10], use_cache=True)
+        a = m(ids[:, 10:12], past_key_values=out.past_key_values).logits
+        b = llama64(ids[:, 10:12], past_key_values=ref.past_key_values).logits
+    assert torch.allclose(a, b, atol=1e-9, rtol=0)
+
+
+def test_full_rank_left_padded_generate_matches_dense(llama64, planned):
+    full = {s.name: s.max_dim for s in planned.sites}
+    m = _applied(llama64, planned, full)
+    ids = _ids(2, 12)
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0  # row 0 is left-padded: its RoPE positions start later
+    kw = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    assert torch.equal(m.generate(ids, **kw), llama64.generate(ids, **kw))
+
+
+def test_static_cache_full_rank_matches_dense(llama64, planned):
+    from transformers import StaticCache
+
+    full = {s.name: s.max_dim for s in planned.sites}
+    m = _applied(llama64, planned, full)
+    ids = _ids(1, 10)
+    kw = dict(max_new_tokens=6, do_sample=False)
+    a = m.generate(ids, past_key_values=StaticCache(config=m.config, max_cache_len=32), **kw)
+    b = llama64.generate(ids, **kw)
+    assert torch.equal(a, b)
+
+
+def test_folded_values_equal_reference_path(llama64, planned):
+    folded = _applied(llama64, planned, planned.native, fold=True)
+    ref = _applied(llama64, planned, planned.native, fold=False)
+    att = folded.model.layers[0].self_attn
+    assert att.folded and att.o_proj.in_features == sum(
+        att.v_proj.ranks[(h // 2) // 2] for h in range(8)
+    )  # values never widen back to head_dim: o_proj reads the per-head latent outputs
+    ids = _ids()
+    with torch.no_grad():
+        assert torch.allclose(folded(ids).logits, ref(ids).logits, atol=1e-9, rtol=0)
+        assert (folded(ids).logits - llama64(ids).logits).abs().max() > 1e-3  # it is compressed
+    kw = dict(max_new_tokens=12, do_sample=False)
+    g1 = folded.generate(ids[:1], past_key_values=LatentCache(), **kw)
+    g2 = ref.generate(ids[:1], **kw)
+    g3 = folded.generate(ids[:1], use_cache=False, **kw)
+    assert torch.equal(g1, g2) and torch.equal(g1, g3)
+
+
+def test_latent_cache_bytes(llama64, planned):
+    m = _applied(llama64, planned, planned.native).float()
+    cache = LatentCache()
+    ids = _ids(1, 9)
+    with torch.no_grad():
+        m(ids, past_key_values=cache, use_cache=True)
+    per_token = sum(sum(a.latent_dims()) for _, a in latent_modules(m)) * 4
+    assert cache.nbytes() == 9 * per_token
+    kv = kv_bytes_per_token(m)
+    assert kv["cache"] == per_token
+    assert kv["dense"] == 2 * 2 * 4 * 24 * 4  # layers x (K, V) x kv heads x head_dim x fp32
+    assert kv["cache"] <= 0.5 * kv["dense"]
+
+
+@pytest.mark.parametrize("align", ["none", "round", "knapsack", "gac"])
+def test_budget_and_alignment(planned, align):
+    a = planned.allocation(align)
+    dims = a.dims
+    if align == "round":
+        assert all(d % 32 == 0 for d in dims.values())  # the reference's rounding
+        return
+    assert a.cost <= planned.budget
+    if align == "gac":
+        m = planned.profile.modulus("lowrank_r")
+        assert all(d % m == 0 for d in dims.values())
+        assert a.pct_aligned == 100.0
+
+
+def test_save_load_round_trip(tmp_path, llama64):
+    import gac
+    from gac import io
+
+    m = copy.deepcopy(llama64).float()
+    rep = compress_(
+        m,
+        CompressConfig(compressor="palu", param_ratio=0.5, align="gac", options={"group_size": 2}),
+        calib_batches=_batches(),
+    )
+    io.save(m, tmp_path / "out", gac_config_for_save(rep))
+    back = gac.load(tmp_path / "out")
+    assert isinstance(back.model.layers[1].self_attn, LatentAttention)
+    ids = _ids()
+    with torch.no_grad():
+        assert torch.equal(m(ids).logits, back(ids).logits)
+    kw = dict(max_new_tokens=10, do_sample=False)
+    assert torch.equal(m.generate(ids[:1], **kw), back.generate(ids[:1], past_key_values=LatentCache(), **kw))
+
+
+def test_bad_group_size_and_ratio(llama64):
+    with pytest.raises(GacError, match="group size 3 does not divide the model's 4 KV heads"):
+        plan(
+            copy.deepcopy(llama64),
+            CompressConfig(compressor="palu", param_ratio=0.5, options={"group_size": 3}),
+            calib_batches=_batches(1),
+        )
+    with pytest.raises(GacError, match="param ratio 0.01 cannot be met"):
+        plan(
+            copy.deepcopy(llama64),
+            CompressConfig(compressor="palu", param_ratio=0.01, options={"group_size": 1}),
+            calib_batches=_batches(1),
+        )
+
+
+@pytest.mark.parametrize(
+    ("family", "kw", "match"),
+    [
+        ("phi3", {}, "separate q/k/v/o"),
+        ("qwen3", {}, "k_norm"),
+        ("mistral", {}, "sliding-window"),
+    ],
+)
+def test_unsupported_attention(family, kw, match):
+    m = tiny_model(family, hidden=120, layers=1, heads=4, kv_heads=2, head_dim=24, **kw)
+    if family == "mistral":
+        m.config.sliding_window = 16
+    with pytest.raises(GacError, match=match):
+        plan(m, CompressConfig(compressor="palu", param_ratio=0.5), calib_batches=_batches(1))
+
+
+def test_qwen2_biases_fold_exactly():
+    base = tiny_model("qwen2", hidden=120, layers=2, heads=6, kv_heads=2, head_dim=20).double()
+    p = plan(
+        copy.deepcopy(base),
+        CompressConfig(compressor="palu", param_ratio=0.6, align="none", options={"group_size": 1}),
+        calib_batches=_batches(),
+    )
+    folded = _applied(base, p, p.native, fold=True)
+    ref = _applied(base, p, p.native, fold=False)
+    ids = _ids()
+    with torch.no_grad():
+        assert torch.allclose(folded(ids).logits, ref(ids).logits, atol=1e-9, rtol=0)
+    rep = apply_(copy.deepcopy(base), p, p.allocation("knapsack"))
+    assert rep.targeted_after <= p.budget
