@@ -225,7 +225,7 @@ class PaluCompressor(Compressor):
         if not self._layers:
             self.sites(model)
         targets = {}
-        for i, info in self._layers.items():
+        for info in self._layers.values():
             for r in ("k", "v"):
                 targets[info["fqns"][r]] = model.get_submodule(info["fqns"][r])
         need_fisher = True  # every search but uniform needs it, and so does the knapsack's value

@@ -422,9 +422,9 @@ def kv_bytes_per_token(model: nn.Module, dtype: torch.dtype | None = None) -> di
     kvh = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
     hd = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
     dense = layers * 2 * kvh * hd * el
-    lat = {n: m for n, m in latent_modules(model)}
+    lat = [m for _, m in latent_modules(model)]
     cache = 0
-    for n, m in lat.items():
+    for m in lat:
         rk, rv = m.latent_dims()
         cache += (rk + rv) * el
     cache += (layers - len(lat)) * 2 * kvh * hd * el
