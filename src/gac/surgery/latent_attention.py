@@ -235,6 +235,94 @@ class LatentAttention(nn.Module):
         cos, sin = self._rotary(k, pos)
         return apply_rope(k, cos.to(k.dtype), sin.to(k.dtype))
 
+    # ------------------------------------------------------ fused decode kernel
+    #: use the Triton decode kernel (CUDA, static cache, one new token) where it applies
+    use_kernel: bool = True
+
+    def _kernel_ok(self, hidden_states: torch.Tensor, cache: Any) -> bool:
+        from gac.kernels.latent_attention import kernel_supported
+
+        return (
+            self.use_kernel
+            and hidden_states.is_cuda
+            and hidden_states.shape[1] == 1
+            and cache is not None
+            and bool(getattr(cache, "is_compileable", False))
+            and self.k_proj.ups[0].bias is None
+            and self._rotary is not None
+            and hasattr(self._rotary, "inv_freq")
+            and kernel_supported(self.head_dim, self.num_key_value_groups)
+        )
+
+    def decode_pack(self) -> dict[str, Any]:
+        """Per-KV-head packed key up-projections, latent offsets and ranks for the decode kernel (cached)."""
+        ups_k = self.k_proj.ups
+        key = (ups_k[0].weight.device, ups_k[0].weight.dtype, tuple(u.weight.data_ptr() for u in ups_k))
+        if self.__dict__.get("_pack_key") == key:
+            return self.__dict__["_pack"]
+        hd, gk = self.head_dim, self.group_kv
+        rk, rv = self.k_proj.ranks, self.v_proj.ranks
+        w = ups_k[0].weight
+        rk_max = -(-max(rk) // 32) * 32
+        brv = max(16, 1 << (max(rv) - 1).bit_length())
+        uk = torch.zeros(self.kv_heads, hd, rk_max, device=w.device, dtype=w.dtype)
+        koff, kr, voff, vr = [], [], [], []
+        ko, vo = self.k_proj.offsets(), self.v_proj.offsets()
+        with torch.no_grad():
+            for h in range(self.kv_heads):
+                g, j = divmod(h, gk)
+                uk[h, :, : rk[g]] = ups_k[g].weight[j * hd : (j + 1) * hd]
+                koff.append(ko[g])
+                kr.append(rk[g])
+                voff.append(vo[g])
+                vr.append(rv[g])
+        idx = []
+        for h in range(self.heads):
+            g = (h // self.num_key_value_groups) // gk
+            idx.extend(range(h * brv, h * brv + rv[g]))
+
+        def i32(v: list[int]) -> torch.Tensor:
+            return torch.tensor(v, dtype=torch.int32, device=w.device)
+
+        pack = {
+            "uk": uk,
+            "koff": i32(koff),
+            "kr": i32(kr),
+            "voff": i32(voff),
+            "vr": i32(vr),
+            "rk_max": rk_max,
+            "block_rv": brv,
+            "kv_heads": self.kv_heads,
+            "gather": torch.tensor(idx, dtype=torch.long, device=w.device),
+        }
+        self.__dict__["_pack"], self.__dict__["_pack_key"] = pack, key
+        return pack
+
+    def _kernel_forward(self, hidden_states, position_embeddings, cache, cache_position) -> torch.Tensor:
+        from gac.kernels.latent_attention import latent_decode_attention
+
+        b = hidden_states.shape[0]
+        q = self._queries(hidden_states, position_embeddings)[:, :, 0]
+        if cache_position is None:
+            raise GacError("the latent decode kernel needs cache_position")
+        zk, zv = self.k_proj.latent(hidden_states), self.v_proj.latent(hidden_states)
+        k4, v4 = cache.update(zk.unsqueeze(1), zv.unsqueeze(1), self.layer_idx, {"cache_position": cache_position})
+        pack = self.decode_pack()
+        n = cache_position[-1:] + 1
+        rot = self._rotary
+        out = latent_decode_attention(
+            q.contiguous(),
+            k4[:, 0],
+            v4[:, 0],
+            pack,
+            n,
+            rot.inv_freq.float(),
+            self.scaling,
+            float(getattr(rot, "attention_scaling", 1.0)),
+        )
+        flat = out.reshape(b, -1).index_select(1, pack["gather"])
+        return self.o_proj(flat).unsqueeze(1)
+
     # ----------------------------------------------------------------- forward
     def _attend(self, q, k, v, mask, **kwargs) -> torch.Tensor:
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -298,6 +386,8 @@ class LatentAttention(nn.Module):
                 cache_position,
                 **kwargs,
             )
+        if self._kernel_ok(hidden_states, past_key_values):
+            return self._kernel_forward(hidden_states, position_embeddings, past_key_values, cache_position), None
         b, s, _ = hidden_states.shape
         q = self._queries(hidden_states, position_embeddings)
         pos = self._positions(hidden_states, position_ids, cache_position)
