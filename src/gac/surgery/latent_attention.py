@@ -239,7 +239,9 @@ class LatentAttention(nn.Module):
     #: use the Triton decode kernel (CUDA, static cache, one new token) where it applies
     use_kernel: bool = True
 
-    def _kernel_ok(self, hidden_states: torch.Tensor, cache: Any) -> bool:
+    def _kernel_ok(
+        self, hidden_states: torch.Tensor, cache: Any, cache_position: Any, position_ids: Any
+    ) -> bool:
         from gac.kernels.latent_attention import kernel_supported
 
         return (
@@ -247,6 +249,7 @@ class LatentAttention(nn.Module):
             and hidden_states.is_cuda
             and hidden_states.shape[1] == 1
             and cache is not None
+            and (cache_position is not None or position_ids is not None)
             and bool(getattr(cache, "is_compileable", False))
             and self.k_proj.ups[0].bias is None
             and self._rotary is not None
@@ -298,17 +301,21 @@ class LatentAttention(nn.Module):
         self.__dict__["_pack"], self.__dict__["_pack_key"] = pack, key
         return pack
 
-    def _kernel_forward(self, hidden_states, position_embeddings, cache, cache_position) -> torch.Tensor:
+    def _kernel_forward(
+        self, hidden_states, position_embeddings, cache, cache_position, position_ids
+    ) -> torch.Tensor:
         from gac.kernels.latent_attention import latent_decode_attention
 
         b = hidden_states.shape[0]
         q = self._queries(hidden_states, position_embeddings)[:, :, 0]
-        if cache_position is None:
-            raise GacError("the latent decode kernel needs cache_position")
+        # a static cache's slot j holds position j: the new token's slot is its position
+        # (transformers >= 5.2x passes cache_position to attention; older 5.x only position_ids)
+        where = cache_position if cache_position is not None else position_ids[0]
         zk, zv = self.k_proj.latent(hidden_states), self.v_proj.latent(hidden_states)
-        k4, v4 = cache.update(zk.unsqueeze(1), zv.unsqueeze(1), self.layer_idx, {"cache_position": cache_position})
+        kw = {"cache_position": cache_position} if cache_position is not None else {}
+        k4, v4 = cache.update(zk.unsqueeze(1), zv.unsqueeze(1), self.layer_idx, kw)
         pack = self.decode_pack()
-        n = cache_position[-1:] + 1
+        n = where[-1:] + 1
         rot = self._rotary
         out = latent_decode_attention(
             q.contiguous(),
@@ -386,8 +393,11 @@ class LatentAttention(nn.Module):
                 cache_position,
                 **kwargs,
             )
-        if self._kernel_ok(hidden_states, past_key_values):
-            return self._kernel_forward(hidden_states, position_embeddings, past_key_values, cache_position), None
+        if self._kernel_ok(hidden_states, past_key_values, cache_position, position_ids):
+            out = self._kernel_forward(
+                hidden_states, position_embeddings, past_key_values, cache_position, position_ids
+            )
+            return out, None
         b, s, _ = hidden_states.shape
         q = self._queries(hidden_states, position_embeddings)
         pos = self._positions(hidden_states, position_ids, cache_position)
