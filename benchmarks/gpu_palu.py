@@ -40,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale", type=int, default=1, help="divide every width by this (smoke tests)")
     ap.add_argument("--ratio", type=float, default=0.5, help="KV-cache fraction kept")
     ap.add_argument("--group-size", type=int, default=4)
+    ap.add_argument(
+        "--folded", default="gac", help="aligns also timed with values folded into o_proj (fold_values=True)"
+    )
     ap.add_argument("--aligns", default="none,round,gac")
     ap.add_argument("--calib-samples", type=int, default=8)
     ap.add_argument("--calib-len", type=int, default=512)
@@ -127,16 +130,23 @@ def main(argv: list[str] | None = None) -> int:
     copy_gbps = res["copy_bandwidth"].get("gbps")
     print(f"importance {importance_s:.1f}s, allocation {alloc_s:.2f}s", flush=True)
     out = Path(args.out)
-    for name in ["dense", *allocs]:
+    extra = [f"{a}-folded" for a in args.folded.split(",") if a]
+    for name in ["dense", *allocs, *extra]:
         t0 = time.time()
         model = None
         try:
             if name == "dense":
                 model = base
             else:
+                align = name.removesuffix("-folded")
                 model = copy.deepcopy(base)
-                rep = apply_(model, p, allocs[name])
-                res["allocation"][name]["model_ratio"] = rep.model_ratio
+                p.compressor.fold_values = name.endswith("-folded")
+                try:
+                    rep = apply_(model, p, allocs[align])
+                finally:
+                    p.compressor.fold_values = False
+                res["allocation"].setdefault(name, {})["model_ratio"] = rep.model_ratio
+                res["allocation"][name]["params"] = rep.model_params_after
             rec = sweep_model(model, cfg, copy_gbps, label=name)
             rec["build_and_time_s"] = time.time() - t0
             res["variants"][name] = rec

@@ -15,7 +15,6 @@ import torch
 triton = pytest.importorskip("triton")
 
 from gac.api import CompressConfig, plan  # noqa: E402
-from gac.kernels.latent_attention import latent_decode_attention  # noqa: E402
 from gac.testing import tiny_model  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -23,8 +22,10 @@ if DEV == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("needs CUDA or TRITON_INTERPRET=1", allow_module_level=True)
 
 
-@pytest.mark.parametrize(("group_size", "ratio"), [(2, 0.45), (1, 0.7), (4, 0.3)])
-def test_kernel_matches_reference(group_size, ratio):
+@pytest.mark.parametrize(
+    ("group_size", "ratio", "fold"), [(2, 0.45, True), (2, 0.45, False), (1, 0.7, False), (4, 0.3, True)]
+)
+def test_kernel_matches_reference(group_size, ratio, fold):
     from transformers import StaticCache
 
     base = tiny_model("llama", hidden=128, layers=1, heads=8, kv_heads=4, head_dim=64)
@@ -38,9 +39,11 @@ def test_kernel_matches_reference(group_size, ratio):
         calib_batches=batches,
     )
     m = copy.deepcopy(base)
+    p.compressor.fold_values = fold
     p.compressor.apply(m, p.sites, p.native)
     m = m.to(DEV)
     attn = m.model.layers[0].self_attn
+    assert attn.folded == fold
     assert any(r % 16 for r in attn.k_proj.ranks + attn.v_proj.ranks)  # odd ranks exercised
     b, t0 = 2, 45
     cache = StaticCache(config=m.config, max_cache_len=70)
@@ -53,21 +56,8 @@ def test_kernel_matches_reference(group_size, ratio):
         attn.use_kernel = False
         mask = (torch.arange(70, device=DEV) <= t0).view(1, 1, 1, 70).expand(b, 1, 1, 70)
         ref, _ = attn(h, pe, mask, past_key_values=cache, position_ids=pos[None], cache_position=pos)
-        # the reference path wrote the token's latents at slot t0; the kernel reads them back
-        q = attn._queries(h, pe)[:, :, 0].contiguous()
-        layer = cache.layers[0]
-        pack = attn.decode_pack()
-        out = latent_decode_attention(
-            q,
-            layer.keys[:, 0],
-            layer.values[:, 0],
-            pack,
-            pos + 1,
-            m.model.rotary_emb.inv_freq.float(),
-            attn.scaling,
-        )
-        got = attn.o_proj(out.reshape(b, -1).index_select(1, pack["gather"])).unsqueeze(1)
-    # the reference masks the empty slots > t0; the kernel stops at cache_len
+        # the reference path wrote the token's latents at slot t0; the kernel path writes the same
+        got = attn._kernel_forward(h, pe, cache, pos, pos[None])
     # fp32 inputs: tl.dot runs in TF32 on a GPU (10-bit mantissa), exactly in the interpreter
     tol = dict(atol=2e-4, rtol=1e-3) if DEV == "cpu" else dict(atol=2e-2, rtol=2e-2)
     assert torch.allclose(got, ref, **tol), (got - ref).abs().max()

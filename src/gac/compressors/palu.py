@@ -110,7 +110,7 @@ class PaluCompressor(Compressor):
         group_size: int | None = None,
         search: str = "fisher_uniform",
         decompose: str = "whiten",
-        fold_values: bool = True,
+        fold_values: bool = False,
         svd_dtype: str | None = None,
     ) -> None:
         if search not in SEARCH_METHODS:

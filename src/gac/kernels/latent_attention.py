@@ -156,8 +156,6 @@ def latent_decode_attention(
     inv_freq: torch.Tensor,
     scale: float,
     rope_scale: float = 1.0,
-    block_t: int = 32,
-    block_r: int = 32,
 ) -> torch.Tensor:
     """Per-query-head latent outputs ``[B, H, BRV]`` (fp32 merge, cast to ``q``'s dtype).
 
@@ -168,12 +166,66 @@ def latent_decode_attention(
         cache_len: valid tokens (device tensor, read in the kernel).
         inv_freq: the rotary inverse frequencies ``[HD/2]`` (fp32).
         scale: softmax scale; rope_scale: the rotary ``attention_scaling``.
+
+    The launch is a ``torch.library`` custom op, so ``torch.compile`` treats it as one opaque
+    call (and CUDA graphs capture it) instead of re-compiling the Triton source.
     """
+    return torch.ops.gac.latent_decode(
+        q,
+        zk,
+        zv,
+        pack["uk"],
+        pack["koff"],
+        pack["kr"],
+        pack["voff"],
+        pack["vr"],
+        inv_freq,
+        cache_len,
+        float(scale),
+        float(rope_scale),
+        int(pack["rk_max"]),
+        int(pack["block_rv"]),
+        int(pack["kv_heads"]),
+    )
+
+
+@torch.library.custom_op("gac::latent_decode", mutates_args=())
+def _latent_decode_op(
+    q: torch.Tensor,
+    zk: torch.Tensor,
+    zv: torch.Tensor,
+    uk: torch.Tensor,
+    koff: torch.Tensor,
+    kr: torch.Tensor,
+    voff: torch.Tensor,
+    vr: torch.Tensor,
+    inv_freq: torch.Tensor,
+    cache_len: torch.Tensor,
+    scale: float,
+    rope_scale: float,
+    rk_max: int,
+    block_rv: int,
+    kv_heads: int,
+) -> torch.Tensor:
+    return _launch(
+        q, zk, zv, uk, koff, kr, voff, vr, inv_freq, cache_len, scale, rope_scale, rk_max, block_rv, kv_heads
+    )
+
+
+@_latent_decode_op.register_fake
+def _(q, zk, zv, uk, koff, kr, voff, vr, inv_freq, cache_len, scale, rope_scale, rk_max, block_rv, kv_heads):
+    b, h, _ = q.shape
+    return q.new_empty(b, h, block_rv)
+
+
+def _launch(
+    q, zk, zv, uk, koff, kr, voff, vr, inv_freq, cache_len, scale, rope_scale, rk_max, brv, kvh,
+    block_t: int = 32,
+    block_r: int = 32,
+) -> torch.Tensor:  # fmt: skip
     b, h, hd = q.shape
-    kvh = int(pack["kv_heads"])
     n_rep = h // kvh
     t = zk.shape[1]
-    brv = int(pack["block_rv"])
     bq = 16
     n_split = max(1, min(math.ceil(t / block_t), math.ceil(4 * 132 / max(b * kvh, 1))))
     per = math.ceil(math.ceil(t / n_split) / block_t) * block_t
@@ -182,16 +234,15 @@ def latent_decode_attention(
     m = torch.empty(b, kvh, n_split, bq, device=dev, dtype=torch.float32)
     l_ = torch.empty_like(m)
     acc = torch.empty(b, kvh, n_split, bq, brv, device=dev, dtype=torch.float32)
-    uk = pack["uk"]
     _latent_decode_kernel[(b * kvh, n_split)](
         q,
         zk,
         zv,
         uk,
-        pack["koff"],
-        pack["kr"],
-        pack["voff"],
-        pack["vr"],
+        koff,
+        kr,
+        voff,
+        vr,
         inv_freq,
         cache_len,
         m,
@@ -212,7 +263,7 @@ def latent_decode_attention(
         T_PER_SPLIT=per,
         NREP=n_rep,
         HALF=hd // 2,
-        RK=int(pack["rk_max"]),
+        RK=int(rk_max),
         BLOCK_T=block_t,
         BLOCK_R=block_r,
         BLOCK_Q=bq,

@@ -128,7 +128,7 @@ class LatentAttention(nn.Module):
         config: Any,
         scaling: float,
         rotary: nn.Module | None,
-        fold_values: bool = True,
+        fold_values: bool = False,
     ) -> None:
         super().__init__()
         if heads % kv_heads:
@@ -287,7 +287,18 @@ class LatentAttention(nn.Module):
         def i32(v: list[int]) -> torch.Tensor:
             return torch.tensor(v, dtype=torch.int32, device=w.device)
 
+        # unfolded values: each KV head's value up-projection, transposed and zero past its rank
+        uv = torch.zeros(self.kv_heads, brv, hd, device=w.device, dtype=w.dtype)
+        with torch.no_grad():
+            for h in range(self.kv_heads):
+                g, j = divmod(h, gk)
+                uv[h, : rv[g]] = self.v_proj.ups[g].weight[j * hd : (j + 1) * hd].T
+        vb = None
+        if self.v_proj.ups[0].bias is not None:
+            vb = torch.cat([u.bias.detach() for u in self.v_proj.ups]).view(self.kv_heads, 1, hd)
         pack = {
+            "uv": uv,
+            "v_bias": vb,
             "uk": uk,
             "koff": i32(koff),
             "kr": i32(kr),
@@ -327,8 +338,15 @@ class LatentAttention(nn.Module):
             self.scaling,
             float(getattr(rot, "attention_scaling", 1.0)),
         )
-        flat = out.reshape(b, -1).index_select(1, pack["gather"])
-        return self.o_proj(flat).unsqueeze(1)
+        if self.folded:
+            flat = out.reshape(b, -1).index_select(1, pack["gather"])
+            return self.o_proj(flat).unsqueeze(1)
+        # per-head latent outputs through their KV head's value up-projection, then o_proj
+        lat = out.view(b, self.kv_heads, self.num_key_value_groups, -1)
+        v = torch.matmul(lat, pack["uv"])  # [B, KVH, n_rep, hd]
+        if pack["v_bias"] is not None:
+            v = v + pack["v_bias"]
+        return self.o_proj(v.reshape(b, 1, -1))
 
     # ----------------------------------------------------------------- forward
     def _attend(self, q, k, v, mask, **kwargs) -> torch.Tensor:
@@ -383,6 +401,11 @@ class LatentAttention(nn.Module):
         cache_position: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, None]:
+        if self._kernel_ok(hidden_states, past_key_values, cache_position, position_ids):
+            out = self._kernel_forward(
+                hidden_states, position_embeddings, past_key_values, cache_position, position_ids
+            )
+            return out, None
         if not self.folded:
             return self.reference_forward(
                 hidden_states,
@@ -393,11 +416,6 @@ class LatentAttention(nn.Module):
                 cache_position,
                 **kwargs,
             )
-        if self._kernel_ok(hidden_states, past_key_values, cache_position, position_ids):
-            out = self._kernel_forward(
-                hidden_states, position_embeddings, past_key_values, cache_position, position_ids
-            )
-            return out, None
         b, s, _ = hidden_states.shape
         q = self._queries(hidden_states, position_embeddings)
         pos = self._positions(hidden_states, position_ids, cache_position)
