@@ -218,16 +218,29 @@ def _(q, zk, zv, uk, koff, kr, voff, vr, inv_freq, cache_len, scale, rope_scale,
     return q.new_empty(b, h, block_rv)
 
 
+#: launch parameters (measured on an H100 with ``benchmarks/gpu_latent_kernel.py``)
+LAUNCH = {"block_t": 32, "block_r": 32, "num_warps": 4, "num_stages": 2, "waves": 4}
+
+
 def _launch(
     q, zk, zv, uk, koff, kr, voff, vr, inv_freq, cache_len, scale, rope_scale, rk_max, brv, kvh,
-    block_t: int = 32,
-    block_r: int = 32,
+    block_t: int | None = None,
+    block_r: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    waves: int | None = None,
 ) -> torch.Tensor:  # fmt: skip
+    block_t = block_t or LAUNCH["block_t"]
+    block_r = block_r or LAUNCH["block_r"]
+    num_warps = num_warps or LAUNCH["num_warps"]
+    num_stages = num_stages or LAUNCH["num_stages"]
+    waves = waves or LAUNCH["waves"]
     b, h, hd = q.shape
     n_rep = h // kvh
     t = zk.shape[1]
     bq = 16
-    n_split = max(1, min(math.ceil(t / block_t), math.ceil(4 * 132 / max(b * kvh, 1))))
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 132
+    n_split = max(1, min(math.ceil(t / block_t), math.ceil(waves * sms / max(b * kvh, 1))))
     per = math.ceil(math.ceil(t / n_split) / block_t) * block_t
     n_split = math.ceil(t / per)
     dev = q.device
@@ -263,11 +276,13 @@ def _launch(
         T_PER_SPLIT=per,
         NREP=n_rep,
         HALF=hd // 2,
-        RK=int(rk_max),
+        RK=int(-(-rk_max // block_r) * block_r),
         BLOCK_T=block_t,
         BLOCK_R=block_r,
         BLOCK_Q=bq,
         BLOCK_RV=brv,
+        num_warps=num_warps,
+        num_stages=num_stages,
     )
     mx = m.amax(dim=2, keepdim=True)
     w = torch.exp(m - mx)  # [B, KVH, S, BQ]
