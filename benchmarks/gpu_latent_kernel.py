@@ -13,6 +13,7 @@ Run: ``PYTHONPATH=src python3 benchmarks/gpu_latent_kernel.py --out benchmarks/r
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import sys
@@ -42,9 +43,18 @@ def main() -> int:
         q = torch.randn(b, h, hd, device=dev, dtype=dt)
         k = torch.randn(b, kvh, t, hd, device=dev, dtype=dt)
         v = torch.randn(b, kvh, t, hd, device=dev, dtype=dt)
-        dense_ms = do_bench(lambda: F.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True))
+        dense_ms = do_bench(
+            functools.partial(F.scaled_dot_product_attention, q[:, :, None], k, v, enable_gqa=True)
+        )
         dense_bytes = 2 * k.numel() * k.element_size()
-        row = {"batch": b, "kv": t, "dense_ms": dense_ms, "dense_bytes": dense_bytes, "dense_gbps": dense_bytes / dense_ms / 1e6, "latent": []}
+        row = {
+            "batch": b,
+            "kv": t,
+            "dense_ms": dense_ms,
+            "dense_bytes": dense_bytes,
+            "dense_gbps": dense_bytes / dense_ms / 1e6,
+            "latent": [],
+        }
         del k, v
         for r in (int(x) for x in args.ranks.split(",")):
             rk_max = -(-r // 32) * 32
@@ -52,16 +62,15 @@ def main() -> int:
             zk = torch.randn(b, t, groups * r, device=dev, dtype=dt)
             zv = torch.randn(b, t, groups * r, device=dev, dtype=dt)
             uk = torch.randn(kvh, hd, rk_max, device=dev, dtype=dt) * 0.05
-            i32 = lambda xs: torch.tensor(xs, dtype=torch.int32, device=dev)  # noqa: E731
-            off = i32([0] * 4 + [r] * 4)
-            rr = i32([r] * 8)
+            off = torch.tensor([0] * 4 + [r] * 4, dtype=torch.int32, device=dev)
+            rr = torch.tensor([r] * 8, dtype=torch.int32, device=dev)
             n = torch.tensor([t], device=dev)
             lat_bytes = 2 * zk.numel() * zk.element_size()
             best = None
             for bt, br, nw, ns, wv in configs:
                 try:
-                    fn = lambda: _launch(  # noqa: E731
-                        q, zk, zv, uk, off, rr, off, rr, inv, n, hd**-0.5, 1.0, rk_max, brv, kvh,
+                    fn = functools.partial(
+                        _launch, q, zk, zv, uk, off, rr, off, rr, inv, n, hd**-0.5, 1.0, rk_max, brv, kvh,
                         block_t=bt, block_r=br, num_warps=nw, num_stages=ns, waves=wv,
                     )  # fmt: skip
                     ms = do_bench(fn, warmup=5, rep=20)
