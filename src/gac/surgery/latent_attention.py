@@ -258,7 +258,10 @@ class LatentAttention(nn.Module):
         )
 
     def decode_pack(self) -> dict[str, Any]:
-        """Per-KV-head packed key up-projections, latent offsets and ranks for the decode kernel (cached)."""
+        """Packed key up-projections, latent offsets/ranks and value up-projections for the decode kernel.
+
+        Cached until the weights move (device, dtype or storage change).
+        """
         ups_k = self.k_proj.ups
         key = (ups_k[0].weight.device, ups_k[0].weight.dtype, tuple(u.weight.data_ptr() for u in ups_k))
         if self.__dict__.get("_pack_key") == key:
@@ -267,47 +270,30 @@ class LatentAttention(nn.Module):
         rk, rv = self.k_proj.ranks, self.v_proj.ranks
         w = ups_k[0].weight
         rk_max = -(-max(rk) // 32) * 32
-        brv = max(16, 1 << (max(rv) - 1).bit_length())
         uk = torch.zeros(self.kv_heads, hd, rk_max, device=w.device, dtype=w.dtype)
-        koff, kr, voff, vr = [], [], [], []
-        ko, vo = self.k_proj.offsets(), self.v_proj.offsets()
+        koff, kr = [], []
+        ko = self.k_proj.offsets()
         with torch.no_grad():
             for h in range(self.kv_heads):
                 g, j = divmod(h, gk)
                 uk[h, :, : rk[g]] = ups_k[g].weight[j * hd : (j + 1) * hd]
                 koff.append(ko[g])
                 kr.append(rk[g])
-                voff.append(vo[g])
-                vr.append(rv[g])
-        idx = []
-        for h in range(self.heads):
-            g = (h // self.num_key_value_groups) // gk
-            idx.extend(range(h * brv, h * brv + rv[g]))
-
-        def i32(v: list[int]) -> torch.Tensor:
-            return torch.tensor(v, dtype=torch.int32, device=w.device)
-
-        # unfolded values: each KV head's value up-projection, transposed and zero past its rank
-        uv = torch.zeros(self.kv_heads, brv, hd, device=w.device, dtype=w.dtype)
-        with torch.no_grad():
-            for h in range(self.kv_heads):
-                g, j = divmod(h, gk)
-                uv[h, : rv[g]] = self.v_proj.ups[g].weight[j * hd : (j + 1) * hd].T
+            # each group's value up-projection per KV head, transposed: [G, r_g, hd]
+            uv = [u.weight.detach().view(gk, hd, -1).transpose(1, 2).contiguous() for u in self.v_proj.ups]
         vb = None
         if self.v_proj.ups[0].bias is not None:
-            vb = torch.cat([u.bias.detach() for u in self.v_proj.ups]).view(self.kv_heads, 1, hd)
+            vb = torch.cat([u.bias.detach() for u in self.v_proj.ups]).view(1, self.kv_heads, 1, hd)
         pack = {
+            "uk": uk,
+            "koff": torch.tensor(koff, dtype=torch.int32, device=w.device),
+            "kr": torch.tensor(kr, dtype=torch.int32, device=w.device),
+            "rk_max": rk_max,
+            "kv_heads": self.kv_heads,
+            "v_offsets": self.v_proj.offsets(),
+            "v_ranks": rv,
             "uv": uv,
             "v_bias": vb,
-            "uk": uk,
-            "koff": i32(koff),
-            "kr": i32(kr),
-            "voff": i32(voff),
-            "vr": i32(vr),
-            "rk_max": rk_max,
-            "block_rv": brv,
-            "kv_heads": self.kv_heads,
-            "gather": torch.tensor(idx, dtype=torch.long, device=w.device),
         }
         self.__dict__["_pack"], self.__dict__["_pack_key"] = pack, key
         return pack
@@ -326,24 +312,29 @@ class LatentAttention(nn.Module):
         kw = {"cache_position": cache_position} if cache_position is not None else {}
         k4, v4 = cache.update(zk.unsqueeze(1), zv.unsqueeze(1), self.layer_idx, kw)
         pack = self.decode_pack()
-        n = where[-1:] + 1
         rot = self._rotary
-        out = latent_decode_attention(
+        outs = latent_decode_attention(
             q.contiguous(),
             k4[:, 0],
             v4[:, 0],
             pack,
-            n,
+            where[-1:] + 1,
             rot.inv_freq.float(),
             self.scaling,
             float(getattr(rot, "attention_scaling", 1.0)),
-        )
+        )  # per group [B, H_g, r_g]
         if self.folded:
-            flat = out.reshape(b, -1).index_select(1, pack["gather"])
+            flat = torch.cat([o.reshape(b, -1) for o in outs], dim=1)
             return self.o_proj(flat).unsqueeze(1)
         # per-head latent outputs through their KV head's value up-projection, then o_proj
-        lat = out.view(b, self.kv_heads, self.num_key_value_groups, -1)
-        v = torch.matmul(lat, pack["uv"])  # [B, KVH, n_rep, hd]
+        n_rep = self.num_key_value_groups
+        v = torch.cat(
+            [
+                torch.matmul(o.view(b, self.group_kv, n_rep, -1), u)
+                for o, u in zip(outs, pack["uv"], strict=True)
+            ],
+            dim=1,
+        )  # [B, KVH, n_rep, hd]
         if pack["v_bias"] is not None:
             v = v + pack["v_bias"]
         return self.o_proj(v.reshape(b, 1, -1))
