@@ -186,7 +186,7 @@ def _(q, zk, uk, koff, kr, inv_freq, cache_len, scale, rope_scale, rk_max, kv_he
 
 #: launch parameters (swept on an H100 with ``benchmarks/gpu_latent_kernel.py``); the environment
 #: variable ``GAC_LATENT_LAUNCH="block_t,block_r,num_warps,num_stages"`` overrides them
-LAUNCH = {"block_t": 64, "block_r": 64, "num_warps": 4, "num_stages": 2}
+LAUNCH = {"block_t": 128, "block_r": 64, "num_warps": 8, "num_stages": 2}
 if os.environ.get("GAC_LATENT_LAUNCH"):
     LAUNCH.update(zip(LAUNCH, (int(x) for x in os.environ["GAC_LATENT_LAUNCH"].split(",")), strict=False))
 
