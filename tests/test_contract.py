@@ -23,6 +23,7 @@ from gac.api import CompressConfig, apply_, plan
 from gac.compressors.base import available_compressors
 from gac.hardware.profile import OpRule, default_profile
 from gac.surgery.factorized import FactorizedLinear
+from gac.surgery.latent_attention import LatentAttention
 from gac.testing import tiny_model
 
 # Real English prose (not random tokens), tokenized as bytes for the byte-vocab tiny models.
@@ -97,7 +98,7 @@ def plans():
 
 
 def test_every_builtin_compressor_is_in_the_table():
-    assert {"svd", "asvd", "svd-llm", "llm-pruner"} <= set(COMPRESSORS)
+    assert {"svd", "asvd", "svd-llm", "llm-pruner", "palu"} <= set(COMPRESSORS)
 
 
 @pytest.mark.parametrize(("compressor", "align"), CASES)
@@ -127,6 +128,13 @@ def test_contract(plans, tmp_path, compressor, align):
 
     # the model really has the reported dims
     for s in a["sites"]:
+        if compressor == "palu":  # one site per (layer, K or V, KV group): a latent rank
+            fqn, _, g = s["name"].rpartition(":g")
+            attn = model.get_submodule(fqn.rsplit(".", 1)[0])
+            assert isinstance(attn, LatentAttention)
+            proj = attn.k_proj if fqn.endswith("k_proj") else attn.v_proj
+            assert proj.ranks[int(g)] == s["dim"]
+            continue
         mod = model.get_submodule(s["name"])
         if compressor == "llm-pruner":  # structured pruning: narrower plain layers, no factors
             assert not any(isinstance(m, FactorizedLinear) for m in mod.modules())

@@ -220,3 +220,41 @@ def test_qwen2_biases_fold_exactly():
         assert torch.allclose(folded(ids).logits, ref(ids).logits, atol=1e-9, rtol=0)
     rep = apply_(copy.deepcopy(base), p, p.allocation("knapsack"))
     assert rep.targeted_after <= p.budget
+
+
+def test_repair_pads_latent_ranks_exactly(tmp_path, llama64):
+    import gac
+    from gac.surgery.repair import repair_, save_repaired
+
+    m = copy.deepcopy(llama64).float()
+    compress_(
+        m,
+        CompressConfig(compressor="palu", param_ratio=0.45, align="none", options={"group_size": 2}),
+        calib_batches=_batches(),
+    )
+    m2 = copy.deepcopy(m)
+    # a folded copy too: padded value ranks must widen o_proj per head
+    p = plan(
+        copy.deepcopy(llama64).float(),
+        CompressConfig(compressor="palu", param_ratio=0.45, align="none", options={"group_size": 2}),
+        calib_batches=_batches(),
+    )
+    folded = copy.deepcopy(llama64).float()
+    p.compressor.fold_values = True
+    p.compressor.apply(folded, p.sites, p.native)
+    ranks = [r for _, a in latent_modules(m) for r in a.k_proj.ranks + a.v_proj.ranks]
+    assert any(r % 8 for r in ranks)  # something to repair
+    ids = _ids()
+    with torch.no_grad():
+        before, before_f = m(ids).logits, folded(ids).logits
+        rep = repair_(m2, "minimal")
+        repair_(folded, "minimal")
+        after, after_f = m2(ids).logits, folded(ids).logits
+    assert rep.changes and all(c.kind == "latent_rank" for c in rep.changes)
+    assert all(r % 8 == 0 for _, a in latent_modules(m2) for r in a.k_proj.ranks + a.v_proj.ranks)
+    assert torch.allclose(after, before, atol=1e-5, rtol=0)
+    assert torch.allclose(after_f, before_f, atol=1e-5, rtol=0)
+    save_repaired(m2, tmp_path / "rep", rep)
+    back = gac.load(tmp_path / "rep")
+    with torch.no_grad():
+        assert torch.equal(back(ids).logits, after)

@@ -42,6 +42,7 @@ from gac.errors import GacError, check_schema
 from gac.hardware.profile import Profile, load_profile
 from gac.models.adapters import FamilyAdapter, get_adapter, in_features, is_rms_norm, out_features
 from gac.surgery.factorized import FactorizedLinear, replace_module
+from gac.surgery.latent_attention import latent_modules, pad_latent_rank_
 from gac.surgery.padding import (
     head_end_placement,
     pad_embedding_,
@@ -272,12 +273,26 @@ def repair_(
         if isinstance(m, FactorizedLinear)
     }
     plan["rank"] = {n: v for n, v in ranks.items() if v[0] != v[1]}
+    latent = latent_modules(model)
+    plan["latent"] = {
+        (n, kind, g): (r, target("rank", r))
+        for n, m in latent
+        for kind, proj in (("k", m.k_proj), ("v", m.v_proj))
+        for g, r in enumerate(proj.ranks)
+        if target("rank", r) != r
+    }
+    if latent:  # PaLU models: only the latent ranks are repaired here
+        for key in ("hidden", "head_dim"):
+            if plan.pop(key, None) is not None:
+                report.skipped.append(f"{key}: not padded in a latent-attention (PaLU) model")
     unrepairable = list(report.skipped)
     v = ad.vocab
     if round_up(v, target_modulus(strategy, "hidden", prof)) != v:
         report.skipped.append(f"vocab {v}: not padded (extra logits would change the output distribution)")
 
-    if not (plan.get("hidden") or plan["intermediate"] or plan.get("head_dim") or plan["rank"]):
+    if not (
+        plan.get("hidden") or plan["intermediate"] or plan.get("head_dim") or plan["rank"] or plan["latent"]
+    ):
         if unrepairable:
             raise GacError(
                 "no repairable dims: the misaligned dims cannot be zero-padded exactly ("
@@ -292,6 +307,9 @@ def repair_(
         for name, (r, r_new) in plan["rank"].items():
             pad_rank_(model.get_submodule(name), r_new)
             report.changes.append(DimChange("rank", name, r, r_new))
+    for (name, kind, g), (r, r_new) in plan["latent"].items():
+        pad_latent_rank_(model.get_submodule(name), kind, g, r_new)
+        report.changes.append(DimChange("latent_rank", f"{name}.{kind}_proj:g{g}", r, r_new))
     for i, (d, d_new) in plan["intermediate"].items():
         p = ad.projections(i)
         if "gate_up" in p:  # fused [gate | up]: each half grows separately
@@ -571,6 +589,24 @@ def save_repaired(
     from gac.utils import atomic_dir
 
     out = Path(out)
+    if latent_modules(model):  # PaLU: a gac directory (its latent attention needs gac's skeleton)
+        from gac import io
+
+        meta = dict(getattr(model, "gac_config", {}) or {})
+        for k in (
+            "schema",
+            "gac_version",
+            "torch_version",
+            "architecture",
+            "factorized",
+            "modules",
+            "pruned",
+            "tied",
+            "dtype",
+        ):
+            meta.pop(k, None)
+        meta.update(repair=report.to_dict() if report is not None else None, repair_source=source or {})
+        return io.save(model, out, meta, tokenizer=tokenizer, overwrite=overwrite)
     cfg = model.config
     overrides = {k: getattr(cfg, k) for k in ("hidden_size", "head_dim", "intermediate_size")}
     saved_hidden = _valid_hidden_for_config(cfg)
