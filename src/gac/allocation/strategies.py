@@ -179,12 +179,14 @@ def site_ms(profile: Profile, site: Site, d: int, tokens: int = DEFAULT_TOKENS) 
     Dense (``d >= max_dim``) low-rank sites are one ``[tokens, in] @ [in, out]`` GEMM priced by
     :meth:`Profile.gemm_ms`. A compressed site does ``2 * tokens * cost(d)`` FLOPs at the
     profile's peak scaled by the efficiency of its kept dim under its operator class
-    (``lowrank_r`` for a factorized pair).
+    (``lowrank_r`` for a factorized pair). A site whose cost is not parameters (PaLU's latent
+    cache dims) names its weight parameters per kept dim in ``meta["flops_per_dim"]``.
     """
     if d >= site.max_dim and len(site.shape) == 2:
         out_f, in_f = site.shape
         return profile.gemm_ms(tokens, in_f, out_f)
-    flops = 2.0 * tokens * site.cost(d)
+    per_dim = site.meta.get("flops_per_dim")  # sites whose cost is not parameters (PaLU: cache dims)
+    flops = 2.0 * tokens * (d * per_dim if per_dim else site.cost(d))
     return flops / (_peak_tflops(profile) * 1e12 * profile.efficiency(site.op, d)) * 1e3
 
 

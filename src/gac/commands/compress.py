@@ -60,10 +60,13 @@ def cpu_sized_defaults(cfg: Any) -> list[str]:
 def compress_cmd(
     model: str = typer.Argument(..., help="Model: alias (smollm2), HF directory, .gguf file or hub id."),
     compressor: str = typer.Option(
-        "asvd", "--compressor", "-c", help="Compressor name (svd, asvd, svd-llm, llm-pruner)."
+        "asvd", "--compressor", "-c", help="Compressor name (svd, asvd, svd-llm, llm-pruner, palu)."
     ),
     param_ratio: float = typer.Option(
-        0.85, "--param-ratio", "-r", help="Fraction of the targeted weights' parameters to keep, in (0, 1)."
+        0.85,
+        "--param-ratio",
+        "-r",
+        help="Fraction of the targeted weights' parameters to keep, in (0, 1) (palu: of the KV cache).",
     ),
     align: str = typer.Option(
         "gac", "--align", "-a", help="none | round | knapsack (unaligned control) | gac | gac-latency."

@@ -95,6 +95,7 @@ def run_demo(
     from gac.guard import check_out
     from gac.hardware.timing import environment
     from gac.models import load_model
+    from gac.surgery.latent_attention import kv_bytes_per_token
     from gac.utils import atomic_dir, console, out_console, resolve_device_dtype
 
     t_start = time.perf_counter()
@@ -120,8 +121,10 @@ def run_demo(
         n_samples = 64 if gpu else 32
     prof = pick_profile(profile)
     label = LABELS.get(compressor, compressor)
+    what = "KV-cache" if compressor == "palu" else "parameter"  # PaLU's budget is the latent KV cache
+    unit = "latent KV dims" if compressor == "palu" else "parameters"
     console.print(
-        f"[bold]gac demo[/bold]: SmolLM2-135M-Instruct, {label} at {1 - param_ratio:.0%} parameter "
+        f"[bold]gac demo[/bold]: SmolLM2-135M-Instruct, {label} at {1 - param_ratio:.0%} {what} "
         f"reduction, {dev}"
     )
     console.print(f"profile: {prof.id} ({prof.label})")
@@ -148,7 +151,9 @@ def run_demo(
     timings["load_s"] = time.perf_counter() - t0
 
     # float32 SVDs: ~10x faster than float64 on CPU for SmolLM2's 576x1536 weights
-    options: dict[str, Any] = {"svd_dtype": "float32"} if compressor in ("svd", "asvd", "svd-llm") else {}
+    options: dict[str, Any] = (
+        {"svd_dtype": "float32"} if compressor in ("svd", "asvd", "svd-llm", "palu") else {}
+    )
     if compressor == "asvd":
         options.update(probe_ratios=list(probe_ratios), sensitivity_samples=sensitivity_samples)
     cfg = CompressConfig(
@@ -204,16 +209,17 @@ def run_demo(
             "pct_aligned": None if a is None else a["pct_aligned"],
             "ppl": ppl[name]["ppl"],
             "predicted_speedup": 1.0 if a is None else a["predicted_speedup"],
+            "kv_bytes_per_token": kv_bytes_per_token(models[name])["cache"],
         }
         if measured:
             for key, res in measured.items():
                 row[f"measured_speedup_{key}"] = res["base"]["median_ms"] / res[name]["median_ms"]
         rows.append(row)
 
-    table = Table(
-        title=f"gac demo: SmolLM2-135M-Instruct, {label}, {1 - param_ratio:.0%} parameter reduction"
-    )
+    table = Table(title=f"gac demo: SmolLM2-135M-Instruct, {label}, {1 - param_ratio:.0%} {what} reduction")
     cols = ["variant", "params", "targeted", "aligned", "perplexity", f"pred. speedup ({prof.id})"]
+    if compressor == "palu":
+        cols.insert(3, "KV bytes/token")
     if measured:
         cols += [f"measured {k}" for k in measured]
     for c in cols:
@@ -227,6 +233,8 @@ def run_demo(
             f"{r['ppl']:.3f}",
             f"{r['predicted_speedup']:.3f}x",
         ]
+        if compressor == "palu":
+            cells.insert(3, f"{r['kv_bytes_per_token']:,}")
         if measured:
             cells += [f"{r[f'measured_speedup_{k}']:.3f}x" for k in measured]
         table.add_row(*cells)
@@ -238,7 +246,7 @@ def run_demo(
         f"perplexity on {n_tok:,} predicted tokens of the Britannica 1911 test half ({eval_windows} x "
         f"{eval_seq_len}); calibration {n_samples} x {seq_len} tokens of its training half; "
         f"knapsack and gac use {variants['knapsack'].allocation['cost']:,} and "
-        f"{variants['gac'].allocation['cost']:,} of the {variants['none'].allocation['cost']:,} parameters "
+        f"{variants['gac'].allocation['cost']:,} of the {variants['none'].allocation['cost']:,} {unit} "
         f"{label}'s own allocation uses"
     )
     console.print(
@@ -247,6 +255,11 @@ def run_demo(
     )
     if not measured:
         console.print("no GPU here: speedups are predicted from the profile, not measured")
+    if compressor == "palu":
+        console.print(
+            "PaLU: predicted speedups price the K/V projections' GEMMs only; the latent cache's decode "
+            "speed is measured in benchmarks/results/h100/palu (benchmarks/gpu_palu.py)"
+        )
     console.print(f"wall time {timings['total_s']:.0f} s")
 
     result = {
@@ -285,7 +298,7 @@ def run_demo(
 
 
 #: How the demo names each compressor (SVD-LLM runs without its parameter update: "(W)").
-LABELS = {"asvd": "ASVD", "svd-llm": "SVD-LLM (W)", "svd": "SVD", "llm-pruner": "LLM-Pruner"}
+LABELS = {"asvd": "ASVD", "svd-llm": "SVD-LLM (W)", "svd": "SVD", "llm-pruner": "LLM-Pruner", "palu": "PaLU"}
 
 
 def demo_cmd(

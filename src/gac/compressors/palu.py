@@ -202,6 +202,7 @@ class PaluCompressor(Compressor):
                                 "layer": i,
                                 "group": g,
                                 "round_multiple": REF_ROUND,
+                                "flops_per_dim": ad.hidden + gd,  # a down row and an up column
                                 "cost_unit": "latent dims per token",
                             },
                         )
