@@ -258,3 +258,13 @@ def test_repair_pads_latent_ranks_exactly(tmp_path, llama64):
     back = gac.load(tmp_path / "rep")
     with torch.no_grad():
         assert torch.equal(back(ids).logits, after)
+
+
+def test_analyze_sees_latent_ranks(llama64, planned):
+    from gac.hardware.profile import default_profile
+    from gac.models.inventory import analyze
+
+    m = _applied(llama64, planned, planned.native)
+    an = analyze(m, default_profile())
+    ranks = {d.where: d.value for d in an.dims if d.kind.endswith(".rank")}
+    assert ranks == {s.name: planned.native[s.name] for s in planned.sites}

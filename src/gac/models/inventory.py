@@ -11,7 +11,7 @@ kind                   op class            what
 =====================  ==================  ==========================================
 ``<role>.out``         ``gemm_n``          output features of projection ``role``
 ``<role>.in``          ``gemm_k``          input features of projection ``role``
-``<role>.rank``        ``lowrank_r``       inner rank of a factorized projection
+``<role>.rank``        ``lowrank_r``       inner rank of a factorized projection (or a PaLU latent group)
 ``intermediate``       ``gemm_n``          MLP width of one layer
 ``head_dim``           ``sdpa_head_dim``   per-head width (one record per layer)
 ``vocab``              ``gemm_n``          ``lm_head`` output features
@@ -33,6 +33,7 @@ from gac.alignment import round_up
 from gac.hardware.profile import Profile
 from gac.models.adapters import get_adapter, in_features, out_features
 from gac.surgery.factorized import FactorizedLinear
+from gac.surgery.latent_attention import LatentProjection
 
 #: op class for the kinds that are not ``<role>.in/out/rank``
 KIND_OPS: dict[str, str | None] = {
@@ -95,6 +96,9 @@ def inventory(model: nn.Module) -> list[Dim]:
             add(f"{role}.in", fqn, in_features(mod), i)
             if isinstance(mod, FactorizedLinear):
                 add(f"{role}.rank", fqn, mod.rank, i)
+            elif isinstance(mod, LatentProjection):  # PaLU: one latent rank per KV group
+                for g, r in enumerate(mod.ranks):
+                    add(f"{role}.rank", f"{fqn}:g{g}", r, i)
             add(f"{role}.out", fqn, out_features(mod), i)
         add("intermediate", ad.mlp_fqn(i), ad.intermediate(i), i)
         add(
