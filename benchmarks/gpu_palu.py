@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default=None)
     ap.add_argument("--device", default=None)
     args = ap.parse_args(argv)
-    ints = lambda s: tuple(int(x) for x in s.split(","))  # noqa: E731
+    ints = lambda s: tuple(int(x) for x in s.split(",") if x)  # noqa: E731
     dev = resolve_device(args.device)
     dt = torch.bfloat16 if dev.type == "cuda" else torch.float32
     cfg = SweepConfig(
