@@ -23,7 +23,18 @@ app = typer.Typer(
 )
 
 # One module per command group; each defines register(app).
-COMMAND_MODULES = ("bench", "profile", "analyze", "repair", "compress", "eval", "demo", "report", "run")
+COMMAND_MODULES = (
+    "bench",
+    "profile",
+    "analyze",
+    "repair",
+    "compress",
+    "eval",
+    "generate",
+    "demo",
+    "report",
+    "run",
+)
 
 
 def _version(value: bool) -> None:

@@ -2,7 +2,10 @@
 
 A saved directory holds:
 
-* ``config.json``: the base architecture's Hugging Face config (the dense skeleton);
+* ``config.json``: the base architecture's Hugging Face config when the skeleton is the base
+  architecture's (e.g. uniformly pruned widths); otherwise a wrapping config (``model_type: gac``,
+  the base config under ``gac_base``) that ``transformers`` loads after ``import gac``
+  (:mod:`gac.hf_auto`) and refuses without it;
 * ``gac_config.json``: how the artefact was made (schema ``gac.model/1``): compressor, ratio,
   profile id, base model id and revision, gac version, and every factorized site with its
   ``(in, rank, out)`` and factor shapes, every module that rebuilds its own skeleton
@@ -199,7 +202,14 @@ def save(
         else:
             meta["pruned_widths"] = pruned_widths(model)
     with atomic_dir(out_dir, overwrite=overwrite) as tmp:
-        hf_config.save_pretrained(tmp)
+        if meta["factorized"] or meta["modules"] or meta["pruned"]:
+            # the skeleton differs from the base architecture: a wrapping config that only
+            # transformers-after-``import gac`` (or gac.load) reads, never a silently wrong model
+            from gac.hf_auto import wrap_config
+
+            (tmp / "config.json").write_text(json.dumps(wrap_config(hf_config), indent=2, default=str) + "\n")
+        else:
+            hf_config.save_pretrained(tmp)
         shards = _shards(tensors, max_shard_bytes)
         nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
         console.print(
@@ -407,8 +417,14 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device: str | torch
     if not (path / "config.json").is_file():
         raise GacError(f"{path} has no config.json")
     try:
-        config = AutoConfig.from_pretrained(path, trust_remote_code=False)
-    except (ValueError, OSError) as e:
+        doc = json.loads((path / "config.json").read_text())
+        if isinstance(doc, dict) and doc.get("model_type") == "gac":
+            from gac.hf_auto import base_config
+
+            config = base_config(doc)
+        else:
+            config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+    except (ValueError, OSError, KeyError, TypeError) as e:
         raise GacError(f"cannot read {path / 'config.json'}: {str(e).splitlines()[0]}") from None
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)

@@ -1,0 +1,130 @@
+"""``import gac`` makes gac directories loadable with ``transformers``' Auto classes.
+
+A directory whose skeleton differs from its base architecture (factorized low-rank layers, PaLU's
+latent attention, per-layer pruned widths) is saved with a wrapping ``config.json``::
+
+    {"model_type": "gac", "architectures": ["GacForCausalLM"], "gac_base": {...the base config...}}
+
+After ``import gac``, ``AutoConfig.from_pretrained(DIR)`` returns a :class:`GacConfig` and
+``AutoModelForCausalLM.from_pretrained(DIR)`` returns the model :func:`gac.io.load` builds (an
+instance of the base architecture's class with gac's modules at the recorded places): no
+``trust_remote_code``, no pickle. Without ``import gac``, transformers refuses the directory
+(unknown ``model_type``), never loads it wrong.
+
+``import gac`` stays cheap: when ``transformers`` is not imported yet, registration waits for its
+Auto module through a one-shot import hook.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.abc
+import importlib.util
+import sys
+from typing import Any
+
+MODEL_TYPE = "gac"
+ARCHITECTURE = "GacForCausalLM"
+BASE_KEY = "gac_base"
+_AUTO_MODULE = "transformers.models.auto.modeling_auto"
+_registered = False
+
+
+def wrap_config(base: Any) -> dict[str, Any]:
+    """The ``config.json`` content of a gac directory whose base config is ``base``."""
+    import transformers
+
+    return {
+        "model_type": MODEL_TYPE,
+        "architectures": [ARCHITECTURE],
+        BASE_KEY: base.to_dict(),
+        "transformers_version": transformers.__version__,
+    }
+
+
+def base_config(doc: dict[str, Any]) -> Any:
+    """The base architecture's config from a wrapping ``config.json`` dict."""
+    from transformers import CONFIG_MAPPING
+
+    base = dict(doc[BASE_KEY])
+    mt = base.get("model_type")
+    if mt not in CONFIG_MAPPING:
+        from gac.errors import GacError
+
+        raise GacError(f"the base model_type {mt!r} of this gac directory is unknown to transformers")
+    return CONFIG_MAPPING[mt].from_dict(base)
+
+
+def register() -> None:
+    """Register :class:`GacConfig` and :class:`GacForCausalLM` with the Auto classes (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+
+    class GacConfig(PretrainedConfig):
+        """The wrapping config of a gac directory; ``base()`` is the base architecture's config."""
+
+        model_type = MODEL_TYPE
+
+        def __init__(self, gac_base: dict[str, Any] | None = None, **kwargs: Any) -> None:
+            self.gac_base = gac_base or {}
+            super().__init__(**kwargs)
+
+        def base(self) -> Any:
+            return base_config({BASE_KEY: self.gac_base})
+
+    class GacForCausalLM:
+        """Loads a gac directory through :func:`gac.io.load` (what ``from_pretrained`` dispatches to)."""
+
+        config_class = GacConfig
+
+        @classmethod
+        def from_pretrained(cls, path: Any, *args: Any, **kwargs: Any) -> Any:
+            from gac import io
+
+            dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
+            if isinstance(dtype, str) and dtype != "auto":
+                import torch
+
+                dtype = getattr(torch, dtype)
+            elif dtype == "auto":
+                dtype = None
+            device = kwargs.get("device_map") or "cpu"
+            if not isinstance(device, str) or device == "auto":
+                device = "cpu"
+            return io.load(path, dtype=dtype, device=device)
+
+    AutoConfig.register(MODEL_TYPE, GacConfig, exist_ok=True)
+    AutoModelForCausalLM.register(GacConfig, GacForCausalLM, exist_ok=True)
+    _registered = True
+
+
+class _RegisterOnImport(importlib.abc.MetaPathFinder):
+    """One-shot hook: run :func:`register` right after transformers' Auto-model module loads."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != _AUTO_MODULE:
+            return None
+        sys.meta_path[:] = [f for f in sys.meta_path if f is not self]
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        run = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            with contextlib.suppress(Exception):  # a failed registration must not break transformers
+                register()
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def install() -> None:
+    """Register now if transformers' Auto module is loaded, else when it is."""
+    if _AUTO_MODULE in sys.modules:
+        register()
+    elif not any(isinstance(f, _RegisterOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _RegisterOnImport())

@@ -1,0 +1,61 @@
+"""``gac.generate``: the static-cache decode loop equals transformers' greedy ``generate``."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from gac.api import CompressConfig, compress_
+from gac.errors import GacError
+from gac.eval.generate import generate
+from gac.testing import char_tokenizer, tiny_model
+
+
+def _reference(model, tok, prompt, n):
+    ids = tok(prompt, return_tensors="pt")["input_ids"]
+    out = model.generate(ids, max_new_tokens=n, do_sample=False, min_new_tokens=n)
+    return out[0, ids.shape[1] :].tolist()
+
+
+@pytest.mark.parametrize("compressor", [None, "svd", "palu"])
+def test_generate_equals_greedy_generate(compressor):
+    tok = char_tokenizer()
+    m = tiny_model("llama", hidden=96, layers=2, heads=4, kv_heads=2, head_dim=24, vocab=128)
+    if compressor:
+        g = torch.Generator().manual_seed(1)
+        batches = [torch.randint(3, 98, (2, 32), generator=g) for _ in range(4)]
+        opts = {"group_size": 1} if compressor == "palu" else {}
+        compress_(
+            m,
+            CompressConfig(compressor=compressor, param_ratio=0.6, align="gac", options=opts),
+            calib_batches=batches,
+        )
+    prompt = "It was the best of times"
+    got = generate(m, tok, prompt, max_new_tokens=12, stop_at_eos=False)
+    assert got.token_ids == _reference(m, tok, prompt, 12)
+    assert got.new_tokens == 12 and got.prompt_tokens == len(prompt)
+    assert got.ttft_s > 0 and got.tokens_per_s > 0 and not got.compiled and not got.graphs
+
+
+def test_compile_on_cpu_falls_back_with_a_notice(capsys):
+    tok = char_tokenizer()
+    m = tiny_model("llama", hidden=96, layers=1, heads=4, kv_heads=2, head_dim=24, vocab=128)
+    got = generate(
+        copy.deepcopy(m), tok, "Hello", max_new_tokens=3, compile=True, graphs=True, stop_at_eos=False
+    )
+    assert not got.compiled and not got.graphs
+    cap = capsys.readouterr()
+    assert "need CUDA" in cap.err + cap.out
+
+
+def test_bad_input():
+    tok = char_tokenizer()
+    m = tiny_model("llama", hidden=96, layers=1, heads=4, kv_heads=2, head_dim=24, vocab=128)
+    with pytest.raises(GacError, match="max_new_tokens must be positive"):
+        generate(m, tok, "Hello", max_new_tokens=0)
+    with pytest.raises(GacError, match="empty"):
+        generate(m, tok, "", max_new_tokens=2)
+    with pytest.raises(GacError, match="tokenizer"):
+        generate(m, None, "Hello")
