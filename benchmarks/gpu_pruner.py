@@ -18,7 +18,9 @@ import copy
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -50,25 +52,39 @@ def text_batches(n: int, seq: int, batch: int) -> tuple[list[torch.Tensor], str]
     return list(ids.view(n, seq).split(batch)), src
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def speed_args(doc: str, prefill_seqs: str, decode_kv: str) -> argparse.ArgumentParser:
+    """The options every compressor speed script shares."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--scale", type=int, default=1, help="divide every width by this (smoke tests)")
-    ap.add_argument("--reduction", type=float, default=0.20)
     ap.add_argument("--aligns", default="none,round,gac")
     ap.add_argument("--calib-samples", type=int, default=8)
     ap.add_argument("--calib-len", type=int, default=512)
     ap.add_argument("--prefill-batches", default="1,8")
-    ap.add_argument("--prefill-seqs", default="128,512,2048")
+    ap.add_argument("--prefill-seqs", default=prefill_seqs)
     ap.add_argument("--decode-batches", default="1,16")
-    ap.add_argument("--decode-kv", default="512")
+    ap.add_argument("--decode-kv", default=decode_kv)
     ap.add_argument("--decode-reps", type=int, default=30)
     ap.add_argument("--prefill-reps", type=int, default=10)
     ap.add_argument("--profile", default=None)
     ap.add_argument("--device", default=None)
-    args = ap.parse_args(argv)
-    ints = lambda s: tuple(int(x) for x in s.split(","))  # noqa: E731
+    return ap
+
+
+def speed_run(
+    args: argparse.Namespace,
+    ccfg: CompressConfig,
+    method: str,
+    dims_key: str = "widths",
+    extra_variants: dict[str, Callable[[torch.nn.Module, Any, Any], Any]] | None = None,
+) -> int:
+    """Llama-3-8B-shaped random model, ``ccfg``'s real plan, dense + every align (+ extras) timed.
+
+    ``extra_variants`` maps a variant name to ``build(model, plan, allocations) -> report`` that
+    compresses ``model`` (a copy of the dense model) in place.
+    """
+    ints = lambda s: tuple(int(x) for x in s.split(",") if x)  # noqa: E731
     dev = resolve_device(args.device)
     dt = torch.bfloat16 if dev.type == "cuda" else torch.float32
     cfg = SweepConfig(
@@ -85,18 +101,18 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.manual_seed(0)
     mcfg = llama3_8b_config(args.layers, args.scale)
+    mcfg.max_position_embeddings = max(mcfg.max_position_embeddings, 2 * max(cfg.decode_kv, default=0))
     with torch.device(dev):
         base = AutoModelForCausalLM.from_config(mcfg, dtype=dt).eval()
     profile = load_profile(args.profile, dtype="bfloat16")
     batches, src = text_batches(args.calib_samples, args.calib_len, 2)
     t0 = time.time()
-    ccfg = CompressConfig(compressor="llm-pruner", param_ratio=round(1 - args.reduction, 6), align="none")
     p = plan(base, ccfg, calib_batches=batches, profile=profile)
     if dev.type == "cuda":
         torch.cuda.synchronize()
     importance_s = time.time() - t0
     t0 = time.time()
-    allocs = {a: p.allocation(a) for a in args.aligns.split(",")}
+    allocs = {a: p.allocation(a) for a in args.aligns.split(",") if a}
     alloc_s = time.time() - t0
     res = {
         "schema": "gac.infer/1",
@@ -110,14 +126,13 @@ def main(argv: list[str] | None = None) -> int:
             "weights": f"random {dt}",
         },
         "allocation": {
-            "method": f"llm-pruner (param_first, sum, block-wise) at {args.reduction:.0%} of targeted "
-            "parameters, then plan.allocation(align)",
+            "method": method,
             "calibration": {"text": src, "n_samples": args.calib_samples, "seq_len": args.calib_len},
             "importance_s": round(importance_s, 2),
             "allocation_s": round(alloc_s, 3),
             "profile": profile.id,
             "profile_measured": profile.measured,
-            "layer_range": p.compressor.options()["layer_range"],
+            "compressor_options": p.compressor.options(),
             **{
                 a: {
                     "cost": al.cost,
@@ -126,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                     "param_frac": al.cost / al.dense_cost,
                     "pct_aligned": al.pct_aligned,
                     "predicted_speedup": al.predicted_speedup,
-                    "widths": {r.name: r.dim for r in al.sites},
+                    dims_key: {r.name: r.dim for r in al.sites},
                 }
                 for a, al in allocs.items()
             },
@@ -138,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     copy_gbps = res["copy_bandwidth"].get("gbps")
     print(f"importance {importance_s:.1f}s, allocation {alloc_s:.2f}s", flush=True)
     out = Path(args.out)
-    for name in ["dense", *allocs]:
+    builders = {a: (lambda m, p_, al, a=a: apply_(m, p_, al[a])) for a in allocs}
+    builders.update(extra_variants or {})
+    for name in ["dense", *builders]:
         t0 = time.time()
         model = None
         try:
@@ -146,8 +163,9 @@ def main(argv: list[str] | None = None) -> int:
                 model = base
             else:
                 model = copy.deepcopy(base)
-                rep = apply_(model, p, allocs[name])
-                res["allocation"][name]["model_ratio"] = rep.model_ratio
+                rep = builders[name](model, p, allocs)
+                res["allocation"].setdefault(name, {})["model_ratio"] = rep.model_ratio
+                res["allocation"][name]["params"] = rep.model_params_after
             rec = sweep_model(model, cfg, copy_gbps, label=name)
             rec["build_and_time_s"] = time.time() - t0
             res["variants"][name] = rec
@@ -161,6 +179,18 @@ def main(argv: list[str] | None = None) -> int:
         write_results(res, out, plots=True)
         print(f"{name}: done in {time.time() - t0:.1f}s", flush=True)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = speed_args(__doc__, prefill_seqs="128,512,2048", decode_kv="512")
+    ap.add_argument("--reduction", type=float, default=0.20)
+    args = ap.parse_args(argv)
+    ccfg = CompressConfig(compressor="llm-pruner", param_ratio=round(1 - args.reduction, 6), align="none")
+    method = (
+        f"llm-pruner (param_first, sum, block-wise) at {args.reduction:.0%} of targeted "
+        "parameters, then plan.allocation(align)"
+    )
+    return speed_run(args, ccfg, method)
 
 
 if __name__ == "__main__":

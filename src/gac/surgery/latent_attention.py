@@ -382,6 +382,14 @@ class LatentAttention(nn.Module):
             )
         return position_ids.expand(b, s)
 
+    def _attention_inputs(self, hidden_states, position_embeddings, cache, position_ids, cache_position):
+        """Roped queries, roped keys rebuilt from every cached latent, and the value latents."""
+        q = self._queries(hidden_states, position_embeddings)
+        pos = self._positions(hidden_states, position_ids, cache_position)
+        zk, zv = self.k_proj.latent(hidden_states), self.v_proj.latent(hidden_states)
+        zk_all, zv_all, kpos = self._cached(zk, zv, pos, cache, cache_position)
+        return q, self._keys(zk_all, kpos), zv_all
+
     def forward(
         self,
         hidden_states: torch.Tensor,
@@ -408,11 +416,9 @@ class LatentAttention(nn.Module):
                 **kwargs,
             )
         b, s, _ = hidden_states.shape
-        q = self._queries(hidden_states, position_embeddings)
-        pos = self._positions(hidden_states, position_ids, cache_position)
-        zk, zv = self.k_proj.latent(hidden_states), self.v_proj.latent(hidden_states)
-        zk_all, zv_all, kpos = self._cached(zk, zv, pos, past_key_values, cache_position)
-        k = self._keys(zk_all, kpos)
+        q, k, zv_all = self._attention_inputs(
+            hidden_states, position_embeddings, past_key_values, position_ids, cache_position
+        )
         outs = []
         for g, (off, r) in enumerate(zip(self.v_proj.offsets(), self.v_proj.ranks, strict=True)):
             kv = slice(g * self.group_kv, (g + 1) * self.group_kv)
@@ -440,11 +446,9 @@ class LatentAttention(nn.Module):
         if self.folded and o_proj is None:
             raise GacError("reference_forward of a folded LatentAttention needs the original o_proj")
         b, s, _ = hidden_states.shape
-        q = self._queries(hidden_states, position_embeddings)
-        pos = self._positions(hidden_states, position_ids, cache_position)
-        zk, zv = self.k_proj.latent(hidden_states), self.v_proj.latent(hidden_states)
-        zk_all, zv_all, kpos = self._cached(zk, zv, pos, past_key_values, cache_position)
-        k = self._keys(zk_all, kpos)
+        q, k, zv_all = self._attention_inputs(
+            hidden_states, position_embeddings, past_key_values, position_ids, cache_position
+        )
         t = zv_all.shape[1]
         v = self.v_proj.reconstruct(zv_all).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         out = self._attend(q, k, v, attention_mask, **kwargs)
