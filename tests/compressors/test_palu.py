@@ -268,3 +268,22 @@ def test_analyze_sees_latent_ranks(llama64, planned):
     an = analyze(m, default_profile())
     ranks = {d.where: d.value for d in an.dims if d.kind.endswith(".rank")}
     assert ranks == {s.name: planned.native[s.name] for s in planned.sites}
+
+
+def test_load_refuses_a_module_class_outside_gac(tmp_path, llama64):
+    import json
+
+    from gac import io
+
+    m = copy.deepcopy(llama64).float()
+    compress_(
+        m,
+        CompressConfig(compressor="palu", param_ratio=0.5, align="none", options={"group_size": 2}),
+        calib_batches=_batches(),
+    )
+    out = io.save(m, tmp_path / "p")
+    cfg = json.loads((out / "gac_config.json").read_text())
+    cfg["modules"][0]["class"] = "os:system"
+    (out / "gac_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(GacError, match="not a gac class"):
+        io.load(out)
