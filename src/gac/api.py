@@ -67,6 +67,10 @@ class CompressConfig:
             paper's) or ``curve`` (the compressor's loss curve); see :mod:`gac.allocation.strategies`.
         window: how far the knapsack strategies may move a dim from the native one: whole
             modulus steps (default 1) or a fraction in (0, 1) of the native dim.
+        max_gpu_memory: GiB the model may occupy on the GPU. A model whose parameters exceed it
+            is calibrated and factorized one decoder layer at a time on the GPU (or the CPU when
+            there is none) while it stays where it was loaded (compressors with
+            ``supports_sequential``: ``svd``, ``svd-llm``).
     """
 
     compressor: str = "asvd"
@@ -85,6 +89,7 @@ class CompressConfig:
     objective: str = "paper"
     window: float = DEFAULT_WINDOW
     calib_seed: int = 0
+    max_gpu_memory: float | None = None
     version: int = CONFIG_VERSION
 
     def __post_init__(self) -> None:
@@ -114,6 +119,9 @@ class CompressConfig:
         if self.objective not in OBJECTIVES:
             raise GacError(f"unknown objective {self.objective!r}; choose one of: {', '.join(OBJECTIVES)}")
         check_window(self.window)
+        m = self.max_gpu_memory
+        if m is not None and (not isinstance(m, (int, float)) or not math.isfinite(m) or m <= 0):
+            raise GacError(f"max GPU memory must be a positive number of GiB, got {m}")
         if not isinstance(self.calib_seed, int) or self.calib_seed < 0:
             raise GacError(f"calibration seed must be a non-negative integer, got {self.calib_seed}")
         if self.version != CONFIG_VERSION:
@@ -242,6 +250,17 @@ def plan(
     comp = get_compressor(config.compressor, **config.options)
     prof = _profile_for(model, config.profile, profile)
     sites = comp.sites(model)
+    if config.max_gpu_memory is not None:
+        need = sum(p.numel() * p.element_size() for p in model.parameters())
+        if need > config.max_gpu_memory * 2**30:
+            if not comp.supports_sequential:
+                raise GacError(
+                    f"{config.compressor}: the model ({need / 2**30:.2f} GiB) exceeds --max-gpu-memory "
+                    f"{config.max_gpu_memory:g} GiB, and its calibration needs whole-model passes; "
+                    "layer-by-layer compression supports svd and svd-llm"
+                )
+            comp.exec_device = "cuda" if torch.cuda.is_available() else "cpu"
+            timings["sequential"] = 1.0
     if not sites:
         raise GacError(f"{config.compressor}: no compressible sites in {type(model).__name__}")
     dense = sum(s.dense_cost for s in sites)

@@ -123,6 +123,12 @@ def compress_cmd(
     rows: int | None = typer.Option(
         None, "--rows", help="Print at most this many per-site rows (all by default)."
     ),
+    max_gpu_memory: float | None = typer.Option(
+        None,
+        "--max-gpu-memory",
+        help="GiB the model may occupy on the GPU; a larger model stays in CPU memory and is "
+        "calibrated and factorized one decoder layer at a time on the GPU (svd, svd-llm).",
+    ),
 ) -> None:
     """Compress MODEL with aligned dims under a parameter budget, save it to --out and print the report."""
     from gac.api import CompressConfig, compress_, gac_config_for_save
@@ -145,6 +151,7 @@ def compress_cmd(
         objective=objective,
         window=window,
         calib_seed=calib_seed,
+        max_gpu_memory=max_gpu_memory,
     )
     if compressor not in available_compressors():
         raise GacError(f"unknown compressor {compressor!r}; available: {', '.join(available_compressors())}")
@@ -172,7 +179,18 @@ def compress_cmd(
     if not dev.startswith("cuda"):
         for line in cpu_sized_defaults(cfg):
             console.print(f"[yellow]CPU-sized default:[/yellow] {line}")
-    lm = load_model(model, dtype=dt, device=dev)
+    # with a GPU budget the model is loaded into CPU memory; gac.api.plan decides whether it fits
+    lm = load_model(model, dtype=dt, device="cpu" if max_gpu_memory is not None else dev)
+    if max_gpu_memory is not None and dev.startswith("cuda"):
+        need = sum(p.numel() * p.element_size() for p in lm.model.parameters())
+        if need <= max_gpu_memory * 2**30:
+            lm.model.to(dev)
+        else:
+            console.print(
+                f"the model ({need / 2**30:.2f} GiB) exceeds --max-gpu-memory {max_gpu_memory:g} GiB: "
+                f"calibrating and factorizing one decoder layer at a time on {dev}",
+                markup=False,
+            )
     if io.is_gac_dir(model) and io.read_gac_config(model).get("factorized"):
         raise GacError(f"{model} is already compressed; compress its base model instead")
     report = compress_(lm.model, cfg, tokenizer=lm.tokenizer)

@@ -75,6 +75,11 @@ class Compressor(ABC):
     name: ClassVar[str] = "?"
     #: True when ``calibrate`` must run before ``loss_curve``/``apply``.
     needs_calibration: ClassVar[bool] = True
+    #: True when calibration and compression can run one decoder layer at a time on
+    #: ``exec_device`` while the model stays elsewhere (``CompressConfig.max_gpu_memory``).
+    supports_sequential: ClassVar[bool] = False
+    #: where layer-by-layer work runs (set by :func:`gac.api.plan`; None: where the model is)
+    exec_device: str | None = None
 
     @abstractmethod
     def sites(self, model: nn.Module) -> list[Site]:

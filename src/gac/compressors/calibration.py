@@ -12,6 +12,7 @@ as the hook returns.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -101,6 +102,26 @@ def model_device(model: nn.Module) -> torch.device:
         return torch.device("cpu")
 
 
+def _stats_hook(stats: dict[str, LinearStats], name: str, in_features: int, gram: bool):
+    """A forward hook adding one batch's ``|x|`` sums (and ``XᵀX``) of a linear's input to ``stats[name]``."""
+
+    def hook(module: nn.Module, args: tuple, _out) -> None:
+        x = args[0].detach().reshape(-1, in_features)
+        st = stats.get(name)
+        if st is None:
+            st = LinearStats(0, torch.zeros(in_features, dtype=torch.float64, device=x.device))
+            if gram:
+                st.gram = torch.zeros(in_features, in_features, dtype=torch.float64, device=x.device)
+            stats[name] = st
+        xd = x.to(torch.float64)
+        st.abs_sum += xd.abs().sum(0)
+        if gram:
+            st.gram.addmm_(xd.T, xd)
+        st.n_tokens += x.shape[0]
+
+    return hook
+
+
 @torch.no_grad()
 def collect_stats(
     model: nn.Module,
@@ -122,28 +143,10 @@ def collect_stats(
         name -> :class:`LinearStats`.
     """
     stats: dict[str, LinearStats] = {}
-    handles = []
-
-    def make_hook(name: str, in_features: int):
-        def hook(module: nn.Module, args: tuple, _out) -> None:
-            x = args[0].detach().reshape(-1, in_features)
-            st = stats.get(name)
-            if st is None:
-                st = LinearStats(0, torch.zeros(in_features, dtype=torch.float64, device=x.device))
-                if gram:
-                    st.gram = torch.zeros(in_features, in_features, dtype=torch.float64, device=x.device)
-                stats[name] = st
-            xd = x.to(torch.float64)
-            st.abs_sum += xd.abs().sum(0)
-            if gram:
-                st.gram.addmm_(xd.T, xd)
-            st.n_tokens += x.shape[0]
-
-        return hook
-
-    for name, mod in modules.items():
-        in_features = mod.weight.shape[1]
-        handles.append(mod.register_forward_hook(make_hook(name, in_features)))
+    handles = [
+        mod.register_forward_hook(_stats_hook(stats, name, mod.weight.shape[1], gram))
+        for name, mod in modules.items()
+    ]
     dev = model_device(model)
     was_training = model.training
     model.eval()
@@ -161,4 +164,165 @@ def collect_stats(
     missing = [n for n in modules if n not in stats]
     if missing:
         raise GacError(f"calibration never reached {len(missing)} layer(s), e.g. {missing[0]}")
+    return stats
+
+
+class _Stop(Exception):
+    """Raised by the first decoder layer's stand-in once it has seen its inputs."""
+
+
+@dataclass
+class SequentialInfo:
+    """What a layer-by-layer pass kept on the execution device at most (parameters only).
+
+    Attributes:
+        exec_device: where each layer ran.
+        peak_param_bytes: the largest parameter footprint moved there at once (one decoder layer
+            plus the embedding and rotary modules).
+        model_param_bytes: the whole model's parameters, for comparison.
+        layers: decoder layers run.
+    """
+
+    exec_device: str
+    peak_param_bytes: int
+    model_param_bytes: int
+    layers: int
+
+
+def _param_bytes(mod: nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in mod.parameters())
+
+
+def _to(x, dev):
+    if isinstance(x, torch.Tensor):
+        return x.to(dev)
+    if isinstance(x, tuple):
+        return tuple(_to(v, dev) for v in x)
+    if isinstance(x, list):
+        return [_to(v, dev) for v in x]
+    if isinstance(x, dict):
+        return {k: _to(v, dev) for k, v in x.items()}
+    return x
+
+
+@torch.no_grad()
+def collect_stats_sequential(
+    model: nn.Module,
+    modules: dict[str, nn.Module],
+    batches: Iterable[torch.Tensor],
+    exec_device: torch.device | str,
+    gram: bool = False,
+    description: str = "calibration",
+) -> tuple[dict[str, LinearStats], SequentialInfo]:
+    """:func:`collect_stats`, one decoder layer at a time on ``exec_device`` (llm-compressor's sequential idea).
+
+    The model stays where it is (e.g. CPU). The embedding and rotary modules move to
+    ``exec_device``; the first decoder layer's inputs (and its keyword arguments: masks, position
+    embeddings) are captured per batch; then each layer in turn moves to ``exec_device``, runs every
+    cached batch with the statistics hooks of its own linears, hands its outputs to the next layer
+    and moves back. Activations between layers are kept on the model's device; statistics move there
+    after each layer. Peak execution-device memory is one layer plus one batch's activations, whatever
+    the depth. The statistics equal :func:`collect_stats`' (same hooks, same order).
+
+    Raises:
+        GacError: no decoder layers found, or no calibration batches.
+    """
+    from gac.models.adapters import get_adapter
+
+    exec_device = torch.device(exec_device)
+    ad = get_adapter(model)
+    layers = model.get_submodule(ad.layers_fqn)
+    home = model_device(model)
+    batches = list(batches)
+    if not batches:
+        raise GacError("no calibration batches given")
+    moved: list[tuple[nn.Module, torch.device]] = []
+    for fqn in (ad.embed_fqn, ad.rotary_fqn):
+        try:
+            mod = model.get_submodule(fqn)
+        except AttributeError:
+            continue
+        dev = next((t.device for t in list(mod.parameters()) + list(mod.buffers())), home)
+        moved.append((mod, dev))
+        mod.to(exec_device)
+    base_bytes = sum(_param_bytes(m) for m, _ in moved)
+    peak = base_bytes
+    captured: list[tuple[torch.Tensor, dict]] = []
+    first = layers[0]
+
+    class Catcher(nn.Module):
+        def __init__(self, inner: nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+            for attr in ("attention_type", "layer_idx"):
+                if hasattr(inner, attr):
+                    setattr(self, attr, getattr(inner, attr))
+
+        def forward(self, hidden_states, *args, **kwargs):
+            if args:
+                raise GacError("layer-by-layer calibration needs keyword arguments after hidden_states")
+            captured.append((hidden_states.to(home), _to(kwargs, home)))
+            raise _Stop
+
+    stats: dict[str, LinearStats] = {}
+    was_training = model.training
+    model.eval()
+    layers[0] = Catcher(first)
+    try:
+        n_tok = sum(int(b.numel()) for b in batches)
+        for b in track(batches, f"{description}: {len(batches)} batches, {n_tok:,} tokens (layer inputs)"):
+            with contextlib.suppress(_Stop):
+                model(input_ids=b.to(exec_device), use_cache=False)
+    finally:
+        layers[0] = first
+    if len(captured) != len(batches):
+        raise GacError("layer-by-layer calibration: the first decoder layer did not see every batch")
+    try:
+        for i in track(range(len(layers)), f"{description}: layer by layer on {exec_device}"):
+            layer = layers[i]
+            dev = next(layer.parameters()).device
+            layer.to(exec_device)
+            peak = max(peak, base_bytes + _param_bytes(layer))
+            inside = {id(m) for m in layer.modules()}
+            mine = {n: m for n, m in modules.items() if id(m) in inside}
+            part = _hooked_run(layer, mine, captured, exec_device, home, gram)
+            for n, st in part.items():
+                stats[n] = st
+            layer.to(dev)
+    finally:
+        for mod, dev in moved:
+            mod.to(dev)
+        model.train(was_training)
+    missing = [n for n in modules if n not in stats]
+    if missing:
+        raise GacError(f"calibration never reached {len(missing)} layer(s), e.g. {missing[0]}")
+    return stats, SequentialInfo(str(exec_device), peak, _param_bytes(model), len(layers))
+
+
+def _hooked_run(
+    layer: nn.Module,
+    modules: dict[str, nn.Module],
+    captured: list[tuple[torch.Tensor, dict]],
+    exec_device: torch.device,
+    home: torch.device,
+    gram: bool,
+) -> dict[str, LinearStats]:
+    """Run every cached batch through ``layer`` with the statistics hooks; replace the cache by its outputs."""
+    stats: dict[str, LinearStats] = {}
+    handles = [
+        mod.register_forward_hook(_stats_hook(stats, name, mod.weight.shape[1], gram))
+        for name, mod in modules.items()
+    ]
+    try:
+        for j, (h, kw) in enumerate(captured):
+            out = layer(h.to(exec_device), **_to(kw, exec_device))
+            out = out[0] if isinstance(out, tuple) else out
+            captured[j] = (out.to(home), kw)
+    finally:
+        for hd in handles:
+            hd.remove()
+    for st in stats.values():
+        st.abs_sum = st.abs_sum.to(home)
+        if st.gram is not None:
+            st.gram = st.gram.to(home)
     return stats

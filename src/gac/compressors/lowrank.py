@@ -222,7 +222,8 @@ class LowRankCompressor(Compressor):
 
     # -- helpers --------------------------------------------------------------------
     def _weight(self, lin: nn.Linear) -> torch.Tensor:
-        return lin.weight.detach().to(svd_dtype_for(lin.weight.device, self.svd_dtype))
+        dev = torch.device(self.exec_device) if self.exec_device else lin.weight.device
+        return lin.weight.detach().to(device=dev, dtype=svd_dtype_for(dev, self.svd_dtype))
 
     def _scaled(self, site: Site, lin: nn.Linear) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         w = self._weight(lin)
@@ -257,7 +258,7 @@ class LowRankCompressor(Compressor):
         a, b = self.factors(u, s, vh, sc, d)
         w = lin.weight
         bias = None if lin.bias is None else lin.bias.detach()
-        return FactorizedLinear.from_factors(a.to(w.dtype), b.to(w.dtype), bias)
+        return FactorizedLinear.from_factors(a.to(w), b.to(w), bias)
 
     def _spectrum(self, site: Site) -> torch.Tensor:
         if site.name not in self._spectra:

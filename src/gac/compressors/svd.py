@@ -21,6 +21,7 @@ class SvdCompressor(LowRankCompressor):
     """Plain truncated SVD of each projection."""
 
     needs_calibration = False
+    supports_sequential = True
 
     def calibrate(self, model: nn.Module, batches: Iterable[torch.Tensor]) -> None:
         """Nothing to collect: plain SVD ignores the data."""

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from gac.compressors.base import register_compressor
-from gac.compressors.calibration import LinearStats, collect_stats
+from gac.compressors.calibration import LinearStats, collect_stats, collect_stats_sequential
 from gac.compressors.lowrank import LowRankCompressor
 from gac.errors import GacError
 from gac.sites import Site
@@ -79,6 +79,8 @@ def _warn(msg: str) -> None:
 class SvdLlmCompressor(LowRankCompressor):
     """Truncation-aware whitening with the Cholesky factor of the input Gram matrix."""
 
+    supports_sequential = True
+
     def __init__(self, svd_dtype: str | None = None) -> None:
         super().__init__(svd_dtype)
         self._stats: dict[str, LinearStats] = {}
@@ -94,7 +96,12 @@ class SvdLlmCompressor(LowRankCompressor):
         for name, group in self._groups.items():
             leaders.setdefault(group, name)
         mods = {g: model.get_submodule(n) for g, n in leaders.items()}
-        self._stats = collect_stats(model, mods, batches, gram=True, description="svd-llm: calibration")
+        if self.exec_device is not None:  # one decoder layer at a time (CompressConfig.max_gpu_memory)
+            self._stats, self.sequential_info = collect_stats_sequential(
+                model, mods, batches, self.exec_device, gram=True, description="svd-llm: calibration"
+            )
+        else:
+            self._stats = collect_stats(model, mods, batches, gram=True, description="svd-llm: calibration")
         self._chol.clear()
         self._spectra.clear()
 
