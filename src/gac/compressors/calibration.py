@@ -102,7 +102,7 @@ def model_device(model: nn.Module) -> torch.device:
         return torch.device("cpu")
 
 
-def _stats_hook(stats: dict[str, LinearStats], name: str, in_features: int, gram: bool):
+def linear_stats_hook(stats: dict[str, LinearStats], name: str, in_features: int, gram: bool):
     """A forward hook adding one batch's ``|x|`` sums (and ``XᵀX``) of a linear's input to ``stats[name]``."""
 
     def hook(module: nn.Module, args: tuple, _out) -> None:
@@ -144,7 +144,7 @@ def collect_stats(
     """
     stats: dict[str, LinearStats] = {}
     handles = [
-        mod.register_forward_hook(_stats_hook(stats, name, mod.weight.shape[1], gram))
+        mod.register_forward_hook(linear_stats_hook(stats, name, mod.weight.shape[1], gram))
         for name, mod in modules.items()
     ]
     dev = model_device(model)
@@ -310,7 +310,7 @@ def _hooked_run(
     """Run every cached batch through ``layer`` with the statistics hooks; replace the cache by its outputs."""
     stats: dict[str, LinearStats] = {}
     handles = [
-        mod.register_forward_hook(_stats_hook(stats, name, mod.weight.shape[1], gram))
+        mod.register_forward_hook(linear_stats_hook(stats, name, mod.weight.shape[1], gram))
         for name, mod in modules.items()
     ]
     try:

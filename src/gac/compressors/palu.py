@@ -49,6 +49,7 @@ import torch
 from torch import nn
 
 from gac.compressors.base import Compressor, register_compressor
+from gac.compressors.calibration import LinearStats, linear_stats_hook
 from gac.compressors.lowrank import svd_dtype_for, tail_energy_curve, truncated_factors
 from gac.compressors.svdllm import whitening_factor
 from gac.errors import GacError
@@ -229,27 +230,15 @@ class PaluCompressor(Compressor):
         for info in self._layers.values():
             for r in ("k", "v"):
                 targets[info["fqns"][r]] = model.get_submodule(info["fqns"][r])
-        need_fisher = True  # every search but uniform needs it, and so does the knapsack's value
-        grams: dict[int, torch.Tensor] = {}
-        ntok = [0]
-        handles = []
-
-        def hook_for(i: int):
-            def hook(mod: nn.Module, args: tuple, _out: Any) -> None:
-                x = args[0].detach().reshape(-1, mod.in_features).to(torch.float64)
-                g = grams.get(i)
-                if g is None:
-                    g = grams[i] = torch.zeros(
-                        mod.in_features, mod.in_features, dtype=torch.float64, device=x.device
-                    )
-                g.addmm_(x.T, x)
-                if i == 0:
-                    ntok[0] += x.shape[0]
-
-            return hook
-
-        for i, info in self._layers.items():
-            handles.append(model.get_submodule(info["fqns"]["k"]).register_forward_hook(hook_for(i)))
+        stats: dict[str, LinearStats] = {}
+        handles = [
+            model.get_submodule(info["fqns"]["k"]).register_forward_hook(
+                linear_stats_hook(
+                    stats, str(i), model.get_submodule(info["fqns"]["k"]).in_features, gram=True
+                )
+            )
+            for i, info in self._layers.items()
+        ]
         saved = {n: p.requires_grad for n, p in model.named_parameters()}
         was_training = model.training
         sq: dict[str, torch.Tensor] = {}
@@ -257,26 +246,21 @@ class PaluCompressor(Compressor):
         try:
             for p in model.parameters():
                 p.requires_grad_(False)
-            if need_fisher:
-                for mod in targets.values():
-                    mod.weight.requires_grad_(True)
-                    mod.weight.grad = None
+            for mod in targets.values():  # Fisher: every search but uniform, and the knapsack's value
+                mod.weight.requires_grad_(True)
+                mod.weight.grad = None
             model.eval()
             dev = next(model.parameters()).device
             for b in track(list(batches), "palu: Fisher information and whitening statistics"):
                 b = b.to(dev)
-                if need_fisher:
-                    out = model(input_ids=b, labels=b, use_cache=False)
-                    if out.loss is None or not out.loss.requires_grad:
-                        raise GacError("palu: the model's loss has no gradient path to k_proj/v_proj")
-                    out.loss.backward()
-                    for name, mod in targets.items():
-                        g2 = mod.weight.grad.detach().to(torch.float32).pow(2)
-                        sq[name] = g2 if name not in sq else sq[name] + g2
-                        mod.weight.grad = None
-                else:
-                    with torch.no_grad():
-                        model(input_ids=b, use_cache=False)
+                out = model(input_ids=b, labels=b, use_cache=False)
+                if out.loss is None or not out.loss.requires_grad:
+                    raise GacError("palu: the model's loss has no gradient path to k_proj/v_proj")
+                out.loss.backward()
+                for name, mod in targets.items():
+                    g2 = mod.weight.grad.detach().to(torch.float32).pow(2)
+                    sq[name] = g2 if name not in sq else sq[name] + g2
+                    mod.weight.grad = None
                 n_batches += 1
         finally:
             for h in handles:
@@ -288,8 +272,8 @@ class PaluCompressor(Compressor):
             model.train(was_training)
         if n_batches == 0:
             raise GacError("palu: calibration gave no windows (text too short for one window?)")
-        self._gram = grams
-        self._tokens = ntok[0]
+        self._gram = {int(i): st.gram for i, st in stats.items()}
+        self._tokens = stats["0"].n_tokens if "0" in stats else 0
         self._fisher = {n: (s / n_batches).sqrt().cpu() for n, s in sq.items()}
         self._spectra.clear()
         self._chols.clear()
