@@ -393,6 +393,10 @@ class CompressionReport:
 
     def summary_rows(self) -> list[tuple[str, str]]:
         a = self.allocation
+        # PaLU's budget is the KV cache (latent dims per token), not parameters
+        kv = "budget_unit" in self.compressor_options
+        targeted = "targeted KV latent dims" if kv else "targeted params"
+        budget = "KV-ratio budget" if kv else "param-ratio budget"
         return [
             ("compressor", f"{self.config['compressor']} (align {a['strategy']})"),
             ("profile", f"{self.profile['id']}{'' if self.profile['measured'] else ' (NOT measured)'}"),
@@ -402,11 +406,11 @@ class CompressionReport:
                 f"{a['pct_aligned']:.1f}% (native {a['pct_aligned_native']:.1f}%)",
             ),
             (
-                "targeted params",
+                targeted,
                 f"{self.targeted_after:,} / {self.targeted_dense:,} = {self.targeted_ratio:.4f}",
             ),
             ("budget (native total)", f"{a['cost']:,} of {a['budget']:,} = {a['budget_use']:.6f}"),
-            ("param-ratio budget", f"{self.budget:,} ({self.config['param_ratio']})"),
+            (budget, f"{self.budget:,} ({self.config['param_ratio']})"),
             (
                 "whole model params",
                 f"{self.model_params_after:,} / {self.model_params_before:,} = {self.model_ratio:.4f}",
