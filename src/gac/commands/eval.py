@@ -33,6 +33,15 @@ def ppl_cmd(
         None, "--tokenizer", help="Take the tokenizer from this model spec."
     ),
     out: str | None = typer.Option(None, "--out", help="Also write the result as JSON here."),
+    max_memory: str | None = typer.Option(
+        None,
+        "--max-memory",
+        help="Spread the model over devices with accelerate, whole decoder layers each: "
+        "'0=20GiB,1=20GiB,cpu=64GiB[,disk=200GiB]'.",
+    ),
+    offload_dir: str | None = typer.Option(
+        None, "--offload-dir", help="Folder for disk offload (--max-memory disk=...)."
+    ),
 ) -> None:
     """Perplexity by the standard protocol (non-overlapping windows, mean NLL, last window kept)."""
     import json
@@ -48,8 +57,20 @@ def ppl_cmd(
     if out:
         check_out(out, overwrite=True, kind="file")
     dev, dt = resolve_device_dtype(device, dtype)
+    spread = None
+    if max_memory is not None:
+        from gac.eval.dispatch import parse_max_memory
+
+        spread = parse_max_memory(max_memory)  # bad input fails before loading
     text = load_text(dataset, "test")
-    lm = load_model(model, dtype=dt, device=dev)
+    lm = load_model(model, dtype=dt, device="cpu" if spread else dev)
+    if spread:
+        from gac.eval.dispatch import dispatch_
+
+        dmap = dispatch_(lm.model, spread, offload_dir)
+        console.print(
+            f"device map: {sorted(set(map(str, dmap.values())))} ({len(dmap)} entries)", markup=False
+        )
     tok = lm.tokenizer if tokenizer is None else load_model(tokenizer, device="cpu").tokenizer
     if tok is None:
         raise GacError(f"{model} has no tokenizer; pass --tokenizer with the base model")
