@@ -427,6 +427,7 @@ class PaluCompressor(Compressor):
                 rotary,
                 fold_values=self.fold_values,
             )
+            new.train(attn.training)
             replace_module(model, info["attn"], new)
         model._gac_latent = True  # type: ignore[attr-defined]
 

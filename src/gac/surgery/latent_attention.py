@@ -10,10 +10,13 @@ token instead of its ``2·kv_heads·head_dim`` keys and values.
 * **Keys** are reconstructed from the cached latents at attention time, and RoPE is applied
   *after* reconstruction, at each cached token's own position (PaLU's order: RoPE does not commute
   with the low-rank projection).
-* **Values** never materialize at full width: softmax rows sum to one, so
-  ``o_proj(Σ_t p_t·(U z_t + b)) = (o_proj·U)(Σ_t p_t z_t) + o_proj·b``. The value up-projection
-  of every query head's KV head is folded into ``o_proj`` once (``fold_values``), and attention
-  returns per-head latent outputs.
+* **Values** stay latent in the cache. Softmax rows sum to one, so
+  ``Σ_t p_t·(U z_t + b) = U·(Σ_t p_t z_t) + b``: on the decode path (CUDA, static cache, one new
+  token) attention runs over the value latents and each query head's latent output goes through
+  its KV head's up-projection before ``o_proj``; with ``fold_values`` the up-projections are folded
+  into ``o_proj`` once and every path attends over the latents. Unfolded prefill (and the CPU
+  path) rebuilds K and V from the latents and attends with the model's own attention (flash kernels
+  need equal key and value widths).
 * The cache is any :class:`transformers.Cache` (``DynamicCache``, ``StaticCache``,
   :class:`LatentCache`): the module hands it latents shaped ``[batch, 1, tokens, Σ r]``, which
   the layers allocate from the first update. A dynamic cache also records each cached token's
@@ -21,7 +24,7 @@ token instead of its ``2·kv_heads·head_dim`` keys and values.
   position ``j``.
 
 :meth:`LatentAttention.reference_forward` is the reconstruct-everything path (full K and V from
-the latents, standard attention, original ``o_proj``): the folded path must reproduce it.
+the latents, standard attention, original ``o_proj``): every other path must reproduce it.
 """
 
 from __future__ import annotations
