@@ -286,7 +286,7 @@ def summarize(paths: list[str], out: str) -> None:
         e["ppl_mean"] = float(np.mean(p))
         e["ppl_spread"] = float(max(p) - min(p))
     main_rows = []
-    for key, e in sorted(rows.items()):
+    for _key, e in sorted(rows.items()):
         if e["objective"] != "paper" or e["window"] != DEFAULT_WINDOW:
             continue
         main_rows.append(e)
