@@ -7,19 +7,19 @@ set -u
 export PYTHONPATH=src GAC_CACHE=$PWD/.gpu/corpora
 R=$OUT/res; mkdir -p "$R"
 t0=$(date +%s); LIMIT_S=${LIMIT_S:-570}; STEPS=${STEPS:-seq,multi,paper}
-left() { echo $(( LIMIT_S - ($(date +%s) - t0) )); }
+left() { local l=$(( LIMIT_S - ($(date +%s) - t0) )); echo $(( l > 30 ? l : 30 )); }
 nvidia-smi > "$R/nvidia-smi.txt" 2>&1
 python3 -c "import torch,transformers,triton,accelerate;print(torch.__version__,transformers.__version__,triton.__version__,accelerate.__version__)" > "$R/versions.txt" 2>&1
 if [[ $STEPS == *seq* ]]; then
-  timeout $(( $(left) - 20 )) python3 benchmarks/gpu_sequential.py --spec shape:llama3-8b:4 --budget 2 \
+  timeout $(( $(left) - 20 )) python3 -u benchmarks/gpu_sequential.py --spec shape:llama3-8b:4 --budget 2 \
     --n-samples 16 --seq-len 512 --out "$R/sequential.json" > "$R/sequential.log" 2>&1; echo "seq rc=$? t=$(( $(date +%s) - t0 ))" >> "$R/steps.txt"
 fi
 if [[ $STEPS == *multi* ]]; then
-  timeout $(( $(left) - 20 )) python3 benchmarks/gpu_multi_gpu.py --out "$R/multi_gpu.json" > "$R/multi_gpu.log" 2>&1; echo "multi rc=$? t=$(( $(date +%s) - t0 ))" >> "$R/steps.txt"
+  timeout $(( $(left) - 20 )) python3 -u benchmarks/gpu_multi_gpu.py --out "$R/multi_gpu.json" > "$R/multi_gpu.log" 2>&1; echo "multi rc=$? t=$(( $(date +%s) - t0 ))" >> "$R/steps.txt"
 fi
 if [[ $STEPS == *paper* ]]; then
-  timeout $(( $(left) - 25 )) python3 -m gac run plans/paper.toml --out runs/paper --only 'kernels/*' \
+  timeout $(( $(left) - 25 )) python3 -u -m gac run plans/paper.toml --out runs/paper --only 'kernels/*' \
     --only 'shape-llama3-8b-8/*' > "$R/paper.log" 2>&1; echo "paper rc=$? t=$(( $(date +%s) - t0 ))" >> "$R/steps.txt"
-  tar czf "$OUT/paper.tgz" runs/paper
+  [ -d runs/paper ] && tar czf "$OUT/paper.tgz" runs/paper
 fi
 tar czf "$OUT/res.tgz" -C "$OUT" res

@@ -1,6 +1,6 @@
 """One model spread over several GPUs with accelerate, against the same model on one GPU.
 
-Issue 13, part 3. ``shape:llama3-8b`` (all 32 layers, random bf16 weights drawn on the CPU from
+Issue 13, part 3. ``shape:llama3-8b`` (all 32 layers, random bf16 weights drawn from
 seed 0: 16 GB) is evaluated twice with :func:`gac.eval.ppl.perplexity` on Britannica prose
 (character tokenizer): once whole on ``cuda:0``, once placed by :func:`gac.eval.dispatch.dispatch_`
 (the code behind ``gac eval ppl --max-memory``) over the GPUs with a per-GPU budget below the
@@ -79,7 +79,11 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join([sys.executable, *sys.argv]),
         "env": environment(torch.device("cuda"), torch.bfloat16),
         "gpus": [torch.cuda.get_device_name(i) for i in range(n)],
-        "model": {"spec": args.spec, "bytes": size, "weights": "random bfloat16, seed 0, drawn on the CPU"},
+        "model": {
+            "spec": args.spec,
+            "bytes": size,
+            "weights": "random bfloat16, seed 0, drawn on the first GPU (gac.models.shapes)",
+        },
         "max_memory": {str(k): v for k, v in spread.items()},
         "device_map_layers": dict(layers),
         "device_map": {k: str(v) for k, v in dmap.items()},

@@ -1,7 +1,7 @@
 """A model larger than a GPU budget, compressed layer by layer, against the all-in-memory path.
 
 Issue 13, part 3. The model is ``shape:llama3-8b:LAYERS`` (Llama-3-8B's layer shapes, random bf16
-weights drawn on the CPU from seed 0, so both paths start from the same weights). It is compressed
+weights drawn from seed 0 by gac.models.shapes, so both paths start from the same weights). It is compressed
 twice with the same :class:`gac.api.CompressConfig` (``svd-llm`` at 15% reduction, ``--align gac``,
 calibration on Britannica prose encoded by the character tokenizer):
 
@@ -112,7 +112,10 @@ def main(argv: list[str] | None = None) -> int:
         "schema": "gac.sequential/1",
         "command": " ".join([sys.executable, *sys.argv]),
         "env": environment(torch.device(dev), dtype),
-        "model": {"spec": args.spec, "weights": f"random {dtype}, seed 0, drawn on the CPU"},
+        "model": {
+            "spec": args.spec,
+            "weights": f"random {dtype}, seed 0, drawn on the first GPU (gac.models.shapes)",
+        },
         "config": {**common, "max_gpu_memory_gib": args.budget},
         "all_in_memory": {k: v for k, v in a.items() if k != "dims"},
         "layer_by_layer": {k: v for k, v in b.items() if k != "dims"},

@@ -88,9 +88,12 @@ def shape_config(spec: str) -> Any:
 def shape_model(spec: str, dtype: Any = None, device: Any = None, seed: int = 0) -> tuple[Any, Any]:
     """A random-weight model of ``spec``'s shape (on ``device``) and the character tokenizer.
 
-    The weights are drawn on the CPU from ``seed`` (the global RNG is left alone), so every
-    process and every device placement sees the same model: a model split over GPUs can be
-    compared with the same model on one GPU.
+    The weights are drawn from ``seed`` (the global RNG is left alone) by transformers' own
+    initialisation, on the first GPU when one is present and the model fits in half its free
+    memory (drawing 8B parameters on the CPU takes minutes), else on the CPU; then the model moves
+    to ``device``. So within one machine every process and every placement sees the same weights
+    (a model split over GPUs is compared with the same model on one GPU); ``config.gac_init_device``
+    says where they were drawn.
     """
     import torch
     from transformers import AutoModelForCausalLM
@@ -98,10 +101,20 @@ def shape_model(spec: str, dtype: Any = None, device: Any = None, seed: int = 0)
     from gac.testing import char_tokenizer
 
     cfg = shape_config(spec)
-    with torch.random.fork_rng(devices=[]):
+    dt = dtype or torch.float32
+    init = "cpu"
+    if torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info(0)
+        with torch.device("meta"):
+            n = sum(p.numel() for p in AutoModelForCausalLM.from_config(cfg).parameters())
+        if n * torch.tensor([], dtype=dt).element_size() < free / 2:
+            init = "cuda:0"
+    with torch.random.fork_rng(devices=[0] if init != "cpu" else []):
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype or torch.float32).eval()
+        with torch.device(init):
+            model = AutoModelForCausalLM.from_config(cfg, dtype=dt).eval()
     if device is not None:
         model.to(device)
     model.config.gac_shape = spec
+    model.config.gac_init_device = init
     return model, char_tokenizer()
