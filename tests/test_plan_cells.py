@@ -84,7 +84,9 @@ def test_shape_specs():
     a, tok = shape_model("shape:llama3-8b:1:8")
     b, _ = shape_model("shape:llama3-8b:1:8")
     assert a.config.gac_init_device == "cpu"
-    assert all(x.equal(y) for x, y in zip(a.parameters(), b.parameters(), strict=True))  # seeded: same weights
+    assert all(
+        x.equal(y) for x, y in zip(a.parameters(), b.parameters(), strict=True)
+    )  # seeded: same weights
     assert a.config.intermediate_size == 14336 // 8 and tok("ab")["input_ids"]
 
 
@@ -138,7 +140,9 @@ def test_benches_infer_only_and_report(tmp_path):
     assert (d / "kernels" / "padding_rescue").is_dir() and bench["results"]["records"]
     shape_gac = json.loads((d / "cells" / "shape-llama3-8b-1-8" / "svd-r0.8-gac.json").read_text())
     ev = shape_gac["results"]["evals"]
-    assert "ppl:britannica" not in ev and ev["infer"]["prefill"][0]["status"] == "ok"  # eval filtered by model
+    assert (
+        "ppl:britannica" not in ev and ev["infer"]["prefill"][0]["status"] == "ok"
+    )  # eval filtered by model
     assert ev["infer"]["decode"][0]["status"] == "ok"
     tiny = json.loads((d / "cells" / "tiny-llama" / "svd-r0.8-gac.json").read_text())
     assert "infer" not in tiny["results"]["evals"] and tiny["results"]["evals"]["ppl:britannica"]["ppl"] > 1

@@ -48,8 +48,9 @@ def point_key(r: dict[str, Any]) -> str:
 def infer_speedups(cells: list[tuple[Any, dict[str, Any] | None]]) -> dict[str, dict[str, Any]]:
     """Per cell id: speedup over its model's ``base`` cell at every grid point of the ``infer`` eval.
 
-    Also ``ideal_<point>``: the bytes-ideal (decode: weights + KV cache moved) or parameter-ideal
-    (prefill: dense params / params, the projections' FLOP ratio) speedup beside it.
+    Also ``ideal_<point>``: the bytes-ideal (decode: weights + KV cache moved) or FLOP-ideal
+    (prefill: :func:`gac.eval.infer.prefill_flops`; the parameter ratio for cells recorded without
+    FLOPs) speedup beside it.
     """
     from gac.eval.infer import add_speedups
 
@@ -79,9 +80,9 @@ def infer_speedups(cells: list[tuple[Any, dict[str, Any] | None]]) -> dict[str, 
             for r in v["prefill"] + v["decode"]:
                 k = point_key(r)
                 sp[k] = r.get("speedup")
-                ideal = r.get("bytes_ideal_speedup")
-                if r["phase"] == "prefill" and bparams and d["results"].get("params"):
-                    ideal = bparams / d["results"]["params"]
+                ideal = r.get("bytes_ideal_speedup") or r.get("flop_ideal_speedup")
+                if ideal is None and r["phase"] == "prefill" and bparams and d["results"].get("params"):
+                    ideal = bparams / d["results"]["params"]  # cells written before FLOPs were recorded
                 sp[f"ideal_{k}"] = ideal
             out[c.id] = sp
     return out
@@ -219,7 +220,8 @@ def render_plan(root: Path, out: Path | None = None) -> Path:
             pts = [k for k in mspeed[0][1] if not k.startswith("ideal_")]
             head = ["cell", *(f"{k} (ideal)" for k in pts)]
             lines += [f"Measured speedup over the dense base ({model}, `infer` eval: the default "
-                      "`gac eval infer` path), ideal in brackets (prefill: parameter ratio; decode: bytes moved):",
+                      "`gac eval infer` path), ideal in brackets (prefill: FLOPs, or the parameter ratio where no "
+                      "FLOPs were recorded; decode: bytes moved):",
                       "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
             for c, sp in mspeed:
                 lines.append("| " + " | ".join([c.id, *(
