@@ -102,6 +102,11 @@ def shape_model(spec: str, dtype: Any = None, device: Any = None, seed: int = 0)
 
     cfg = shape_config(spec)
     dt = dtype or torch.float32
+    if str(device) == "meta":  # shapes only (latency models, profile refinement): no weights drawn
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(cfg, dtype=dt).eval()
+        model.config.gac_shape, model.config.gac_init_device = spec, "meta"
+        return model, char_tokenizer()
     init = "cpu"
     if torch.cuda.is_available():
         free, _ = torch.cuda.mem_get_info(0)
