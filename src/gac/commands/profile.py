@@ -94,7 +94,6 @@ def _refine(
     top: int, half_window: int, rounds: int, tolerance: float,
 ) -> None:  # fmt: skip
     """``gac profile --refine MODEL``: see :mod:`gac.hardware.refine`."""
-    import torch
     from rich.console import Console
     from rich.table import Table
 
