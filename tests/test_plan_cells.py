@@ -144,6 +144,7 @@ def test_benches_infer_only_and_report(tmp_path):
         "ppl:britannica" not in ev and ev["infer"]["prefill"][0]["status"] == "ok"
     )  # eval filtered by model
     assert ev["infer"]["decode"][0]["status"] == "ok"
+    assert ev["infer"]["fused"] == 2  # q/k/v and gate/up of the one layer: the default gac eval infer path
     tiny = json.loads((d / "cells" / "tiny-llama" / "svd-r0.8-gac.json").read_text())
     assert "infer" not in tiny["results"]["evals"] and tiny["results"]["evals"]["ppl:britannica"]["ppl"] > 1
 

@@ -42,7 +42,8 @@ Plan format (every key is checked; unknown keys are refused)::
 
     [[evals]]
     kind = "infer"                      # timed prefill/decode grid, the default `gac eval infer` path
-    prefill_batches = [8]               # (compile + CUDA graphs on CUDA; speedups vs the base cell)
+    prefill_batches = [8]               # (fused q/k/v + gate/up, compile + CUDA graphs on CUDA;
+                                        #  fuse/compile/graphs = false turn each off)
     prefill_seqs = [2048]
     decode_batches = [1]
     decode_kv = [512]
@@ -97,7 +98,7 @@ EVAL_KINDS = {
     "predict": {"kind", "tokens", "models"},
     "infer": {
         "kind", "models", "prefill_batches", "prefill_seqs", "decode_batches", "decode_kv",
-        "prefill_reps", "decode_reps", "compile", "graphs",
+        "prefill_reps", "decode_reps", "compile", "graphs", "fuse",
     },
 }  # fmt: skip
 #: ``[[benches]]``: one ``gac bench`` experiment per cell (kernel-level tables), sizes as its CLI.
@@ -401,7 +402,7 @@ def parse_plan(data: dict[str, Any], source: str = "") -> ExperimentPlan:
                 v = e.get(k)
                 if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                     raise GacError(f"plan: [[evals]] #{i + 1}: {k} must be a positive integer, got {v!r}")
-            for k in ("compile", "graphs"):
+            for k in ("compile", "graphs", "fuse"):
                 if k in e and not isinstance(e[k], bool):
                     raise GacError(f"plan: [[evals]] #{i + 1}: {k} must be true or false")
         if kind == "ppl":
@@ -562,8 +563,16 @@ def _load(spec: str, dtype: Any, device: str) -> tuple[Any, Any]:
 
 
 def _infer(model: Any, e: dict[str, Any], label: str) -> dict[str, Any]:
-    """The ``infer`` eval: :func:`gac.eval.infer.sweep_model` on the default path (compile + graphs on CUDA)."""
+    """The ``infer`` eval: the default ``gac eval infer`` path — q/k/v and gate/up fused (exact, in
+    place: later evals see the same function), then :func:`gac.eval.infer.sweep_model` (compile +
+    CUDA graphs on CUDA). ``fuse``, ``compile``, ``graphs`` = false turn each off."""
     from gac.eval.infer import SweepConfig, copy_bandwidth, model_device, sweep_model
+
+    fused = []
+    if e.get("fuse", True):
+        from gac.kernels.fusion import fuse_projections_
+
+        fused = fuse_projections_(model)
 
     grid = {
         k: tuple(e[k]) for k in ("prefill_batches", "prefill_seqs", "decode_batches", "decode_kv") if k in e
@@ -573,7 +582,7 @@ def _infer(model: Any, e: dict[str, Any], label: str) -> dict[str, Any]:
     dev = model_device(model)
     cb = copy_bandwidth(dev, cfg.copy_bytes) if dev.type == "cuda" else {}
     rec = sweep_model(model, cfg, cb.get("gbps"), label=label)
-    return {"config": cfg.to_dict(), "copy_bandwidth": cb, **rec}
+    return {"config": cfg.to_dict(), "fused": len(fused), "copy_bandwidth": cb, **rec}
 
 
 def _evaluate(
