@@ -151,3 +151,29 @@ def test_prefill_flops_counts_linears_attention_and_last_token_head():
     with torch.device("meta"):
         replace_module(m, fqn, FactorizedLinear(i, 100, h, bias=False))
     assert prefill_flops(m, b, s) == want - b * s * 2 * (i * h - 100 * (i + h))
+    # fusing q/k/v and gate/up (dense and factorized members) leaves the count unchanged
+    from gac.kernels.fusion import fuse_projections_
+
+    before = prefill_flops(m, b, s)
+    assert len(fuse_projections_(m)) == 2 * L
+    assert prefill_flops(m, b, s) == before
+
+
+def test_flop_ideal_ignores_version_1_counts_of_fused_models():
+    from gac.eval.infer import add_speedups
+
+    def variant(ms, flops, fused, counter=None):
+        r = {"phase": "prefill", "batch": 1, "seq": 8, "status": "ok", "median_ms": ms, "flops": flops}
+        if counter:
+            r["flops_counter"] = counter
+        return {"fused": fused, "prefill": [r], "decode": []}
+
+    res = {"variants": {"base": variant(2.0, 100.0, 0), "c": variant(1.0, 80.0, 0)}}
+    add_speedups(res)
+    assert res["variants"]["c"]["prefill"][0]["flop_ideal_speedup"] == 1.25
+    res = {"variants": {"base": variant(2.0, 60.0, 4), "c": variant(1.0, 80.0, 4)}}  # counter 1, fused
+    add_speedups(res)
+    assert "flop_ideal_speedup" not in res["variants"]["c"]["prefill"][0]
+    res = {"variants": {"base": variant(2.0, 100.0, 4, 2), "c": variant(1.0, 80.0, 4, 2)}}
+    add_speedups(res)
+    assert res["variants"]["c"]["prefill"][0]["flop_ideal_speedup"] == 1.25

@@ -172,15 +172,26 @@ def weight_bytes_per_step(model: nn.Module) -> int:
     return total
 
 
+FLOPS_COUNTER = 2
+"""Version of :func:`prefill_flops` written beside each prefill record's ``flops``. Version 1
+(records without the key) missed the fused first stage of fused q/k/v and gate/up groups, so its
+counts are only used for models that were not fused."""
+
+
 def prefill_flops(model: nn.Module, batch: int, seq: int) -> float:
     """FLOPs of one prefill with ``logits_to_keep=1``: every linear layer of the decoder at every
-    token (a factorized layer counts its two factors), causal attention (``2·B·S²`` per query
-    feature of each layer's ``q_proj``), and the output head at the last token only."""
+    token (a factorized layer counts its two factors; a fused group of projections counts its
+    concatenated first stage once), causal attention (``2·B·S²`` per query feature of each layer's
+    ``q_proj``), and the output head at the last token only."""
+    from gac.kernels.fusion import FusedInputProjection
+
     out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     per_token, q_feats = 0, 0
     for name, m in model.named_modules():
         if isinstance(m, nn.Linear) and m is not out:
             per_token += 2 * m.in_features * m.out_features
+        elif isinstance(m, FusedInputProjection):
+            per_token += 2 * m.weight.numel()
         if name.endswith("self_attn"):
             q = getattr(m, "q_proj", None)
             q_feats += int(getattr(q, "out_features", 0) or 0)
@@ -582,6 +593,7 @@ def sweep_model(
             _free(dev)
     for r in out["prefill"]:
         r["flops"] = prefill_flops(model, r["batch"], r["seq"])
+        r["flops_counter"] = FLOPS_COUNTER
     ok = [r for r in out["prefill"] + out["decode"] if r.get("status") == "ok"]
     out["setup_s_total"] = sum(r.get("setup_s", 0.0) for r in ok)  # compile + capture, not in latency
     out["compiles_total"] = sum(r.get("compiles", 0) for r in ok)
@@ -638,6 +650,11 @@ def run_sweep(
     return res
 
 
+def _flops_valid(r: dict[str, Any], variant: dict[str, Any]) -> bool:
+    """Whether a prefill record's ``flops`` can be trusted (see :data:`FLOPS_COUNTER`)."""
+    return bool(r.get("flops")) and (r.get("flops_counter", 1) >= 2 or not variant.get("fused"))
+
+
 def add_speedups(res: dict[str, Any], baseline: str | None = None) -> None:
     """Speedups of every variant over the first (or ``baseline``) at each point, and the bytes-ideal ratio."""
     names = list(res["variants"])
@@ -654,7 +671,7 @@ def add_speedups(res: dict[str, Any], baseline: str | None = None) -> None:
             ref = bp.get((r["batch"], r["seq"]))
             if r.get("status") == "ok" and ref and ref.get("status") == "ok":
                 r["speedup"] = ref["median_ms"] / r["median_ms"]
-                if r.get("flops") and ref.get("flops"):
+                if _flops_valid(r, v) and _flops_valid(ref, b):
                     r["flop_ideal_speedup"] = ref["flops"] / r["flops"]
                     r["speedup_vs_ideal"] = r["speedup"] / r["flop_ideal_speedup"]
         for r in v["decode"]:
