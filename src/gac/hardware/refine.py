@@ -446,7 +446,7 @@ def refine_profile(
             stopped = f"round {rnd}: nothing new to measure"
             break
     assert first is not None
-    if any(rec["points_added"] for rec in records):
+    if any(rec["points_added"] or rec["points_failed"] for rec in records):
         env = prof.env
         env.setdefault("refinements", [])
         stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
