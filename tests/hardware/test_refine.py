@@ -222,3 +222,24 @@ def test_cli_refine_real_cpu_timing(cpu_profile, tmp_path):
     assert all(rec["window"][0] <= d <= rec["window"][1] for d in rec["points_added"])
     assert out.with_suffix(".png").stat().st_size > 1000
     assert json.loads(out.read_text())["schema"] == "gac.profile/1"
+
+
+def test_real_measurements_use_the_profile_context():
+    """The CUDA path's plumbing, run on CPU: each op's point is built from ``curve.context``."""
+    from gac.hardware.experiments import _op_pt
+
+    prof = coarse_profile()
+    dev = torch.device("cpu")
+    for op in ("gemm_n", "gemm_k", "gemv", "sdpa_head_dim", "lowrank_r"):
+        old = prof.ops[op].curve["context"]  # other sizes than Config.cpu()'s, so the mapping shows
+        ctx = {k: 1 if (op, k) == ("gemv", "M") else 9 + j for j, k in enumerate(old)}
+        prof.ops[op].curve["context"] = ctx
+        p = _op_pt("profile", rf.context_config(prof, op, dev), op, 21, "refine")
+        assert all(p[k if k != "d" else "D"] == v for k, v in ctx.items()), (op, p)
+        ms = rf.real_measure_point(prof, dev, torch.float32)(op, 21)
+        assert ms is not None and ms > 0
+    assert rf.real_measure_gemm(dev, torch.float32)(8, 24, 20) > 0
+    rf.check_device(prof, dev)
+    prof.env["gpu"] = "NVIDIA H200"
+    with pytest.raises(GacError, match="measured on NVIDIA H200; this device is CPU"):
+        rf.check_device(prof, dev)
