@@ -61,7 +61,9 @@ def _tail(text: str | None, n: int = 15) -> str:
     return "\n".join((text or "").rstrip().splitlines()[-n:])
 
 
-def run_slurm(plan: ExperimentPlan, plan_dir: str | Path, poll_s: float = 2.0) -> dict[str, str]:
+def run_slurm(
+    plan: ExperimentPlan, plan_dir: str | Path, poll_s: float = 2.0, only: list[str] | None = None
+) -> dict[str, str]:
     """Submit one job per unfinished group, wait for all, report failures with their log tail."""
     import submitit
 
@@ -69,9 +71,11 @@ def run_slurm(plan: ExperimentPlan, plan_dir: str | Path, poll_s: float = 2.0) -
 
     check_slurm()
     plan_dir = Path(plan_dir).resolve()
-    pending = [g for g, cells in plan.groups().items()
-               if any(cell_state(plan, plan_dir, c) != "done" for c in cells)]  # fmt: skip
-    out = {c.id: "done" for g, cells in plan.groups().items() if g not in pending for c in cells}
+    groups = plan.groups(only)
+    pending = [
+        g for g, cells in groups.items() if any(cell_state(plan, plan_dir, c) != "done" for c in cells)
+    ]
+    out = {c.id: "done" for g, cells in groups.items() if g not in pending for c in cells}
     if not pending:
         return out
     ex = submitit.AutoExecutor(folder=str(plan_dir / "slurm" / "%j"), cluster="slurm")
@@ -126,10 +130,12 @@ def run_slurm(plan: ExperimentPlan, plan_dir: str | Path, poll_s: float = 2.0) -
     return out
 
 
-def execute(plan: ExperimentPlan, plan_dir: str | Path, executor: str = "local") -> dict[str, str]:
-    """Run ``plan``'s unfinished cells with ``executor``; returns cell id -> state."""
+def execute(
+    plan: ExperimentPlan, plan_dir: str | Path, executor: str = "local", only: list[str] | None = None
+) -> dict[str, str]:
+    """Run ``plan``'s unfinished cells (of the groups ``only`` selects) with ``executor``."""
     if executor == "local":
-        return run_local(plan, plan_dir)
+        return run_local(plan, plan_dir, only)
     if executor == "slurm":
-        return run_slurm(plan, plan_dir)
+        return run_slurm(plan, plan_dir, only=only)
     raise GacError(f"unknown executor {executor!r}; choose one of: {', '.join(EXECUTORS)}")

@@ -19,7 +19,8 @@ Plan format (every key is checked; unknown keys are refused)::
     dtype = "float32"                   # float32 | bfloat16 | float16 | auto
 
     [axes]
-    models = ["smollm2"]                # aliases, paths, hub ids, or tiny:<family> (built in code)
+    models = ["smollm2"]                # aliases, paths, hub ids, tiny:<family> (built in code) or
+                                        # shape:NAME[:LAYERS[:SCALE]] (a real shape, random weights)
     compressors = ["*"]                 # "*": every registered compressor
     ratios = [0.9]                      # fraction of targeted parameters kept, in (0, 1)
     align = ["none", "knapsack", "gac"]
@@ -33,10 +34,23 @@ Plan format (every key is checked; unknown keys are refused)::
     sensitivity_samples = 1
 
     [[evals]]
-    kind = "ppl"                        # ppl | predict
+    kind = "ppl"                        # ppl | predict | infer
     source = "britannica"
     seq_len = 256
     windows = 4
+    models = ["smollm2"]                # optional: only these models of the axis
+
+    [[evals]]
+    kind = "infer"                      # timed prefill/decode grid, the default `gac eval infer` path
+    prefill_batches = [8]               # (fused q/k/v + gate/up, compile + CUDA graphs on CUDA;
+                                        #  fuse/compile/graphs = false turn each off)
+    prefill_seqs = [2048]
+    decode_batches = [1]
+    decode_kv = [512]
+
+    [[benches]]                         # kernel-level: one `gac bench` experiment per cell
+    experiment = "padding_rescue"       # + its size options (dims, batch, seq_len, heads, m, k, n,
+                                        #   half_window); raw files under PLAN_DIR/kernels/<name>/
 
     [slurm]                             # --executor slurm
     partition = "gpu"
@@ -80,11 +94,18 @@ COMPRESS_KEYS = {
     "objective", "window", "calib_seed", "latency_target", "quality_target", "options",
 }  # fmt: skip
 EVAL_KINDS = {
-    "ppl": {"kind", "source", "seq_len", "windows", "batch_size"},
-    "predict": {"kind", "tokens"},
-}
+    "ppl": {"kind", "source", "seq_len", "windows", "batch_size", "models"},
+    "predict": {"kind", "tokens", "models"},
+    "infer": {
+        "kind", "models", "prefill_batches", "prefill_seqs", "decode_batches", "decode_kv",
+        "prefill_reps", "decode_reps", "compile", "graphs", "fuse",
+    },
+}  # fmt: skip
+#: ``[[benches]]``: one ``gac bench`` experiment per cell (kernel-level tables), sizes as its CLI.
+BENCH_KEYS = {"experiment", "name", "dims", "batch", "seq_len", "heads", "m", "k", "n", "half_window"}
+BENCH = "kernels"
 SLURM_KEYS = {"partition", "gpus", "cpus", "time_min", "mem_gb", "array_parallelism", "setup"}
-TOP_KEYS = {"plan", "axes", "compress", "evals", "slurm", "published"}
+TOP_KEYS = {"plan", "axes", "compress", "evals", "benches", "slurm", "published"}
 DEVICES = ("cpu", "cuda", "auto")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 TINY = re.compile(r"^tiny:([a-z0-9]+)$")
@@ -113,7 +134,13 @@ def slug(s: str) -> str:
 def check_model_spec(spec: str) -> None:
     """Refuse a model spec that cannot name a model (cheap checks only: nothing is loaded)."""
     from gac.models.loading import _HUB_ID, ALIASES
+    from gac.models.shapes import parse_shape_spec
 
+    try:
+        if parse_shape_spec(spec) is not None:
+            return
+    except GacError as e:
+        raise GacError(f"plan: {e}") from None
     m = TINY.match(spec)
     if m:
         from gac.testing import FAMILIES
@@ -142,9 +169,13 @@ class Cell:
     compressor: str
     ratio: float
     align: str
+    #: ``[[benches]]`` entry name for a kernel-level cell (then model/compressor/ratio/align are unused)
+    bench: str | None = None
 
     @property
     def id(self) -> str:
+        if self.bench is not None:
+            return f"{BENCH}/{self.bench}"
         if self.compressor == BASE:
             return f"{slug(self.model)}/base"
         return f"{slug(self.model)}/{self.compressor}-r{self.ratio:g}-{self.align}"
@@ -152,11 +183,15 @@ class Cell:
     @property
     def group(self) -> str:
         """Cells of one group share one calibration (one :func:`gac.api.plan`)."""
+        if self.bench is not None:
+            return self.id
         if self.compressor == BASE:
             return f"{slug(self.model)}/base"
         return f"{slug(self.model)}/{self.compressor}-r{self.ratio:g}"
 
     def to_dict(self) -> dict[str, Any]:
+        if self.bench is not None:
+            return {"bench": self.bench}
         return {"model": self.model, "compressor": self.compressor, "ratio": self.ratio, "align": self.align}
 
 
@@ -174,6 +209,8 @@ class ExperimentPlan:
     compress: dict[str, Any] = field(default_factory=dict)
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
     evals: list[dict[str, Any]] = field(default_factory=list)
+    #: ``[[benches]]``: kernel-level experiments, one cell each (keyed by their ``name``)
+    benches: list[dict[str, Any]] = field(default_factory=list)
     slurm: dict[str, Any] = field(default_factory=dict)
     published: dict[str, Any] = field(default_factory=dict)
     source: str = ""
@@ -184,7 +221,9 @@ class ExperimentPlan:
     # -- identity
     def to_dict(self) -> dict[str, Any]:
         """Everything that defines the results (not the Slurm resources, not the source path)."""
+        extra = {"benches": self.benches} if self.benches else {}  # older plans keep their hash
         return {
+            **extra,
             "name": self.name,
             "models": self.models,
             "compressors": self.compressors_spec or self.compressors,
@@ -204,7 +243,7 @@ class ExperimentPlan:
     # -- expansion
     def cells(self) -> list[Cell]:
         """Every cell, in run order: per model its ``base`` cell, then its groups."""
-        out = []
+        out = [Cell(BENCH, BENCH, 1.0, BENCH, bench=b["name"]) for b in self.benches]
         for m in self.models:
             out.append(Cell(m, BASE, 1.0, BASE))
             for c in self.compressors:
@@ -212,14 +251,23 @@ class ExperimentPlan:
                     out += [Cell(m, c, r, a) for a in self.aligns]
         return out
 
-    def groups(self) -> dict[str, list[Cell]]:
+    def groups(self, only: list[str] | None = None) -> dict[str, list[Cell]]:
+        """Cells by group; ``only`` (shell patterns over cell and group ids) keeps matching groups."""
+        import fnmatch
+
         g: dict[str, list[Cell]] = {}
         for c in self.cells():
             g.setdefault(c.group, []).append(c)
+        if only:
+            g = {k: v for k, v in g.items()
+                 if any(fnmatch.fnmatchcase(x, p) for p in only for x in (k, *(c.id for c in v)))}  # fmt: skip
         return g
 
     def cell_inputs(self, cell: Cell) -> dict[str, Any]:
         """What a cell's result depends on (hashed into ``input_hash``)."""
+        if cell.bench is not None:
+            b = next(b for b in self.benches if b["name"] == cell.bench)
+            return {"cell": cell.to_dict(), "device": self.device, "dtype": self.dtype, "bench": b}
         d: dict[str, Any] = {
             "cell": cell.to_dict(),
             "device": self.device,
@@ -329,6 +377,12 @@ def parse_plan(data: dict[str, Any], source: str = "") -> ExperimentPlan:
         raise GacError("plan: [[evals]] must be an array of tables")
     for i, e in enumerate(evals):
         kind = e.get("kind")
+        ms = e.get("models")
+        if ms is not None:
+            ms = _list(ms, f"[[evals]] #{i + 1} models")
+            for m in ms:
+                if m not in models:
+                    raise GacError(f"plan: [[evals]] #{i + 1}: model {m!r} is not on the [axes] models axis")
         if kind not in EVAL_KINDS:
             raise GacError(f"plan: [[evals]] #{i + 1}: unknown kind {kind!r}; known: {', '.join(EVAL_KINDS)}")
         _refuse_unknown(e, EVAL_KINDS[kind], f"[[evals]] #{i + 1} ({kind})")
@@ -338,11 +392,25 @@ def parse_plan(data: dict[str, Any], source: str = "") -> ExperimentPlan:
                 isinstance(v, bool) or not isinstance(v, int) or v < (2 if k == "seq_len" else 1)
             ):
                 raise GacError(f"plan: [[evals]] #{i + 1}: {k} must be a positive integer, got {v!r}")
+        if kind == "infer":
+            for k in ("prefill_batches", "prefill_seqs", "decode_batches", "decode_kv"):
+                if k in e:
+                    v = e[k] if isinstance(e[k], list) else None
+                    if v is None or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in v):
+                        raise GacError(f"plan: [[evals]] #{i + 1}: {k} must be a list of positive integers")
+            for k in ("prefill_reps", "decode_reps"):
+                v = e.get(k)
+                if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                    raise GacError(f"plan: [[evals]] #{i + 1}: {k} must be a positive integer, got {v!r}")
+            for k in ("compile", "graphs", "fuse"):
+                if k in e and not isinstance(e[k], bool):
+                    raise GacError(f"plan: [[evals]] #{i + 1}: {k} must be true or false")
         if kind == "ppl":
             src = str(e.get("source", "britannica"))
             if src not in ("britannica", "shakespeare", "wikitext2", "c4") and not src.startswith("text:"):
                 raise GacError(f"plan: [[evals]] #{i + 1}: unknown ppl source {src!r}")
     plan.evals = [dict(e) for e in evals]
+    plan.benches = _parse_benches(data.get("benches", []))
 
     slurm = dict(data.get("slurm", {}))
     _refuse_unknown(slurm, SLURM_KEYS, "[slurm]")
@@ -355,6 +423,41 @@ def parse_plan(data: dict[str, Any], source: str = "") -> ExperimentPlan:
     plan.slurm = slurm
     plan.published = dict(data.get("published", {}))
     return plan
+
+
+def _parse_benches(benches: Any) -> list[dict[str, Any]]:
+    """Validate ``[[benches]]``: a known experiment, sizes as ``gac bench`` takes them, unique names."""
+    from gac.hardware.experiments import EXPERIMENTS, parse_dims
+
+    if isinstance(benches, dict):
+        benches = [benches]
+    if not isinstance(benches, list) or not all(isinstance(b, dict) for b in benches):
+        raise GacError("plan: [[benches]] must be an array of tables")
+    out, names = [], set()
+    for i, b in enumerate(benches):
+        _refuse_unknown(b, BENCH_KEYS, f"[[benches]] #{i + 1}")
+        exp = b.get("experiment")
+        if exp not in EXPERIMENTS:
+            raise GacError(
+                f"plan: [[benches]] #{i + 1}: unknown experiment {exp!r}; known: {', '.join(EXPERIMENTS)}"
+            )
+        name = str(b.get("name", exp))
+        if not re.match(r"^[A-Za-z0-9._-]+$", name) or name in names:
+            raise GacError(f"plan: [[benches]] #{i + 1}: name {name!r} must be a unique plain file name")
+        names.add(name)
+        for k in ("batch", "seq_len", "heads", "m", "k", "n", "half_window"):
+            v = b.get(k)
+            if v is not None and (
+                isinstance(v, bool) or not isinstance(v, int) or v < (0 if k == "half_window" else 1)
+            ):
+                raise GacError(f"plan: [[benches]] #{i + 1}: {k} must be a positive integer, got {v!r}")
+        if "dims" in b:
+            try:
+                parse_dims(str(b["dims"]))
+            except GacError as e:
+                raise GacError(f"plan: [[benches]] #{i + 1}: {e}") from None
+        out.append({**b, "name": name})
+    return out
 
 
 def load_plan(path: str | Path) -> ExperimentPlan:
@@ -438,6 +541,7 @@ def plan_from_dir(plan_dir: str | Path) -> ExperimentPlan:
         },
         "compress": {**p["compress"], **({"options": p["options"]} if p["options"] else {})},
         "evals": p["evals"],
+        **({"benches": p["benches"]} if p.get("benches") else {}),
         "slurm": rec.get("slurm") or {},
         "published": rec.get("published") or {},
     }
@@ -458,13 +562,42 @@ def _load(spec: str, dtype: Any, device: str) -> tuple[Any, Any]:
     return lm.model, lm.tokenizer
 
 
-def _evaluate(plan: ExperimentPlan, model: Any, tok: Any, report: Any, prof: Any) -> dict[str, Any]:
+def _infer(model: Any, e: dict[str, Any], label: str) -> dict[str, Any]:
+    """The ``infer`` eval: the default ``gac eval infer`` path — q/k/v and gate/up fused (exact, in
+    place: later evals see the same function), then :func:`gac.eval.infer.sweep_model` (compile +
+    CUDA graphs on CUDA). ``fuse``, ``compile``, ``graphs`` = false turn each off."""
+    from gac.eval.infer import SweepConfig, copy_bandwidth, model_device, sweep_model
+
+    fused = []
+    if e.get("fuse", True):
+        from gac.kernels.fusion import fuse_projections_
+
+        fused = fuse_projections_(model)
+
+    grid = {
+        k: tuple(e[k]) for k in ("prefill_batches", "prefill_seqs", "decode_batches", "decode_kv") if k in e
+    }
+    reps = {k: e[k] for k in ("prefill_reps", "decode_reps") if k in e}
+    cfg = SweepConfig(**grid, **reps, compile=e.get("compile"), graphs=e.get("graphs"), profile_kernels=False)
+    dev = model_device(model)
+    cb = copy_bandwidth(dev, cfg.copy_bytes) if dev.type == "cuda" else {}
+    rec = sweep_model(model, cfg, cb.get("gbps"), label=label)
+    return {"config": cfg.to_dict(), "fused": len(fused), "copy_bandwidth": cb, **rec}
+
+
+def _evaluate(
+    plan: ExperimentPlan, cell: Cell, model: Any, tok: Any, report: Any, prof: Any
+) -> dict[str, Any]:
     from gac.data import load_text
     from gac.eval.ppl import perplexity
 
     out: dict[str, Any] = {}
     for e in plan.evals:
-        if e["kind"] == "ppl":
+        if e.get("models") is not None and cell.model not in e["models"]:
+            continue
+        if e["kind"] == "infer":
+            out["infer"] = _infer(model, e, cell.id)
+        elif e["kind"] == "ppl":
             src = e.get("source", "britannica")
             r = perplexity(
                 model, tok, load_text(src, "test"), seq_len=e.get("seq_len", 512),
@@ -532,6 +665,8 @@ def run_group(plan: ExperimentPlan, plan_dir: str | Path, group: str, force: boo
 
     plan_dir = Path(plan_dir)
     cells = plan.groups()[group]
+    if cells[0].bench is not None:
+        return {cells[0].id: run_bench_cell(plan, plan_dir, cells[0], force)}
     states = {c.id: cell_state(plan, plan_dir, c) for c in cells}
     todo = [c for c in cells if force or states[c.id] != "done"]
     out = {c.id: "done" for c in cells if c not in todo}
@@ -587,7 +722,7 @@ def run_group(plan: ExperimentPlan, plan_dir: str | Path, group: str, force: boo
                     "dims": {k: int(v) for k, v in alloc.dims.items()},
                 }
             with torch.no_grad():
-                results["evals"] = _evaluate(plan, model, tok, report, prof)
+                results["evals"] = _evaluate(plan, c, model, tok, report, prof)
             timings = {**shared, "cell_s": time.perf_counter() - t0}
             _record(plan, plan_dir, c, "ok", results, timings)
             out[c.id] = "ok"
@@ -601,14 +736,92 @@ def run_group(plan: ExperimentPlan, plan_dir: str | Path, group: str, force: boo
     return out
 
 
-def status_table(plan: ExperimentPlan, plan_dir: Path) -> list[tuple[str, str, str]]:
+def run_bench_cell(plan: ExperimentPlan, plan_dir: Path, cell: Cell, force: bool = False) -> str:
+    """Run one ``[[benches]]`` experiment; raw points, CSV and plot under ``PLAN_DIR/kernels/<name>/``."""
+    from gac.hardware.experiments import Config, parse_dims, run_experiment
+    from gac.hardware.timing import resolve_device
+    from gac.utils import console
+
+    if not force and cell_state(plan, plan_dir, cell) == "done":
+        return "done"
+    b = plan.cell_inputs(cell)["bench"]
+    t0 = time.perf_counter()
+    try:
+        dev = resolve_device(_device(plan))
+        dtype = plan.dtype if plan.dtype != "auto" else ("bfloat16" if dev.type == "cuda" else "float32")
+        cfg = Config.default_for(dev)
+        for key, attr in (("batch", "batch"), ("seq_len", "seq"), ("heads", "heads"), ("m", "m"), ("k", "k"),
+                          ("n", "n"), ("half_window", "half_window")):  # fmt: skip
+            if key in b:
+                setattr(cfg, attr, b[key])
+        if "dims" in b:
+            cfg.dims = parse_dims(str(b["dims"]))
+        raw = plan_dir / BENCH / cell.bench
+        rec = run_experiment(b["experiment"], dtype=dtype, out=raw, config=cfg, device=dev, show=False,
+                             command=" ".join(shlex.quote(a) for a in sys.argv))  # fmt: skip
+        ok = sum(r.get("status") == "ok" for r in rec.get("records", []))
+        if not ok:
+            raise GacError(f"{b['experiment']}: no point measured ({len(rec.get('records', []))} failed)")
+        results = {
+            "experiment": b["experiment"],
+            "dtype": rec.get("dtype"),
+            "device_label": rec.get("device_label"),
+            "config": rec.get("config"),
+            "summary": rec.get("summary"),
+            # every point, compact (the full records stay in raw_dir): what published values are compared with
+            "records": [
+                {
+                    k: r.get(k)
+                    for k in (
+                        "group",
+                        "series",
+                        "variant",
+                        "dim",
+                        "status",
+                        "median_ms",
+                        "tflops",
+                        "backend",
+                        "auto_backend",
+                    )
+                    if r.get(k) is not None
+                }
+                for r in rec.get("records", [])
+            ],  # fmt: skip
+            "points_ok": ok,
+            "points": len(rec.get("records", [])),
+            "raw_dir": str(Path(BENCH) / cell.bench),
+        }
+        _record(plan, plan_dir, cell, "ok", results, {"cell_s": time.perf_counter() - t0})
+        console.print(f"[green]done[/green] {cell.id} ({time.perf_counter() - t0:.1f} s)")
+        return "ok"
+    except Exception as e:  # noqa: BLE001 - recorded, the rest go on
+        err = str(e) if isinstance(e, GacError) else f"{type(e).__name__}: {e}"
+        _record(plan, plan_dir, cell, "failed", {}, {"cell_s": time.perf_counter() - t0}, err,
+                traceback.format_exc()[-2000:])  # fmt: skip
+        console.print(f"[red]failed[/red] {cell.id}: {err}")
+        return "failed"
+
+
+def check_only(plan: ExperimentPlan, only: list[str] | None) -> None:
+    """Refuse ``--only`` patterns that select nothing (a typo would otherwise run nothing and exit 0)."""
+    for p in only or []:
+        if not plan.groups([p]):
+            ids = [c.id for c in plan.cells()]
+            raise GacError(
+                f"--only {p!r} matches no cell of plan {plan.name}; cells: {', '.join(ids[:6])}..."
+            )
+
+
+def status_table(
+    plan: ExperimentPlan, plan_dir: Path, only: list[str] | None = None
+) -> list[tuple[str, str, str]]:
     """(group, cell id, state) for every cell (``gac run --dry-run``)."""
-    return [(c.group, c.id, cell_state(plan, plan_dir, c)) for c in plan.cells()]
+    return [(g, c.id, cell_state(plan, plan_dir, c)) for g, cells in plan.groups(only).items() for c in cells]
 
 
-def run_local(plan: ExperimentPlan, plan_dir: str | Path) -> dict[str, str]:
-    """Run every group in order on this machine; returns cell id -> state."""
+def run_local(plan: ExperimentPlan, plan_dir: str | Path, only: list[str] | None = None) -> dict[str, str]:
+    """Run every (selected) group in order on this machine; returns cell id -> state."""
     out: dict[str, str] = {}
-    for g in plan.groups():
+    for g in plan.groups(only):
         out.update(run_group(plan, plan_dir, g))
     return out

@@ -38,6 +38,110 @@ def frontier(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return sorted(best)
 
 
+def point_key(r: dict[str, Any]) -> str:
+    """``prefill_b8_s2048`` / ``decode_b1_kv512``: the name of one inference grid point."""
+    if r["phase"] == "prefill":
+        return f"prefill_b{r['batch']}_s{r['seq']}"
+    return f"decode_b{r['batch']}_kv{r['kv']}"
+
+
+def infer_speedups(cells: list[tuple[Any, dict[str, Any] | None]]) -> dict[str, dict[str, Any]]:
+    """Per cell id: speedup over its model's ``base`` cell at every grid point of the ``infer`` eval.
+
+    Also ``ideal_<point>``: the bytes-ideal (decode: weights + KV cache moved) or FLOP-ideal
+    (prefill: :func:`gac.eval.infer.prefill_flops`; the parameter ratio for cells recorded without
+    FLOPs) speedup beside it.
+    """
+    from gac.eval.infer import add_speedups
+
+    out: dict[str, dict[str, Any]] = {}
+    by_model: dict[str, list[tuple[Any, dict[str, Any]]]] = {}
+    for c, d in cells:
+        inf = (
+            ((d or {}).get("results") or {}).get("evals", {}).get("infer")
+            if d and d.get("status") == "ok"
+            else None
+        )
+        if inf and c.bench is None:
+            by_model.setdefault(c.model, []).append((c, d))
+    for rows in by_model.values():
+        base = next(((c, d) for c, d in rows if c.compressor == BASE), None)
+        if base is None:
+            continue
+        res = {"variants": {base[0].id: json.loads(json.dumps(base[1]["results"]["evals"]["infer"]))}}
+        for c, d in rows:
+            if c.compressor != BASE:
+                res["variants"][c.id] = json.loads(json.dumps(d["results"]["evals"]["infer"]))
+        add_speedups(res, baseline=base[0].id)
+        bparams = base[1]["results"].get("params")
+        for c, d in rows:
+            v = res["variants"][c.id]
+            sp: dict[str, Any] = {}
+            for r in v["prefill"] + v["decode"]:
+                k = point_key(r)
+                sp[k] = r.get("speedup")
+                ideal = r.get("bytes_ideal_speedup") or r.get("flop_ideal_speedup")
+                if ideal is None and r["phase"] == "prefill" and bparams and d["results"].get("params"):
+                    ideal = bparams / d["results"]["params"]  # cells written before FLOPs were recorded
+                sp[f"ideal_{k}"] = ideal
+            out[c.id] = sp
+    return out
+
+
+def lookup(results: dict[str, Any], field: str, where: dict[str, Any] | None = None) -> Any:
+    """A value of a cell's results by dotted ``field``; a list on the way is filtered by ``where``.
+
+    >>> lookup({"summary": [{"group": "a", "x": 1}, {"group": "b", "x": 2}]}, "summary.x", {"group": "b"})
+    2
+    """
+    cur: Any = results
+    for part in field.split("."):
+        if isinstance(cur, list):
+            rows = [r for r in cur if all(r.get(k) == v for k, v in (where or {}).items())]
+            if len(rows) != 1:
+                return None
+            cur = rows[0]
+        if not isinstance(cur, dict) or part not in cur:
+            return None
+        cur = cur[part]
+    return cur
+
+
+def published_rows(published: dict[str, Any], results: dict[str, dict[str, Any]]) -> list[str]:
+    """Markdown rows ``table | quantity | published | ours | ours / published | source``.
+
+    Each ``[published.<table>]`` may list ``[[published.<table>.compare]]`` entries:
+    ``label``, ``value`` (the published number), ``cell`` (a cell id), ``field`` (dotted path into
+    that cell's results, or ``speedup.<point>`` for an inference speedup), optional ``where`` (filters
+    a list on the path) and optional ``over = {field, where}``: ours is then the ratio of the two
+    values of the same cell (e.g. the latency at D=107 over the latency at D=96).
+    """
+    rows = []
+    for table, t in published.items():
+        if not isinstance(t, dict):
+            continue
+        for e in t.get("compare", []) or []:
+            r = results.get(str(e.get("cell")))
+            ours = None if r is None else lookup(r, str(e.get("field", "")), e.get("where"))
+            over = e.get("over")
+            if isinstance(over, dict) and isinstance(ours, (int, float)):
+                den = lookup(r, str(over.get("field", e.get("field", ""))), over.get("where"))
+                ours = ours / den if isinstance(den, (int, float)) and den else None
+            pub = e.get("value")
+            ratio = (
+                ours / pub
+                if isinstance(ours, (int, float)) and isinstance(pub, (int, float)) and pub
+                else None
+            )
+            rows.append("| " + " | ".join([
+                table, str(e.get("label", e.get("field"))), _f(pub, ".3g") if isinstance(pub, (int, float)) else str(pub),
+                _f(ours, ".3g") if isinstance(ours, (int, float)) else
+                ("not run" if r is None else "no such value" if ours is None else str(ours)),
+                _f(ratio, ".2f"), str(t.get("source", "")).replace("|", "/"),
+            ]) + " |")  # fmt: skip
+    return rows
+
+
 def render_plan(root: Path, out: Path | None = None) -> Path:
     """Write ``report.md`` (+ frontier PNGs) for the plan in ``root``; return the Markdown path."""
     import matplotlib
@@ -62,6 +166,30 @@ def render_plan(root: Path, out: Path | None = None) -> Path:
         "",
     ]
     plots = []
+    speed = infer_speedups(cells)
+    benches = [(c, d) for c, d in cells if c.bench is not None]
+    if benches:
+        lines += ["## Kernel-level experiments", ""]
+        for c, d in benches:
+            if d is None or d.get("status") != "ok":
+                st = "not run" if d is None else f"failed: {d.get('error')}"
+                lines += [f"### {c.bench}: {st}", ""]
+                continue
+            r = d["results"]
+            summ = r.get("summary") or []
+            cols = [k for k in (summ[0] if summ else {}) if k not in ("auto_backends",)]
+            lines += [f"### {c.bench} (`gac bench -e {r['experiment']}`, {r.get('device_label')}, {r.get('dtype')}; "
+                      f"{r.get('points_ok')}/{r.get('points')} points; raw: `{r.get('raw_dir')}/`)", "",
+                      "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]  # fmt: skip
+            for row in summ:
+                vals = [
+                    _f(row.get(k), ".3g") if isinstance(row.get(k), float) else str(row.get(k)) for k in cols
+                ]
+                lines.append("| " + " | ".join(vals) + " |")
+            png = next(iter(sorted((root / str(r.get("raw_dir", ""))).glob("*.png"))), None)
+            if png is not None:
+                lines += ["", f"![{c.bench}]({png.relative_to(root)})"]
+            lines.append("")
     for model in plan.models:
         mcells = [(c, d) for c, d in cells if c.model == model]
         base = next((d for c, d in mcells if c.compressor == BASE and d and d.get("status") == "ok"), None)
@@ -87,6 +215,18 @@ def render_plan(root: Path, out: Path | None = None) -> Path:
             if sp and ppls and ppls[0]:
                 profiles.setdefault(str(pr.get("profile")), []).append((c.compressor, c.align, sp, ppls[0]))
         lines.append("")
+        mspeed = [(c, speed[c.id]) for c, _ in mcells if c.id in speed]
+        if mspeed:
+            pts = [k for k in mspeed[0][1] if not k.startswith("ideal_")]
+            head = ["cell", *(f"{k} (ideal)" for k in pts)]
+            lines += [f"Measured speedup over the dense base ({model}, `infer` eval: the default "
+                      "`gac eval infer` path), ideal in brackets (prefill: FLOPs, or the parameter ratio where no "
+                      "FLOPs were recorded; decode: bytes moved):",
+                      "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
+            for c, sp in mspeed:
+                lines.append("| " + " | ".join([c.id, *(
+                    f"{_f(sp.get(k), '.3f')} ({_f(sp.get('ideal_' + k), '.3f')})" for k in pts)]) + " |")  # fmt: skip
+            lines.append("")
         for prof, pts in profiles.items():
             fig, ax = plt.subplots(figsize=(6.4, 4.2))
             comps = sorted({p[0] for p in pts})
@@ -113,6 +253,13 @@ def render_plan(root: Path, out: Path | None = None) -> Path:
             plots.append(name)
             lines += [f"![{name}]({name})", ""]
     if plan.published:
+        results = {c.id: {**((d or {}).get("results") or {}), "speedup": speed.get(c.id, {})}
+                   for c, d in cells if d is not None and d.get("status") == "ok"}  # fmt: skip
+        rows = published_rows(plan.published, results)
+        if rows:
+            lines += ["## Ours beside the published values", "",
+                      "| table | quantity | published | ours | ours / published | source |",
+                      "|---|---|---|---|---|---|", *rows, ""]  # fmt: skip
         lines += ["## Published values (from the plan)", "", "```json",
                   json.dumps(plan.published, indent=1), "```", ""]  # fmt: skip
     md = out / "report.md"

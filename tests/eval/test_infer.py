@@ -127,3 +127,27 @@ def test_fast_path_resolution_on_cpu(capsys):
     assert len(lines) == 1 and lines[0].startswith("notice:")
     with pytest.raises(GacError, match="CUDA graphs"):
         infer.resolve_fast_path(SweepConfig(graphs=True), cpu)
+
+
+def test_prefill_flops_counts_linears_attention_and_last_token_head():
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from gac.eval.infer import prefill_flops
+    from gac.models.shapes import shape_config
+    from gac.surgery.factorized import FactorizedLinear, replace_module
+
+    cfg = shape_config("shape:llama3-8b:2:8")
+    with torch.device("meta"):
+        m = AutoModelForCausalLM.from_config(cfg)
+    h, i, v, L = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.num_hidden_layers
+    kv = cfg.num_key_value_heads * (h // cfg.num_attention_heads)
+    per_token = 2 * L * (h * h + 2 * h * kv + h * h + 3 * h * i)
+    b, s = 2, 64
+    want = b * s * per_token + 2 * b * s * s * h * L + b * 2 * h * v
+    assert prefill_flops(m, b, s) == want
+    # a factorized layer counts its two factors
+    fqn = "model.layers.0.mlp.down_proj"
+    with torch.device("meta"):
+        replace_module(m, fqn, FactorizedLinear(i, 100, h, bias=False))
+    assert prefill_flops(m, b, s) == want - b * s * 2 * (i * h - 100 * (i + h))

@@ -195,6 +195,8 @@ def cpu_profile(tmp_path):
         (["--refine", "tiny:llama", "--half-window", "-1"], "error: --half-window must be at least 0"),
         (["--refine", "tiny:llama", "--rounds", "0"], "error: --rounds must be at least 1"),
         (["--refine", "tiny:llama", "--quick"], "error: --refine and --quick do not go together"),
+        (["--refine", "shape:gpt9"], "error: unknown model shape"),
+        ([], "error: --profile is only used with --refine MODEL"),
         (["--refine", "tiny:llama", "--out", "exists.json"], "error: output exists.json already exists"),
     ],
 )
@@ -243,3 +245,94 @@ def test_real_measurements_use_the_profile_context():
     prof.env["gpu"] = "NVIDIA H200"
     with pytest.raises(GacError, match="measured on NVIDIA H200; this device is CPU"):
         rf.check_device(prof, dev)
+
+
+# ----------------------------------------------------------------------------- a second world
+# (from the first --refine on main): odd N and K 3x slower everywhere, a profile measured only at
+# multiples of 8, and a factorized o_proj of rank 37, so that both GEMMs of the pair are mispriced.
+PER_MS = 1e9  # FLOPs per ms at full speed
+ODD_CONTEXT = {"gemm_n": {"M": 64, "K": 128}, "gemm_k": {"M": 64, "N": 128}, "lowrank_r": {"M": 32, "d": 128}}
+
+
+def pen(x: int) -> float:
+    return 3.0 if x % 2 else 1.0
+
+
+def odd_gemm(m: int, k: int, n: int) -> float:
+    return 2.0 * m * k * n / PER_MS * pen(n) * pen(k)
+
+
+def odd_point(op: str, d: int) -> float:
+    c = ODD_CONTEXT[op]
+    if op == "gemm_n":
+        return odd_gemm(c["M"], c["K"], d)
+    if op == "gemm_k":
+        return odd_gemm(c["M"], d, c["N"])
+    return odd_gemm(c["M"], c["d"], d) + odd_gemm(c["M"], d, c["d"])
+
+
+def multiples_of_8_profile():
+    from gac.hardware.profile import OpRule, Profile
+
+    p = Profile(id="synthetic-gpu", ops={}, measured=True, label="synthetic", dtype="float32")
+    for op, ctx in ODD_CONTEXT.items():
+        pts = {d: odd_point(op, d) for d in range(32, 129, 8)}
+        c = rf.merge_points({"dims": [], "ms": [], "context": ctx}, pts, 32, 128, rf.flops_fn(op, ctx))
+        c.update(refined=[], refined_dims=[])  # the profile's own sweep, not a refinement
+        p.ops[op] = OpRule(curve=c)
+        rf.redistil_op(p, op)
+    return p
+
+
+def odd_rank_model():
+    m = tiny_model("llama")
+    replace_module(m, "model.layers.0.self_attn.o_proj", FactorizedLinear(120, 37, 120))
+    return m
+
+
+def test_odd_world_refines_both_factor_gemms():
+    prof, model = multiples_of_8_profile(), odd_rank_model()
+    assert prof.ops["gemm_k"].class_efficiency["1"] == 1.0  # odd dims look fast
+    calls: list[tuple[str, int]] = []
+
+    def point(op: str, d: int) -> float:
+        calls.append((op, d))
+        return odd_point(op, d)
+
+    res = rf.refine_profile(prof, model, 64, odd_gemm, point, top=4, half_window=8, rounds=3)
+    worst = sorted(res.before["rows"], key=lambda r: -r["score"])[:2]
+    assert {r["gemm"].shape for r in worst} == {(64, 120, 37), (64, 37, 120)}
+    assert {op for op, _ in calls} == {"lowrank_r", "gemm_k"} and len(calls) == len(set(calls))
+    assert all(29 <= d <= 45 and d not in (32, 40) for _, d in calls)  # dims on the curve are skipped
+    for op in ("lowrank_r", "gemm_k"):
+        c = res.profile.ops[op].curve
+        assert c["windows"] == [[29, 128]] and c["dims"] == sorted(set(c["dims"]))  # joined its window
+        assert res.profile.ops[op].class_efficiency["1"] < 0.5  # the odd-dim cliff, re-distilled
+    assert max(r["score"] for r in res.after["rows"]) < 0.1
+    assert res.profile.id == "synthetic-gpu-refined"
+    again = rf.refine_profile(res.profile, model, 64, odd_gemm, lambda op, d: pytest.fail("measured again"))
+    assert again.profile.to_dict() == res.profile.to_dict()
+
+
+def test_an_update_that_fits_worse_is_rejected():
+    prof, model = multiples_of_8_profile(), odd_rank_model()
+
+    def liar(op: str, d: int) -> float:  # the new points exaggerate the cliff (10x, not 3x)
+        return odd_point(op, d) * (10.0 / 3.0 if d % 2 else 1.0)
+
+    res = rf.refine_profile(prof, model, 64, odd_gemm, liar, half_window=4)
+    assert "rejected" in res.stopped and res.rounds and all(r["rejected"] for r in res.rounds)
+    assert res.profile.to_dict() == prof.to_dict()  # unchanged: same id, curves and env
+
+
+def test_gemms_of_multiples_of_64_are_never_refined():
+    prof = coarse_profile()
+    point, gemm, calls = world()
+    model = tiny_model("llama", hidden=128, intermediate=256, heads=2, kv_heads=1)  # head_dim 64
+
+    def odd_shape(m: int, k: int, n: int) -> float:  # gate/up run 3x slower: a shape effect
+        return gemm(m, k, n) * (3.0 if (k, n) == (128, 256) else 1.0)
+
+    res = rf.refine_profile(prof, model, 64, odd_shape, point)
+    assert max(r["score"] for r in res.before["rows"]) > 1.0
+    assert calls == [] and res.stopped.startswith("round 1: nothing new to measure")

@@ -33,7 +33,10 @@ def register(app: typer.Typer) -> None:
             help="refine --profile against MODEL (alias, path, gac dir or tiny:<family>) instead of sweeping",
         ),
         base: str | None = typer.Option(
-            None, "--profile", "-p", help="with --refine: the measured profile (JSON or shipped id) to refine"
+            None,
+            "--profile",
+            "-p",
+            help="with --refine: the measured profile to refine (JSON or shipped id; default: this GPU's)",
         ),
         tokens: int = typer.Option(2048, "--tokens", help="with --refine: prefill tokens (M of every GEMM)"),
         top: int = typer.Option(4, "--top", help="with --refine: worst GEMMs refined per round"),
@@ -42,7 +45,10 @@ def register(app: typer.Typer) -> None:
         ),
         rounds: int = typer.Option(2, "--rounds", help="with --refine: most rounds"),
         tolerance_refine: float = typer.Option(
-            0.1, "--tolerance-refine", help="with --refine: |log error| after removing the global scale"
+            0.1,
+            "--tolerance-refine",
+            "--refine-tolerance",
+            help="with --refine: |log error| after removing the global scale",
         ),
     ) -> None:
         """Sweep GEMM K/N, GEMV, SDPA head_dim and low-rank r; write the discovered rules.
@@ -60,7 +66,19 @@ def register(app: typer.Typer) -> None:
                 raise GacError(
                     "--refine and --quick do not go together: --refine measures only what it needs"
                 )
-            _refine(refine, base, out, tokens, top, half_window, rounds, tolerance_refine, device, overwrite)
+            _refine(
+                refine,
+                base,
+                out,
+                dtype,
+                tokens,
+                top,
+                half_window,
+                rounds,
+                tolerance_refine,
+                device,
+                overwrite,
+            )
             return
         if base is not None:
             raise GacError("--profile is only used with --refine MODEL")
@@ -100,6 +118,7 @@ def _refine(
     spec: str,
     base: str | None,
     out: Path,
+    dtype: str,
     tokens: int,
     top: int,
     half_window: int,
@@ -118,8 +137,6 @@ def _refine(
     from gac.hardware.profiler import plot_profile
     from gac.hardware.timing import resolve_device, resolve_dtype
 
-    if base is None:
-        raise GacError("--refine MODEL needs --profile P (the measured profile to refine)")
     for name, v, lo in (("--top", top, 1), ("--half-window", half_window, 0), ("--rounds", rounds, 1)):
         if v < lo:
             raise GacError(f"{name} must be at least {lo}, got {v}")
@@ -132,7 +149,7 @@ def _refine(
     check_out(out, overwrite, kind="file")
     plot = out.with_suffix(".png")
     check_out(plot, overwrite, kind="file")
-    prof = load_profile(base)
+    prof = load_profile(base, dtype=dtype)  # None: this GPU's shipped profile for --dtype
     if not prof.measured:
         raise GacError(
             f"profile {prof.id!r} is not measured (the built-in default has no curves to refine); "

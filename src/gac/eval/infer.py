@@ -172,6 +172,22 @@ def weight_bytes_per_step(model: nn.Module) -> int:
     return total
 
 
+def prefill_flops(model: nn.Module, batch: int, seq: int) -> float:
+    """FLOPs of one prefill with ``logits_to_keep=1``: every linear layer of the decoder at every
+    token (a factorized layer counts its two factors), causal attention (``2·B·S²`` per query
+    feature of each layer's ``q_proj``), and the output head at the last token only."""
+    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    per_token, q_feats = 0, 0
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Linear) and m is not out:
+            per_token += 2 * m.in_features * m.out_features
+        if name.endswith("self_attn"):
+            q = getattr(m, "q_proj", None)
+            q_feats += int(getattr(q, "out_features", 0) or 0)
+    head = 2 * out.in_features * out.out_features if isinstance(out, nn.Linear) else 0
+    return float(batch * seq * per_token + 2 * batch * seq * seq * q_feats + batch * head)
+
+
 def copy_bandwidth(device: torch.device, nbytes: int = 2 * 2**30, reps: int = 20) -> dict[str, Any]:
     """Device-to-device copy bandwidth (bytes read + bytes written per second), median of ``reps``."""
     if device.type != "cuda":
@@ -564,6 +580,8 @@ def sweep_model(
             )
             p.advance(task)
             _free(dev)
+    for r in out["prefill"]:
+        r["flops"] = prefill_flops(model, r["batch"], r["seq"])
     ok = [r for r in out["prefill"] + out["decode"] if r.get("status") == "ok"]
     out["setup_s_total"] = sum(r.get("setup_s", 0.0) for r in ok)  # compile + capture, not in latency
     out["compiles_total"] = sum(r.get("compiles", 0) for r in ok)
@@ -636,6 +654,9 @@ def add_speedups(res: dict[str, Any], baseline: str | None = None) -> None:
             ref = bp.get((r["batch"], r["seq"]))
             if r.get("status") == "ok" and ref and ref.get("status") == "ok":
                 r["speedup"] = ref["median_ms"] / r["median_ms"]
+                if r.get("flops") and ref.get("flops"):
+                    r["flop_ideal_speedup"] = ref["flops"] / r["flops"]
+                    r["speedup_vs_ideal"] = r["speedup"] / r["flop_ideal_speedup"]
         for r in v["decode"]:
             ref = bd.get((r["batch"], r["kv"]))
             if r.get("status") == "ok" and ref and ref.get("status") == "ok":
@@ -650,7 +671,8 @@ def add_speedups(res: dict[str, Any], baseline: str | None = None) -> None:
 
 CSV_FIELDS = (
     "variant", "phase", "batch", "seq", "kv", "status", "median_ms", "q25_ms", "q75_ms", "min_ms", "reps",
-    "tokens_per_s", "speedup", "weight_gbps", "weight_bw_frac", "bytes_ideal_speedup", "speedup_vs_ideal", "peak_mem_gib",
+    "tokens_per_s", "speedup", "weight_gbps", "weight_bw_frac", "bytes_ideal_speedup", "flop_ideal_speedup",
+    "speedup_vs_ideal", "peak_mem_gib", "flops",
 )  # fmt: skip
 
 

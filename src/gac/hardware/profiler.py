@@ -486,10 +486,14 @@ def plot_profile(profile: Profile, path: Path) -> None:
         r = profile.ops[op]
         dims, ms = r.curve.get("dims", []), r.curve.get("ms", [])
         wins = r.curve.get("window", [0] * len(dims))
+        spans = r.curve.get("windows") or []
+        refined = {tuple(x) for x in r.curve.get("refined_windows", [])}
         for w in sorted(set(wins)):
             xs = [d for d, wi in zip(dims, wins, strict=True) if wi == w]
             ys = [t for t, wi in zip(ms, wins, strict=True) if wi == w]
-            ax.plot(xs, ys, "-", linewidth=0.8, color="C0")
+            is_refined = w < len(spans) and tuple(spans[w]) in refined
+            ax.plot(xs, ys, "-", linewidth=1.2 if is_refined else 0.8, color="C2" if is_refined else "C0",
+                    label="refined (gac profile --refine)" if is_refined else None)  # fmt: skip
             al = [(x, y) for x, y in zip(xs, ys, strict=True) if x % r.modulus == 0]
             if al:
                 ax.scatter(*zip(*al, strict=True), s=12, color="C3", zorder=3)
@@ -503,6 +507,8 @@ def plot_profile(profile: Profile, path: Path) -> None:
         ax.set_ylabel("ms")
         ax.set_yscale("log")
         ax.grid(alpha=0.3)
+        if r.curve.get("refined_windows"):
+            ax.legend(fontsize=7)
     fig.suptitle(profile.label, fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -17,8 +17,10 @@ coarse curve never saw is then mispriced.  Refinement is deterministic:
    measure that operator's curve at stride 1 over ``[d - half_window, d + half_window]`` at the
    profile's own context (dims already on the curve are skipped), merge the points into the
    curve and re-distil that operator's rule (:func:`~gac.hardware.profiler.discover_rule`);
-4. repeat for ``rounds`` rounds, or until no GEMM scores above the tolerance or nothing new is
-   left to measure.
+4. keep a round's update only if the model's GEMMs fit it better (summed score), and repeat for
+   ``rounds`` rounds, or until no GEMM scores above the tolerance or nothing new is left to
+   measure.  GEMMs whose dims are all multiples of 64 (:data:`FASTEST_CLASS`) are never refined:
+   their disagreement comes from their shape, not from a cliff.
 
 Merged points join the curve window they overlap (so their efficiencies are judged against
 their measured neighbours); a window that overlaps none becomes a new window.  Every round is
@@ -42,6 +44,9 @@ from gac.alignment import pow2_class
 from gac.errors import GacError
 from gac.hardware.profile import Profile
 
+#: dims that are multiples of this are on every measured GPU's fastest path: a GEMM made only of
+#: them that disagrees with the profile does so for its shape, not for a cliff (never refined)
+FASTEST_CLASS = 64
 MeasureGemm = Callable[[int, int, int], float]
 MeasurePoint = Callable[[str, int], "float | None"]
 
@@ -351,6 +356,7 @@ def refine_profile(
     first: dict[str, Any] | None = None
     dis: dict[str, Any] = {}
     n_points = 0
+    changed = False
     stopped = f"{rounds} round(s) done"
     for rnd in range(1, rounds + 1):
         meas = [float(measure_gemm(g.m, g.k, g.n)) for g in gemms]
@@ -370,6 +376,8 @@ def refine_profile(
         targets: dict[tuple[str, int], list[dict[str, Any]]] = {}
         picked = 0
         for r in over:
+            if min(pow2_class(r["gemm"].n), pow2_class(r["gemm"].k)) >= FASTEST_CLASS:
+                continue  # no cliff to find: it disagrees for its shape
             op, d = target_dim(prof, r["gemm"])
             _check_op(prof, op)
             if (op, d) not in targets:
@@ -382,12 +390,16 @@ def refine_profile(
             if picked == top:
                 break
         if not targets:
-            stopped = f"round {rnd}: nothing new to measure around the {len(over)} GEMM(s) above tolerance"
+            stopped = (
+                f"round {rnd}: nothing new to measure for the {len(over)} GEMM(s) above tolerance "
+                f"(windows measured already, or every dim a multiple of {FASTEST_CLASS})"
+            )
             break
         added_round = 0
         round_recs = []
+        trial = Profile.from_dict(prof.to_dict())
         for op, d in targets:
-            curve = prof.ops[op].curve
+            curve = trial.ops[op].curve
             lo, hi = max(1, d - half_window), d + half_window
             have = set(curve["dims"]) | {int(x) for x in curve.get("failed", [])}
             new: dict[int, float] = {}
@@ -404,10 +416,10 @@ def refine_profile(
             if failed:
                 curve["failed"] = sorted(set(curve.get("failed", [])) | set(failed))
             if new:
-                prof.ops[op].curve = merge_points(
+                trial.ops[op].curve = merge_points(
                     curve, new, lo, hi, flops_fn(op, curve.get("context") or {})
                 )
-                redistil_op(prof, op)
+                redistil_op(trial, op)
             added_round += len(new)
             round_recs.append(
                 {
@@ -419,10 +431,13 @@ def refine_profile(
                     "window": [lo, hi],
                     "points_added": sorted(new),
                     "points_failed": failed,
-                    "rule": {"modulus": prof.ops[op].modulus, "prefer": prof.ops[op].prefer},
+                    "rule": {"modulus": trial.ops[op].modulus, "prefer": trial.ops[op].prefer},
                 }
             )
-        after = disagreement(prof, gemms, meas)
+        after = disagreement(trial, gemms, meas)
+        total_before = sum(r["score"] for r in dis["rows"])
+        total_after = sum(r["score"] for r in after["rows"])
+        rejected = total_after > total_before
         score_after = {id(r["gemm"]): r["score"] for r in after["rows"]}
         for rec, rows in zip(round_recs, targets.values(), strict=True):
             rec["gemms"] = [
@@ -438,15 +453,23 @@ def refine_profile(
                 }
                 for r in rows
             ]
+            rec["total_score_before"] = round(total_before, 4)
+            rec["total_score_after"] = round(total_after, 4)
+            rec["rejected"] = rejected
             records.append(rec)
             if on_round is not None:
                 on_round(rec)
-        dis = after
+        if rejected:
+            # the new points explain the model's GEMMs worse (e.g. timing noise): keep the profile
+            stopped = f"round {rnd}: rejected: the refined rules fit the model's GEMMs worse"
+            break
+        prof, dis = trial, after
+        changed = changed or any(rec["points_added"] or rec["points_failed"] for rec in round_recs)
         if added_round == 0:
             stopped = f"round {rnd}: nothing new to measure"
             break
     assert first is not None
-    if any(rec["points_added"] or rec["points_failed"] for rec in records):
+    if changed:
         env = prof.env
         env.setdefault("refinements", [])
         stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -567,4 +590,5 @@ def load_refine_model(spec: str) -> nn.Module:
         return tiny_model(m.group(1))
     from gac.models import load_model
 
-    return load_model(spec).model
+    # a real model's shape (``shape:NAME``) needs no weights: build it on the meta device
+    return load_model(spec, device="meta" if spec.startswith("shape:") else "cpu").model

@@ -10,7 +10,9 @@
    plus the runtime state that zero-padding needs (see :mod:`gac.surgery.repair`);
 4. a local Hugging Face directory (it holds ``config.json``);
 5. a ``.gguf`` file (transformers' GGUF loader, which needs ``gguf`` and ``accelerate``);
-6. otherwise a Hugging Face hub id (``org/name``), loaded with ``from_pretrained``.
+6. ``shape:NAME[:LAYERS[:SCALE]]``: a real model's shape with random weights (:mod:`gac.models.shapes`;
+   speed experiments only);
+7. otherwise a Hugging Face hub id (``org/name``), loaded with ``from_pretrained``.
 
 Remote code is never run unless ``trust_remote_code=True`` is passed.
 """
@@ -139,7 +141,12 @@ def load_model(
         GacError: the spec is not a model, or a GGUF has an architecture transformers cannot load.
     """
     s = str(spec)
-    if s.lower() in ALIASES:
+    if s.startswith("shape:"):  # a real model's shape with random weights (speed experiments)
+        from gac.models.shapes import shape_model
+
+        model, tok = shape_model(s, dtype=dtype or torch.float32, device=device)
+        lm = LoadedModel(model, tok, {"id": s, "kind": "shape", "revision": None, "path": None})
+    elif s.lower() in ALIASES:
         lm = _load_alias(s.lower(), dtype or torch.float32, device)
     else:
         p = Path(s).expanduser()
