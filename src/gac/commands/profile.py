@@ -174,7 +174,8 @@ def _refine(
         model_spec=spec,
         on_round=lambda r: con.print(
             f"round {r['round']}: {r['op']} around {r['dim']} {r['window']}: "
-            f"{len(r['points_added'])} points added, rule modulus {r['rule']['modulus']}"
+            f"{len(r['points_added'])} points measured, rule modulus {r['rule']['modulus']}"
+            + (" [red](round rejected: fits the model worse; points dropped)[/red]" if r["rejected"] else "")
         ),
     )
     t = Table(title=f"{spec}: predicted vs measured GEMMs ({res.stopped})")
@@ -213,6 +214,6 @@ def _refine(
     )
     res.profile.save(out)
     plot_profile(res.profile, plot)
-    n_new = sum(len(r["points_added"]) for r in res.rounds)
+    n_new = sum(len(r["points_added"]) for r in res.rounds if not r["rejected"])
     what = f"{n_new} points added" if n_new else f"unchanged: {res.stopped}"
     typer.echo(f"profile written to {out} (id {res.profile.id}, {what}); plot {plot}")
