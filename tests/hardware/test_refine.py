@@ -336,3 +336,16 @@ def test_gemms_of_multiples_of_64_are_never_refined():
     res = rf.refine_profile(prof, model, 64, odd_shape, point)
     assert max(r["score"] for r in res.before["rows"]) > 1.0
     assert calls == [] and res.stopped.startswith("round 1: nothing new to measure")
+
+
+@pytest.mark.gpu
+def test_cli_refine_on_this_gpu(tmp_path):
+    """On CUDA: refine this GPU's shipped profile against a tiny factorized-free model (a smoke run)."""
+    if not load_profile(None, dtype="bfloat16").measured:
+        pytest.skip("no shipped profile for this GPU")
+    out = tmp_path / "refined.json"
+    argv = ["profile", "--refine", "tiny:llama", "--device", "cuda", "--out", str(out)]
+    argv += ["--tokens", "256", "--rounds", "1", "--top", "2", "--half-window", "2"]
+    assert main(argv) == 0
+    p = load_profile(out)
+    assert p.measured and p.env["gpu"] == torch.cuda.get_device_name()
