@@ -29,25 +29,59 @@ def register(app: typer.Typer) -> None:
         refine: str | None = typer.Option(
             None,
             "--refine",
-            help="MODEL: re-measure --profile around the dims where it mispredicts "
-            "this model's GEMMs most, and write the refined profile to --out",
+            metavar="MODEL",
+            help="refine --profile against MODEL (alias, path, gac dir or tiny:<family>) instead of sweeping",
         ),
-        base_profile: str | None = typer.Option(
-            None, "--profile", help="the profile to refine (path or shipped id; default: this GPU's)"
+        base: str | None = typer.Option(
+            None,
+            "--profile",
+            "-p",
+            help="with --refine: the measured profile to refine (JSON or shipped id; default: this GPU's)",
         ),
-        tokens: int = typer.Option(2048, "--tokens", help="--refine: rows of the model's GEMMs (1 = decode)"),
-        top: int = typer.Option(4, "--top", help="--refine: GEMMs re-measured around per round"),
-        half_window: int = typer.Option(8, "--half-window", help="--refine: stride-1 sweep is dim ± this"),
-        rounds: int = typer.Option(2, "--rounds", help="--refine: measure, re-distil, re-score rounds"),
-        refine_tolerance: float = typer.Option(
-            0.1, "--refine-tolerance", help="--refine: |log(measured/predicted)| a GEMM must exceed"
+        tokens: int = typer.Option(2048, "--tokens", help="with --refine: prefill tokens (M of every GEMM)"),
+        top: int = typer.Option(4, "--top", help="with --refine: worst GEMMs refined per round"),
+        half_window: int = typer.Option(
+            8, "--half-window", help="with --refine: measure stride 1 over [d - H, d + H]"
+        ),
+        rounds: int = typer.Option(2, "--rounds", help="with --refine: most rounds"),
+        tolerance_refine: float = typer.Option(
+            0.1,
+            "--tolerance-refine",
+            "--refine-tolerance",
+            help="with --refine: |log error| after removing the global scale",
         ),
     ) -> None:
-        """Sweep GEMM K/N, GEMV, SDPA head_dim and low-rank r; write the discovered rules (or --refine one)."""
+        """Sweep GEMM K/N, GEMV, SDPA head_dim and low-rank r; write the discovered rules.
+
+        With --refine MODEL --profile P: re-measure P around the dims where its prediction and
+        MODEL's measured GEMMs disagree most, and write the refined profile to --out.
+        """
         from rich.console import Console
         from rich.table import Table
 
         from gac.guard import check_out
+
+        if refine is not None:
+            if quick:
+                raise GacError(
+                    "--refine and --quick do not go together: --refine measures only what it needs"
+                )
+            _refine(
+                refine,
+                base,
+                out,
+                dtype,
+                tokens,
+                top,
+                half_window,
+                rounds,
+                tolerance_refine,
+                device,
+                overwrite,
+            )
+            return
+        if base is not None:
+            raise GacError("--profile is only used with --refine MODEL")
         from gac.hardware.profiler import build_profile, write_profile_outputs
         from gac.hardware.timing import resolve_device
 
@@ -56,15 +90,6 @@ def register(app: typer.Typer) -> None:
         if out.exists() and out.is_dir():
             raise GacError(f"--out {out} is a directory; give a .json file path")
         check_out(out, overwrite, kind="file")
-        if refine is not None:
-            if quick:
-                raise GacError("--refine re-measures an existing profile; it does not take --quick")
-            _refine(
-                refine, base_profile, out, dtype, device, tokens, top, half_window, rounds, refine_tolerance
-            )
-            return
-        if base_profile is not None:
-            raise GacError("--profile names the profile to refine; use it with --refine MODEL")
         # Raw sweeps go where the user pointed: beside --out, never into the current directory.
         rdir = raw_dir if raw_dir is not None else out.parent / f"{out.stem}-raw"
         check_out(rdir, overwrite=True)
@@ -90,62 +115,105 @@ def register(app: typer.Typer) -> None:
 
 
 def _refine(
-    model_spec: str, base: str | None, out: Path, dtype: str, device: str | None, tokens: int,
-    top: int, half_window: int, rounds: int, tolerance: float,
-) -> None:  # fmt: skip
-    """``gac profile --refine MODEL``: see :mod:`gac.hardware.refine`."""
+    spec: str,
+    base: str | None,
+    out: Path,
+    dtype: str,
+    tokens: int,
+    top: int,
+    half_window: int,
+    rounds: int,
+    tol: float,
+    device: str | None,
+    overwrite: bool,
+) -> None:
+    """``gac profile --refine MODEL --profile P --out NEW.json``."""
     from rich.console import Console
     from rich.table import Table
 
+    from gac.guard import check_out
+    from gac.hardware import refine as rf
     from gac.hardware.profile import load_profile
     from gac.hardware.profiler import plot_profile
-    from gac.hardware.refine import model_gemms, real_measures, refine_profile
     from gac.hardware.timing import resolve_device, resolve_dtype
-    from gac.models import load_model
-    from gac.utils import progress
 
-    for name, v, lo in (("--tokens", tokens, 1), ("--top", top, 1), ("--half-window", half_window, 0),
-                        ("--rounds", rounds, 1)):  # fmt: skip
+    for name, v, lo in (("--top", top, 1), ("--half-window", half_window, 0), ("--rounds", rounds, 1)):
         if v < lo:
-            raise GacError(f"{name} must be >= {lo}, got {v}")
-    if not tolerance > 0:
-        raise GacError(f"--refine-tolerance must be > 0, got {tolerance}")
-    prof = load_profile(base, dtype=dtype)
+            raise GacError(f"{name} must be at least {lo}, got {v}")
+    if tokens < 1:
+        raise GacError(f"--tokens must be a positive integer, got {tokens}")
+    if not tol > 0:
+        raise GacError(f"--tolerance-refine must be positive, got {tol}")
+    if out.exists() and out.is_dir():
+        raise GacError(f"--out {out} is a directory; give a .json file path")
+    check_out(out, overwrite, kind="file")
+    plot = out.with_suffix(".png")
+    check_out(plot, overwrite, kind="file")
+    prof = load_profile(base, dtype=dtype)  # None: this GPU's shipped profile for --dtype
     if not prof.measured:
         raise GacError(
-            f"profile {prof.id!r} is not measured (the built-in default): refine a measured profile"
+            f"profile {prof.id!r} is not measured (the built-in default has no curves to refine); "
+            "measure one with gac profile --out P.json first"
         )
     dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
-    model = load_model(
-        model_spec, dtype=dt, device="meta" if model_spec.startswith("shape:") else "cpu"
-    ).model
-    gemm, point = real_measures(prof, dev, dt)
-    n = len(model_gemms(model, tokens))
-    with progress() as bar:
-        task = bar.add_task(
-            f"refine {prof.id} against {model_spec}", total=n + rounds * top * (2 * half_window + 1)
-        )
-        new, hist = refine_profile(
-            prof, model, gemm, point, tokens=tokens, top=top, half_window=half_window, rounds=rounds,
-            tolerance=tolerance, model_spec=model_spec, on_progress=lambda _: bar.advance(task),
-        )  # fmt: skip
-    t = Table(title=f"{new.id}: worst GEMMs of {model_spec} at {tokens} rows")
-    for c in ("round", "GEMM m×k×n", "priced as", "dim", "predicted ms", "measured ms", "score", "after"):
-        t.add_column(c)
-    for h in hist:
-        for w in h["worst"]:
-            t.add_row(str(h["round"]), f"{w['m']}×{w['k']}×{w['n']}", w["op"], f"{w['dim_op']} {w['dim']}",
-                      f"{w['predicted_ms']:.4f}", f"{w['measured_ms']:.4f}", f"{w['score']:.3f}",
-                      (f"{w['score_after']:.3f}" if "score_after" in w else "") + (
-                          f" ({h['stopped']})" if h.get("stopped") else ""))  # fmt: skip
-    Console(width=160, stderr=True).print(t)
-    new.save(out)
-    plot_profile(new, out.with_suffix(".png"))
-    rec = new.env["refinements"][-1]
-    why = next((h["stopped"] for h in reversed(hist) if h.get("stopped")), None)
-    typer.echo(
-        f"profile written to {out} (id {new.id}); largest disagreement over the model's GEMMs "
-        f"{rec['max_score_before']:.3f} -> {rec['max_score_after']:.3f}"
-        + (f"; stopped: {why}" if why else "")
+    rf.check_device(prof, dev)
+    dt = resolve_dtype(prof.dtype, dev)
+    model = rf.load_refine_model(spec)
+    con = Console(width=160, emoji=False)
+    con.print(f"refining {prof.id} against {spec} ({tokens} tokens) on {dev.type}")
+    res = rf.refine_profile(
+        prof,
+        model,
+        tokens,
+        rf.real_measure_gemm(dev, dt),
+        rf.real_measure_point(prof, dev, dt),
+        top=top,
+        half_window=half_window,
+        rounds=rounds,
+        tol=tol,
+        model_spec=spec,
+        on_round=lambda r: con.print(
+            f"round {r['round']}: {r['op']} around {r['dim']} {r['window']}: "
+            f"{len(r['points_added'])} points measured, rule modulus {r['rule']['modulus']}"
+            + (" [red](round rejected: fits the model worse; points dropped)[/red]" if r["rejected"] else "")
+        ),
     )
+    t = Table(title=f"{spec}: predicted vs measured GEMMs ({res.stopped})")
+    for c in (
+        "GEMM m x k x n",
+        "role",
+        "n",
+        "op",
+        "dim",
+        "predicted ms (x scale)",
+        "measured ms",
+        "score before -> after",
+    ):
+        t.add_column(c, justify="left" if c in ("GEMM m x k x n", "role", "op") else "right")
+    after = {id(r["gemm"]): r for r in res.after["rows"]}
+    for r in sorted(res.before["rows"], key=lambda r: -r["score"])[:20]:
+        g = r["gemm"]
+        op, d = rf.target_dim(res.profile, g)
+        a = after[id(g)]
+        colour = "green" if a["score"] <= tol else "red"
+        t.add_row(
+            g.label(),
+            g.role,
+            str(r["count"]),
+            op,
+            f"{'K' if op == 'gemm_k' else 'N'}={d}",
+            f"{a['predicted_ms'] * res.after['scale']:.4g}",
+            f"{a['measured_ms']:.4g}",
+            f"{r['score']:.3f} -> [{colour}]{a['score']:.3f}[/{colour}]",
+        )
+    con.print(t)
+    con.print(
+        f"model total: measured {res.after['measured_total_ms']:.4g} ms, predicted "
+        f"{res.before['scaled_predicted_total_ms']:.4g} ms before, "
+        f"{res.after['scaled_predicted_total_ms']:.4g} ms after (predictions x the median measured/predicted)"
+    )
+    res.profile.save(out)
+    plot_profile(res.profile, plot)
+    n_new = sum(len(r["points_added"]) for r in res.rounds if not r["rejected"])
+    what = f"{n_new} points added" if n_new else f"unchanged: {res.stopped}"
+    typer.echo(f"profile written to {out} (id {res.profile.id}, {what}); plot {plot}")

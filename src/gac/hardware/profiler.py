@@ -497,6 +497,11 @@ def plot_profile(profile: Profile, path: Path) -> None:
             al = [(x, y) for x, y in zip(xs, ys, strict=True) if x % r.modulus == 0]
             if al:
                 ax.scatter(*zip(*al, strict=True), s=12, color="C3", zorder=3)
+        extra = set(r.curve.get("refined_dims") or [])
+        if extra:  # points added by ``gac profile --refine``
+            pts = [(x, y) for x, y in zip(dims, ms, strict=True) if x in extra]
+            ax.scatter(*zip(*pts, strict=True), s=14, marker="x", color="C2", zorder=4, label="--refine")
+            ax.legend(fontsize=7)
         ax.set_title(f"{op}: modulus {r.modulus}, prefer {r.prefer}", fontsize=9)
         ax.set_xlabel(f"dim (red: multiples of {r.modulus})")
         ax.set_ylabel("ms")

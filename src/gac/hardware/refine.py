@@ -1,298 +1,594 @@
-"""``gac profile --refine``: re-measure a profile around the dims where it mispredicts a model.
+"""``gac profile --refine``: re-measure a profile around the cliffs a model actually hits.
 
-The prototype let LLM agents decide what to measure next. This is the deterministic counterpart:
+A profile's curves cover a few windows of typical sizes; everywhere else its prediction comes
+from the alignment class of a dim (``class_efficiency``).  A model whose dims sit on a cliff the
+coarse curve never saw is then mispriced.  Refinement is deterministic:
 
-1. list the distinct GEMMs of a model as gac's latency model prices them (every projection and the
-   output head at ``tokens`` rows; a factorized layer is two GEMMs, ``x @ Bᵀ`` whose N is the rank,
-   under ``lowrank_r``, then ``@ Aᵀ`` whose K is the rank);
-2. measure each on this GPU and compare with :meth:`Profile.gemm_ms`. The profile's absolute peak
-   is measured at other shapes, so a GEMM's *disagreement* is ``|log(r / median r)|`` with
-   ``r = measured / predicted``: how far it sits from the model's common scale;
-3. for the worst ``top`` GEMMs above ``tolerance``, take the dim that makes the GEMM irregular (the
-   least-aligned of its N and K) and sweep the profile's own curve of that operator class at stride 1
-   over ``dim ± half_window``, at the profile's context (its M, K, N...), as a new window;
-4. re-distil the rule of every operator class that got points (modulus, class efficiencies, cliffs:
-   :func:`gac.hardware.profiler.discover_rule`), re-score, and repeat for ``rounds``.
+1. list the distinct GEMM shapes of the model as the latency model prices them
+   (:func:`model_gemms`: dense projections and ``lm_head`` as one GEMM under ``gemm_n``,
+   a factorized pair as ``x @ V^T`` under ``lowrank_r`` then ``@ U^T`` under ``gemm_n``);
+2. measure each one and compare with :meth:`Profile.gemm_ms` (:func:`disagreement`): the
+   profile's absolute peak comes from other shapes, so each GEMM is scored by
+   ``|log((measured/predicted) / median(measured/predicted))|``, its error after removing
+   the global scale;
+3. for the worst GEMMs scoring above the tolerance, take their least-aligned dim (smallest
+   :func:`~gac.alignment.pow2_class`; N of a dense or second GEMM -> ``gemm_n``, N of a first
+   factor GEMM -> ``lowrank_r``, K -> ``gemm_k``; N at M = 1 -> ``gemv`` when the profile has it),
+   measure that operator's curve at stride 1 over ``[d - half_window, d + half_window]`` at the
+   profile's own context (dims already on the curve are skipped), merge the points into the
+   curve and re-distil that operator's rule (:func:`~gac.hardware.profiler.discover_rule`);
+4. keep a round's update only if the model's GEMMs fit it better (summed score), and repeat for
+   ``rounds`` rounds, or until no GEMM scores above the tolerance or nothing new is left to
+   measure.  GEMMs whose dims are all multiples of 64 (:data:`FASTEST_CLASS`) are never refined:
+   their disagreement comes from their shape, not from a cliff.
 
-Every round is recorded in ``profile.env["refinements"]`` and the id gets a ``-refined`` suffix.
-The measurements are injectable (``measure_gemm``, ``measure_point``) so the logic is tested
-without a GPU; :func:`real_measures` gives the real ones.
+Merged points join the curve window they overlap (so their efficiencies are judged against
+their measured neighbours); a window that overlaps none becomes a new window.  Every round is
+recorded in ``profile.env["refinements"]`` and the profile id ends in ``-refined``.
 """
 
 from __future__ import annotations
 
 import math
+import shlex
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
-import numpy as np
+import torch
 from torch import nn
 
 from gac.alignment import pow2_class
 from gac.errors import GacError
 from gac.hardware.profile import Profile
 
-#: dims that are multiples of this are on every measured GPU's fastest path; a GEMM made only of
-#: them that disagrees with the profile does so for its shape, not for a cliff.
+#: dims that are multiples of this are on every measured GPU's fastest path: a GEMM made only of
+#: them that disagrees with the profile does so for its shape, not for a cliff (never refined)
 FASTEST_CLASS = 64
-MeasureGemm = Callable[[int, int, int], float | None]
-MeasurePoint = Callable[[str, int], float | None]
+MeasureGemm = Callable[[int, int, int], float]
+MeasurePoint = Callable[[str, int], "float | None"]
+
+#: the keys of ``curve["context"]`` each operator class needs to be measured again
+CONTEXT_KEYS: dict[str, tuple[str, ...]] = {
+    "gemm_n": ("M", "K"),
+    "gemm_k": ("M", "N"),
+    "gemv": ("K",),
+    "sdpa_head_dim": ("B", "S", "H"),
+    "lowrank_r": ("M", "d"),
+}
 
 
+# --------------------------------------------------------------------------- the model's GEMMs
 @dataclass
 class Gemm:
-    """One distinct GEMM ``[m, k] @ [k, n]`` of a model, priced under operator class ``op``."""
+    """One distinct GEMM ``[m, k] @ [k, n]`` of a model, as the latency model prices it.
+
+    ``op`` is the operator class of N in :func:`gac.surgery.repair.predicted_latency_ms`
+    (``gemm_n``, or ``lowrank_r`` for the first GEMM of a factorized pair); ``role`` is
+    ``dense``, ``lowrank_v`` (``x @ V^T``) or ``lowrank_u`` (``@ U^T``).
+    """
 
     m: int
     k: int
     n: int
-    op: str  # the class the latency model prices it under: gemm_n or lowrank_r
+    op: str
+    role: str
     fqns: list[str] = field(default_factory=list)
 
     @property
-    def key(self) -> tuple[int, int, int, str]:
-        return (self.m, self.k, self.n, self.op)
-
-    def responsible(self) -> tuple[str, int]:
-        """The operator class and dim that make this GEMM irregular (its least-aligned dim)."""
-        n_op = "gemv" if self.m == 1 else self.op
-        cands = [(pow2_class(self.n), 0, n_op, self.n), (pow2_class(self.k), 1, "gemm_k", self.k)]
-        _, _, op, d = min(cands)
-        return op, d
+    def shape(self) -> tuple[int, int, int]:
+        return (self.m, self.k, self.n)
 
     @property
-    def near_cliff(self) -> bool:
-        """Whether a dim of this GEMM is off the fastest alignment class (a multiple of 64 is not):
-        only there can re-measuring a curve around it explain a disagreement."""
-        return min(pow2_class(self.n), pow2_class(self.k)) < FASTEST_CLASS
+    def irregular(self) -> str:
+        """``"N"`` or ``"K"``: the least-aligned dim (N on a tie)."""
+        return "K" if pow2_class(self.k) < pow2_class(self.n) else "N"
+
+    def label(self) -> str:
+        return f"{self.m}x{self.k}x{self.n}"
 
 
 def model_gemms(model: nn.Module, tokens: int) -> list[Gemm]:
-    """The distinct GEMMs of ``model``'s projections and output head at ``tokens`` rows."""
+    """The distinct GEMMs of a model's projections and ``lm_head`` for a ``tokens`` prefill.
+
+    Deduplicated by ``(m, k, n, op, role)``; each keeps the module names that run it (a
+    factorized site's two GEMMs are named ``<fqn>.v`` and ``<fqn>.u``).
+    """
     from gac.models.adapters import get_adapter, in_features, out_features
     from gac.surgery.factorized import FactorizedLinear
 
+    if tokens < 1:
+        raise GacError(f"--tokens must be a positive integer, got {tokens}")
     ad = get_adapter(model)
-    mods = [fqn for _, _, fqn in ad.all_projections()] + [ad.lm_head_fqn]
-    out: dict[tuple[int, int, int, str], Gemm] = {}
+    fqns = [fqn for _, _, fqn in ad.all_projections()] + [ad.lm_head_fqn]
+    out: dict[tuple[int, int, int, str, str], Gemm] = {}
 
-    def add(m: int, k: int, n: int, op: str, fqn: str) -> None:
-        g = out.setdefault((m, k, n, op), Gemm(m, k, n, op))
-        g.fqns.append(fqn)
+    def add(k: int, n: int, op: str, role: str, name: str) -> None:
+        key = (tokens, k, n, op, role)
+        if key not in out:
+            out[key] = Gemm(tokens, k, n, op, role)
+        out[key].fqns.append(name)
 
-    for fqn in mods:
+    for fqn in fqns:
         mod = model.get_submodule(fqn)
         if isinstance(mod, FactorizedLinear):
-            add(tokens, mod.in_features, mod.rank, "lowrank_r", fqn)
-            add(tokens, mod.rank, mod.out_features, "gemm_n", fqn)
+            add(mod.in_features, mod.rank, "lowrank_r", "lowrank_v", f"{fqn}.v")
+            add(mod.rank, mod.out_features, "gemm_n", "lowrank_u", f"{fqn}.u")
         else:
-            add(tokens, in_features(mod), out_features(mod), "gemm_n", fqn)
+            add(in_features(mod), out_features(mod), "gemm_n", "dense", fqn)
     return list(out.values())
 
 
-def score(profile: Profile, gemms: list[Gemm], measured: dict[tuple, float]) -> list[dict[str, Any]]:
-    """Predicted vs measured per GEMM, with its disagreement (see the module docstring)."""
+def n_op(profile: Profile, g: Gemm) -> str:
+    """The operator class that prices N: ``gemv`` for a dense-style GEMM at M = 1 if measured."""
+    if g.m == 1 and g.op == "gemm_n" and "gemv" in profile.ops:
+        return "gemv"
+    return g.op
+
+
+def target_dim(profile: Profile, g: Gemm) -> tuple[str, int]:
+    """``(op, dim)``: the curve to refine for a mispriced GEMM (its least-aligned dim)."""
+    if g.irregular == "K" and "gemm_k" in profile.ops:
+        return "gemm_k", g.k
+    return n_op(profile, g), g.n
+
+
+# --------------------------------------------------------------------------- scoring
+def predicted_ms(profile: Profile, g: Gemm) -> float:
+    return profile.gemm_ms(g.m, g.k, g.n, op=n_op(profile, g))
+
+
+def disagreement(profile: Profile, gemms: list[Gemm], measured_ms: list[float]) -> dict[str, Any]:
+    """Predicted vs measured time of each GEMM, scored after removing the global scale.
+
+    Returns:
+        ``{"rows": [...], "scale": median(measured/predicted), "predicted_total_ms",
+        "measured_total_ms", "scaled_predicted_total_ms"}``; each row has the GEMM, its
+        ``count`` (modules running it), ``predicted_ms``, ``measured_ms``, ``ratio`` and
+        ``score`` = ``|log(ratio / scale)|``.  Totals weight each GEMM by its count.
+    """
+    if len(gemms) != len(measured_ms):
+        raise ValueError("one measurement per GEMM")
+    if not gemms:
+        raise GacError("the model has no projection GEMMs to compare")
+    pred = [predicted_ms(profile, g) for g in gemms]
+    ratio = [m / p for m, p in zip(measured_ms, pred, strict=True)]
+    srt = sorted(ratio)
+    mid = len(srt) // 2
+    scale = srt[mid] if len(srt) % 2 else math.sqrt(srt[mid - 1] * srt[mid])
     rows = []
-    for g in gemms:
-        ms = measured.get(g.key)
-        if ms is None:
-            continue
-        rows.append({"gemm": g, "predicted_ms": profile.gemm_ms(g.m, g.k, g.n, op=g.op), "measured_ms": ms})
-    if not rows:
-        return []
-    scale = float(np.median([r["measured_ms"] / r["predicted_ms"] for r in rows]))
-    for r in rows:
-        r["ratio"] = r["measured_ms"] / r["predicted_ms"] / scale
-        r["score"] = abs(math.log(r["ratio"]))
-    return sorted(rows, key=lambda r: -r["score"])
+    for g, p, m, r in zip(gemms, pred, measured_ms, ratio, strict=True):
+        rows.append(
+            {
+                "gemm": g,
+                "count": len(g.fqns),
+                "predicted_ms": p,
+                "measured_ms": float(m),
+                "ratio": r,
+                "score": abs(math.log(r / scale)),
+            }
+        )
+    pt = sum(r["predicted_ms"] * r["count"] for r in rows)
+    mt = sum(r["measured_ms"] * r["count"] for r in rows)
+    return {
+        "rows": rows,
+        "scale": scale,
+        "predicted_total_ms": pt,
+        "measured_total_ms": mt,
+        "scaled_predicted_total_ms": pt * scale,
+    }
 
 
-def _flops(op: str, context: dict[str, Any], d: int) -> float | None:
-    c = context
-    try:
-        if op == "gemm_n":
-            return 2.0 * c["M"] * c["K"] * d
-        if op == "gemm_k":
-            return 2.0 * c["M"] * c["N"] * d
-        if op == "gemv":
-            return 2.0 * c["K"] * d
-        if op == "lowrank_r":
-            return 4.0 * c["M"] * c["d"] * d
-        if op == "sdpa_head_dim":
-            return 4.0 * c["B"] * c["H"] * c["S"] * c["S"] * d
-    except KeyError:
-        return None
-    return None
+# --------------------------------------------------------------------------- curve surgery
+def flops_fn(op: str, context: dict[str, Any]) -> Callable[[int], float]:
+    """FLOPs of one point of ``op``'s curve at dim ``d`` under the curve's context."""
+    need = CONTEXT_KEYS.get(op)
+    if need is None:
+        raise GacError(f"unknown operator class {op!r}")
+    missing = [k for k in need if k not in context]
+    if missing:
+        raise GacError(
+            f"the profile's {op} curve has no measurement context ({', '.join(missing)} missing); "
+            "re-measure it with gac profile"
+        )
+    c = {k: int(context[k]) for k in need}
+    if op == "gemm_n":
+        return lambda d: 2.0 * c["M"] * c["K"] * d
+    if op == "gemm_k":
+        return lambda d: 2.0 * c["M"] * c["N"] * d
+    if op == "gemv":
+        return lambda d: 2.0 * c["K"] * d
+    if op == "sdpa_head_dim":
+        return lambda d: 4.0 * c["B"] * c["H"] * c["S"] * c["S"] * d
+    return lambda d: 4.0 * c["M"] * c["d"] * d
 
 
-def add_window(profile: Profile, op: str, points: dict[int, float]) -> None:
-    """Append ``points`` (dim -> ms) to ``op``'s curve as a new window and re-distil its rule, in place."""
+def _spans(curve: dict[str, Any]) -> list[list[int]]:
+    dims, win = curve["dims"], curve.get("window") or [0] * len(curve["dims"])
+    n = max(win) + 1 if win else 0
+    given = curve.get("windows") or []
+    spans = []
+    for w in range(n):
+        ds = [d for d, wi in zip(dims, win, strict=True) if wi == w]
+        lo, hi = (min(ds), max(ds)) if ds else (0, -1)
+        if w < len(given):
+            lo, hi = min(lo, int(given[w][0])), max(hi, int(given[w][1]))
+        spans.append([lo, hi])
+    return spans
+
+
+def merge_points(
+    curve: dict[str, Any], new: dict[int, float], lo: int, hi: int, flops: Callable[[int], float]
+) -> dict[str, Any]:
+    """A copy of ``curve`` with the points ``new`` (dim -> ms, measured over ``[lo, hi]``) added.
+
+    The range joins every window it overlaps (or a new window); windows are renumbered in
+    order of their dims, so the points end up sorted by dim, each dim once.  ``tflops`` of
+    the new points come from ``flops``; their ``iqr_ms`` is None.  ``efficiency``,
+    ``rule_evidence`` and cliffs are left for :func:`redistil_op`.
+    """
+    dims = list(curve["dims"])
+    if set(new) & set(dims):
+        raise ValueError("new points must not be on the curve already")
+    n = len(dims)
+    win = list(curve.get("window") or [0] * n)
+    ms = list(curve["ms"])
+    tf = list(curve.get("tflops") or [None] * n)
+    iqr = list(curve.get("iqr_ms") or [None] * n)
+    spans = _spans(curve)
+    hit = [w for w, (a, b) in enumerate(spans) if a <= hi and lo <= b]
+    joined = [min([lo] + [spans[w][0] for w in hit]), max([hi] + [spans[w][1] for w in hit])]
+    keep = [s for w, s in enumerate(spans) if w not in hit] + [joined]
+    order = sorted(range(len(keep)), key=lambda i: keep[i][0])
+    new_spans = [keep[i] for i in order]
+    # old window -> new index
+    remap = {}
+    for w, s in enumerate(spans):
+        target = joined if w in hit else s
+        remap[w] = new_spans.index(target)
+    jw = new_spans.index(joined)
+    pts = [(remap[w], d, t, f, q) for w, d, t, f, q in zip(win, dims, ms, tf, iqr, strict=True)]
+    pts += [(jw, d, float(t), round(flops(d) / (t * 1e-3) / 1e12, 3), None) for d, t in new.items()]
+    pts.sort(key=lambda p: (p[0], p[1]))
+    out = dict(curve)
+    out["window"] = [p[0] for p in pts]
+    out["dims"] = [p[1] for p in pts]
+    out["ms"] = [round(p[2], 6) for p in pts]
+    out["tflops"] = [p[3] for p in pts]
+    out["iqr_ms"] = [p[4] for p in pts]
+    out["windows"] = new_spans
+    out["refined"] = [*curve.get("refined", []), [lo, hi]]
+    out["refined_dims"] = sorted(set(curve.get("refined_dims", [])) | set(new))
+    return out
+
+
+def redistil_op(profile: Profile, op: str) -> None:
+    """Re-derive one operator's rule from its stored curve, in place (as :func:`redistil` does)."""
     from gac.hardware.profiler import Curve, discover_rule
 
     r = profile.ops[op]
-    c = dict(r.curve)
-    dims, ms = list(c.get("dims") or []), list(c.get("ms") or [])
-    win = list(c.get("window") or [0] * len(dims))
-    tf = list(c.get("tflops") or [None] * len(dims))
-    iqr = list(c.get("iqr_ms") or [None] * len(dims))
-    w = max(win, default=-1) + 1
-    for d in sorted(points):
-        dims.append(d)
-        ms.append(points[d])
-        win.append(w)
-        f = _flops(op, c.get("context") or {}, d)
-        tf.append(None if f is None else round(f / (points[d] * 1e-3) / 1e12, 3))
-        iqr.append(None)
+    c = r.curve
     la = int(c.get("lookahead", 64))
-    rule = discover_rule(Curve(dims, ms, win), tolerance=r.tolerance, lookahead=la)
-    order = sorted(range(len(dims)), key=lambda i: (win[i], dims[i]))
-    c.update(
-        dims=rule["dims"],
-        ms=[round(x, 6) for x in rule["ms"]],
-        window=rule["window"],
-        tflops=[tf[i] for i in order],
-        iqr_ms=[iqr[i] for i in order],
-        efficiency=rule["efficiency"],
-        rule_evidence=rule["rule_evidence"],
-        windows=[*c.get("windows", []), [min(points), max(points)]],
-        refined_windows=[*c.get("refined_windows", []), [min(points), max(points)]],
+    rule = discover_rule(
+        Curve(list(c["dims"]), list(c["ms"]), list(c.get("window") or [0] * len(c["dims"]))),
+        tolerance=r.tolerance,
+        lookahead=la,
     )
-    r.curve = c
+    if rule["dims"] != c["dims"]:  # merge_points keeps (window, dim) order, as discover_rule does
+        raise AssertionError("curve not in (window, dim) order")
+    c.update(efficiency=rule["efficiency"], rule_evidence=rule["rule_evidence"], lookahead=la)
     r.modulus, r.prefer = rule["modulus"], rule["prefer"]
     r.class_efficiency, r.cliffs = rule["class_efficiency"], rule["cliffs"]
+
+
+# --------------------------------------------------------------------------- the loop
+@dataclass
+class RefineResult:
+    """What :func:`refine_profile` did."""
+
+    profile: Profile
+    gemms: list[Gemm]
+    before: dict[str, Any]  # disagreement under the input profile (first measurement)
+    after: dict[str, Any]  # disagreement under the refined profile (last measurement)
+    rounds: list[dict[str, Any]]
+    points_measured: int
+    stopped: str
+
+
+def _check_profile(profile: Profile) -> None:
+    if not profile.measured:
+        raise GacError(
+            f"profile {profile.id!r} is not measured (the built-in default has no curves to refine); "
+            "measure one with gac profile --out P.json first"
+        )
+
+
+def _check_op(profile: Profile, op: str) -> None:
+    r = profile.ops.get(op)
+    if r is None or not r.curve.get("dims"):
+        raise GacError(f"profile {profile.id!r} has no measured {op} curve to refine")
+    flops_fn(op, r.curve.get("context") or {})
 
 
 def refine_profile(
     profile: Profile,
     model: nn.Module,
+    tokens: int,
     measure_gemm: MeasureGemm,
     measure_point: MeasurePoint,
-    *,
-    tokens: int = 2048,
     top: int = 4,
     half_window: int = 8,
     rounds: int = 2,
-    tolerance: float = 0.1,
+    tol: float = 0.1,
     model_spec: str = "",
-    on_progress: Callable[[str], None] | None = None,
-) -> tuple[Profile, list[dict[str, Any]]]:
-    """Refine a copy of ``profile`` against ``model`` (see the module docstring).
+    on_round: Callable[[dict[str, Any]], None] | None = None,
+) -> RefineResult:
+    """Re-measure ``profile`` around the dims where it misprices ``model``'s GEMMs.
 
-    Returns:
-        The refined profile and one record per round (what was worst, what was measured, and the
-        disagreement of those GEMMs before and after).
+    Args:
+        profile: a measured profile (not modified; the result holds a refined copy).
+        model: the model whose GEMMs are compared (see :func:`model_gemms`).
+        tokens: prefill length (M of every GEMM).
+        measure_gemm: ``(m, k, n) -> ms`` of ``[m, k] @ [k, n]``.
+        measure_point: ``(op, dim) -> ms`` (None if it failed) of one point of ``op``'s curve at
+            the profile's own context.
+        top: GEMMs refined per round (the worst scoring above ``tol``).
+        half_window: each refined dim ``d`` measures ``[d - half_window, d + half_window]``.
+        rounds: most rounds (each measures every GEMM again).
+        tol: scores at most this are agreement.
+        model_spec: recorded with each round.
+        on_round: called with each round's record.
     """
-    if not profile.measured:
-        raise GacError(
-            f"profile {profile.id!r} is not measured (the built-in default): refine a measured profile"
-        )
-    if top < 1 or half_window < 0 or rounds < 1 or not tolerance > 0:
-        raise GacError("refine: top >= 1, half_window >= 0, rounds >= 1 and tolerance > 0 are required")
+    if top < 1:
+        raise GacError(f"--top must be at least 1, got {top}")
+    if half_window < 0:
+        raise GacError(f"--half-window must be >= 0, got {half_window}")
+    if rounds < 1:
+        raise GacError(f"--rounds must be at least 1, got {rounds}")
+    if not tol > 0:
+        raise GacError(f"--tolerance-refine must be positive, got {tol}")
+    _check_profile(profile)
     prof = Profile.from_dict(profile.to_dict())
     gemms = model_gemms(model, tokens)
-    measured: dict[tuple, float] = {}
-    for g in gemms:
-        ms = measure_gemm(g.m, g.k, g.n)
-        if ms is not None:
-            measured[g.key] = ms
-        if on_progress:
-            on_progress("gemm")
-    if not measured:
-        raise GacError("refine: no GEMM of the model could be measured")
-    history: list[dict[str, Any]] = []
+    records: list[dict[str, Any]] = []
+    first: dict[str, Any] | None = None
+    dis: dict[str, Any] = {}
+    n_points = 0
+    changed = False
+    stopped = f"{rounds} round(s) done"
     for rnd in range(1, rounds + 1):
-        rows = score(prof, gemms, measured)
-        worst = [r for r in rows if r["score"] > tolerance and r["gemm"].near_cliff][:top]
-        added: dict[str, dict[int, float]] = {}
-        for r in worst:
-            op, d = r["gemm"].responsible()
-            if op not in prof.ops or not prof.ops[op].curve.get("dims"):
-                continue
-            have = set(prof.ops[op].curve["dims"]) | set(added.get(op, {}))
-            for x in range(max(1, d - half_window), d + half_window + 1):
+        meas = [float(measure_gemm(g.m, g.k, g.n)) for g in gemms]
+        bad = [(g, x) for g, x in zip(gemms, meas, strict=True) if not (math.isfinite(x) and x > 0)]
+        if bad:
+            raise GacError(f"measuring GEMM {bad[0][0].label()} gave {bad[0][1]!r}")
+        dis = disagreement(prof, gemms, meas)
+        if first is None:
+            first = dis
+        over = sorted(
+            (r for r in dis["rows"] if r["score"] > tol), key=lambda r: (-r["score"], r["gemm"].shape)
+        )
+        if not over:
+            stopped = f"round {rnd}: every GEMM within tolerance {tol}"
+            break
+        # the worst ``top`` GEMMs whose refinement window still has unmeasured dims
+        targets: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        picked = 0
+        for r in over:
+            if min(pow2_class(r["gemm"].n), pow2_class(r["gemm"].k)) >= FASTEST_CLASS:
+                continue  # no cliff to find: it disagrees for its shape
+            op, d = target_dim(prof, r["gemm"])
+            _check_op(prof, op)
+            if (op, d) not in targets:
+                c = prof.ops[op].curve
+                have = set(c["dims"]) | {int(x) for x in c.get("failed", [])}
+                if all(x in have for x in range(max(1, d - half_window), d + half_window + 1)):
+                    continue
+            targets.setdefault((op, d), []).append(r)
+            picked += 1
+            if picked == top:
+                break
+        if not targets:
+            stopped = (
+                f"round {rnd}: nothing new to measure for the {len(over)} GEMM(s) above tolerance "
+                f"(windows measured already, or every dim a multiple of {FASTEST_CLASS})"
+            )
+            break
+        added_round = 0
+        round_recs = []
+        trial = Profile.from_dict(prof.to_dict())
+        for op, d in targets:
+            curve = trial.ops[op].curve
+            lo, hi = max(1, d - half_window), d + half_window
+            have = set(curve["dims"]) | {int(x) for x in curve.get("failed", [])}
+            new: dict[int, float] = {}
+            failed: list[int] = []
+            for x in range(lo, hi + 1):
                 if x in have:
                     continue
-                ms = measure_point(op, x)
-                if on_progress:
-                    on_progress("point")
-                if ms is not None:
-                    added.setdefault(op, {})[x] = ms
-        if not added:
-            history.append({"round": rnd, "worst": [_row(r) for r in worst], "added": {}, "stopped": (
-                "no GEMM near a cliff disagrees by more than the tolerance" if not worst
-                else "nothing new to measure")})  # fmt: skip
+                v = measure_point(op, x)
+                n_points += 1
+                if v is None or not math.isfinite(v) or v <= 0:
+                    failed.append(x)
+                else:
+                    new[x] = float(v)
+            if failed:
+                curve["failed"] = sorted(set(curve.get("failed", [])) | set(failed))
+            if new:
+                trial.ops[op].curve = merge_points(
+                    curve, new, lo, hi, flops_fn(op, curve.get("context") or {})
+                )
+                redistil_op(trial, op)
+            added_round += len(new)
+            round_recs.append(
+                {
+                    "model": model_spec,
+                    "tokens": tokens,
+                    "round": rnd,
+                    "op": op,
+                    "dim": d,
+                    "window": [lo, hi],
+                    "points_added": sorted(new),
+                    "points_failed": failed,
+                    "rule": {"modulus": trial.ops[op].modulus, "prefer": trial.ops[op].prefer},
+                }
+            )
+        after = disagreement(trial, gemms, meas)
+        total_before = sum(r["score"] for r in dis["rows"])
+        total_after = sum(r["score"] for r in after["rows"])
+        rejected = total_after > total_before
+        score_after = {id(r["gemm"]): r["score"] for r in after["rows"]}
+        for rec, rows in zip(round_recs, targets.values(), strict=True):
+            rec["gemms"] = [
+                {
+                    "shape": list(r["gemm"].shape),
+                    "role": r["gemm"].role,
+                    "fqns": r["gemm"].fqns[:4]
+                    + ([f"+{len(r['gemm'].fqns) - 4}"] if len(r["gemm"].fqns) > 4 else []),
+                    "predicted_ms": r["predicted_ms"],
+                    "measured_ms": r["measured_ms"],
+                    "score_before": round(r["score"], 4),
+                    "score_after": round(score_after[id(r["gemm"])], 4),
+                }
+                for r in rows
+            ]
+            rec["total_score_before"] = round(total_before, 4)
+            rec["total_score_after"] = round(total_after, 4)
+            rec["rejected"] = rejected
+            records.append(rec)
+            if on_round is not None:
+                on_round(rec)
+        if rejected:
+            # the new points explain the model's GEMMs worse (e.g. timing noise): keep the profile
+            stopped = f"round {rnd}: rejected: the refined rules fit the model's GEMMs worse"
             break
-        trial = Profile.from_dict(prof.to_dict())
-        for op, pts in added.items():
-            add_window(trial, op, pts)
-        new_rows = score(trial, gemms, measured)
-        after = {r["gemm"].key: r for r in new_rows}
-        rec = {
-            "round": rnd,
-            "worst": [{**_row(r), "score_after": round(after[r["gemm"].key]["score"], 4)} for r in worst],
-            "added": {op: [min(p), max(p), len(p)] for op, p in added.items()},
-            "total_score_before": round(sum(r["score"] for r in rows), 4),
-            "total_score_after": round(sum(r["score"] for r in new_rows), 4),
-        }
-        if rec["total_score_after"] > rec["total_score_before"]:
-            # the new points do not explain the model better: keep the profile, say why, stop
-            rec["stopped"] = "rejected: the refined rules fit the model's GEMMs worse"
-            history.append(rec)
+        prof, dis = trial, after
+        changed = changed or any(rec["points_added"] or rec["points_failed"] for rec in round_recs)
+        if added_round == 0:
+            stopped = f"round {rnd}: nothing new to measure"
             break
-        prof = trial
-        history.append(rec)
-    final = score(prof, gemms, measured)
-    prof.env = dict(prof.env)
-    prof.env.setdefault("refinements", []).append({
-        "model": model_spec, "tokens": tokens, "top": top, "half_window": half_window, "tolerance": tolerance,
-        "rounds": history, "max_score_before": round(score(profile, gemms, measured)[0]["score"], 4),
-        "max_score_after": round(final[0]["score"], 4) if final else None,
-    })  # fmt: skip
-    if any(
-        h.get("added") and "rejected" not in h.get("stopped", "") for h in history
-    ) and not prof.id.endswith("-refined"):
-        prof.id = f"{prof.id}-refined"
-        prof.label = f"{prof.label}, refined"
-    return prof, history
+    assert first is not None
+    if changed:
+        env = prof.env
+        env.setdefault("refinements", [])
+        stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        command = " ".join(shlex.quote(a) for a in sys.argv)
+        for rec in records:
+            env["refinements"].append({**rec, "timestamp": stamp, "command": command})
+        if not prof.id.endswith("-refined"):
+            prof.id = f"{prof.id}-refined"
+            prof.label = f"{prof.label}, refined against models"
+    return RefineResult(prof, gemms, first, dis, records, n_points, stopped)
 
 
-def _row(r: dict[str, Any]) -> dict[str, Any]:
-    g: Gemm = r["gemm"]
-    op, d = g.responsible()
-    return {"m": g.m, "k": g.k, "n": g.n, "op": g.op, "dim_op": op, "dim": d, "layers": len(g.fqns),
-            "predicted_ms": round(r["predicted_ms"], 6), "measured_ms": round(r["measured_ms"], 6),
-            "score": round(r["score"], 4)}  # fmt: skip
+# --------------------------------------------------------------------------- real measurements
+def _timing_cfg(device: torch.device):
+    from gac.hardware.experiments import Config
+
+    if device.type == "cuda":
+        c = Config.gpu()
+        c.warmup_ms, c.rep_ms, c.min_reps = 10.0, 30.0, 10
+    else:
+        c = Config.cpu()
+        c.warmup_ms, c.rep_ms, c.max_reps = 1.0, 3.0, 10
+    return c
 
 
-def real_measures(profile: Profile, device: Any, dtype: Any) -> tuple[MeasureGemm, MeasurePoint]:
-    """Measurements on ``device``: the model's GEMMs, and points of the profile's curves at their context."""
-    from gac.hardware.experiments import Config, _op_pt, _pt
-    from gac.hardware.experiments import measure_point as measure
+def real_measure_gemm(device: torch.device, dtype: torch.dtype) -> MeasureGemm:
+    """``(m, k, n) -> ms`` of ``F.linear(x[m, k], w[n, k])`` timed with :func:`~gac.hardware.timing.bench`.
 
-    base = Config.default_for(device)
+    Inputs rotate through enough sets to defeat the L2 cache (as ``gac bench`` does).
+    """
+    from gac.hardware.timing import bench, rotation_sets
 
-    def gemm(m: int, k: int, n: int) -> float | None:
-        res = measure(
-            _pt("refine", "gemm", "model", "model", n, "linear", M=m, K=k, N=n), device, dtype, base
-        )
+    cfg = _timing_cfg(device)
+    esize = torch.empty((), dtype=dtype).element_size()
+
+    def f(m: int, k: int, n: int) -> float:
+        sets = rotation_sets((m * k + n * k + m * n) * esize, device)
+        xs = [
+            (
+                torch.randn(m, k, device=device, dtype=dtype) * 0.5,
+                torch.randn(n, k, device=device, dtype=dtype) * 0.5,
+            )
+            for _ in range(sets)
+        ]
+
+        def fn(i: int) -> None:
+            x, w = xs[i % sets]
+            torch.nn.functional.linear(x, w)
+
+        with torch.no_grad():
+            t = bench(
+                fn,
+                device,
+                warmup_ms=cfg.warmup_ms,
+                rep_ms=cfg.rep_ms,
+                min_reps=cfg.min_reps,
+                max_reps=cfg.max_reps,
+            )
+        return t.median_ms
+
+    return f
+
+
+def context_config(profile: Profile, op: str, device: torch.device):
+    """The :class:`~gac.hardware.experiments.Config` whose ``op`` point matches the profile's context."""
+    ctx = profile.ops[op].curve.get("context") or {}
+    flops_fn(op, ctx)  # refuses a curve without its context
+    c = _timing_cfg(device)
+    if op == "gemm_n":
+        c.m, c.k = int(ctx["M"]), int(ctx["K"])
+    elif op == "gemm_k":
+        c.m, c.n = int(ctx["M"]), int(ctx["N"])
+    elif op == "gemv":
+        c.gemv_k = int(ctx["K"])
+    elif op == "sdpa_head_dim":
+        c.batch, c.seq, c.heads = int(ctx["B"]), int(ctx["S"]), int(ctx["H"])
+    else:
+        c.lowrank_m, c.lowrank_d = int(ctx["M"]), int(ctx["d"])
+    return c
+
+
+def real_measure_point(profile: Profile, device: torch.device, dtype: torch.dtype) -> MeasurePoint:
+    """``(op, dim) -> ms`` of one profile point at the profile's context (``gac profile``'s measurement)."""
+    from gac.hardware.experiments import _op_pt, measure_point
+
+    cfgs: dict[str, Any] = {}
+
+    def f(op: str, d: int) -> float | None:
+        if op not in cfgs:
+            cfgs[op] = context_config(profile, op, device)
+        p = _op_pt("profile", cfgs[op], op, d, "refine")
+        res = measure_point(p, device, dtype, cfgs[op])
         return res.get("median_ms") if res.get("status") == "ok" else None
 
-    def point(op: str, d: int) -> float | None:
-        ctx = profile.ops[op].curve.get("context") or {}
-        cfg = Config.default_for(device)
-        for key, attr in (("B", "batch"), ("S", "seq"), ("H", "heads")):
-            if key in ctx:
-                setattr(cfg, attr, int(ctx[key]))
-        if op in ("gemm_n", "gemm_k"):
-            cfg.m = int(ctx.get("M", cfg.m))
-            cfg.k = int(ctx.get("K", cfg.k))
-            cfg.n = int(ctx.get("N", cfg.n))
-        elif op == "gemv":
-            cfg.gemv_k = int(ctx.get("K", cfg.gemv_k))
-        elif op == "lowrank_r":
-            cfg.lowrank_m, cfg.lowrank_d = int(ctx.get("M", cfg.lowrank_m)), int(ctx.get("d", cfg.lowrank_d))
-        res = measure(_op_pt("refine", cfg, op, d, "refine"), device, dtype, cfg)
-        return res.get("median_ms") if res.get("status") == "ok" else None
+    return f
 
-    return gemm, point
+
+def check_device(profile: Profile, device: torch.device) -> None:
+    """Refuse to mix measurements of another device into ``profile``."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    want = str(profile.env.get("gpu", ""))
+    if want and want != name:
+        raise GacError(f"profile {profile.id!r} was measured on {want}; this device is {name}")
+
+
+def load_refine_model(spec: str) -> nn.Module:
+    """A model for :func:`model_gemms`: ``tiny:<family>`` (built in code) or anything ``load_model`` takes."""
+    import re
+
+    m = re.match(r"^tiny:([a-z0-9_]+)$", spec)
+    if m:
+        from gac.testing import FAMILIES, OTHER_FAMILIES, tiny_model
+
+        if m.group(1) not in FAMILIES + OTHER_FAMILIES:
+            raise GacError(
+                f"unknown tiny model family {m.group(1)!r}; known: {', '.join(FAMILIES + OTHER_FAMILIES)}"
+            )
+        return tiny_model(m.group(1))
+    from gac.models import load_model
+
+    # a real model's shape (``shape:NAME``) needs no weights: build it on the meta device
+    return load_model(spec, device="meta" if spec.startswith("shape:") else "cpu").model
