@@ -98,7 +98,7 @@ EVAL_KINDS = {
     "predict": {"kind", "tokens", "models"},
     "infer": {
         "kind", "models", "prefill_batches", "prefill_seqs", "decode_batches", "decode_kv",
-        "prefill_reps", "decode_reps", "compile", "graphs", "fuse",
+        "prefill_reps", "decode_reps", "compile", "graphs", "fuse", "gqa_decode",
     },
 }  # fmt: skip
 #: ``[[benches]]``: one ``gac bench`` experiment per cell (kernel-level tables), sizes as its CLI.
@@ -402,7 +402,7 @@ def parse_plan(data: dict[str, Any], source: str = "") -> ExperimentPlan:
                 v = e.get(k)
                 if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                     raise GacError(f"plan: [[evals]] #{i + 1}: {k} must be a positive integer, got {v!r}")
-            for k in ("compile", "graphs", "fuse"):
+            for k in ("compile", "graphs", "fuse", "gqa_decode"):
                 if k in e and not isinstance(e[k], bool):
                     raise GacError(f"plan: [[evals]] #{i + 1}: {k} must be true or false")
         if kind == "ppl":
@@ -578,7 +578,14 @@ def _infer(model: Any, e: dict[str, Any], label: str) -> dict[str, Any]:
         k: tuple(e[k]) for k in ("prefill_batches", "prefill_seqs", "decode_batches", "decode_kv") if k in e
     }
     reps = {k: e[k] for k in ("prefill_reps", "decode_reps") if k in e}
-    cfg = SweepConfig(**grid, **reps, compile=e.get("compile"), graphs=e.get("graphs"), profile_kernels=False)
+    cfg = SweepConfig(
+        **grid,
+        **reps,
+        compile=e.get("compile"),
+        graphs=e.get("graphs"),
+        gqa_decode=e.get("gqa_decode", True),
+        profile_kernels=False,
+    )
     dev = model_device(model)
     cb = copy_bandwidth(dev, cfg.copy_bytes) if dev.type == "cuda" else {}
     rec = sweep_model(model, cfg, cb.get("gbps"), label=label)

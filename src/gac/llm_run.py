@@ -51,6 +51,7 @@ def run(
     compile_mode: str | None = None,
     fuse: bool = True,
     triton: bool = False,
+    gqa_decode: bool = True,
     prefill_reps: int = 10,
     decode_reps: int = 30,
     device: str = "auto",
@@ -93,6 +94,7 @@ def run(
         compile_mode=compile_mode,
         prefill_reps=prefill_reps,
         decode_reps=decode_reps,
+        gqa_decode=gqa_decode,
     )
     if min(cfg.decode_kv) < cfg.decode_warmup + cfg.decode_reps:
         raise GacError(
@@ -122,7 +124,13 @@ def run(
         variants.append(Variant(name_of(spec, True), builder(spec, True)))
     res = run_sweep(variants, cfg, dev)
     res["command"] = " ".join(sys.argv)
-    res["options"] = {"fuse": fuse, "triton": triton, "compile": compile, "graphs": graphs}
+    res["options"] = {
+        "fuse": fuse,
+        "triton": triton,
+        "compile": compile,
+        "graphs": graphs,
+        "gqa_decode": gqa_decode,
+    }
     for name, info in infos.items():
         if name in res["variants"]:
             res["variants"][name]["meta"] = info
@@ -183,6 +191,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--fuse", dest="fuse", action="store_true", default=True, help="fuse q/k/v and gate/up (default)"
     )
     g.add_argument("--no-fuse", dest="fuse", action="store_false")
+    ap.add_argument(
+        "--no-gqa-decode",
+        dest="gqa_decode",
+        action="store_false",
+        help="keep transformers' sdpa decode attention (repeat_kv copy of a GQA cache)",
+    )
     ap.add_argument("--triton", action="store_true", help="fused Triton low-rank GEMV for decode (CUDA)")
     ap.add_argument("--prefill-reps", type=int, default=10)
     ap.add_argument("--decode-reps", type=int, default=30)
@@ -210,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             compile=a.compile,
             compile_mode=a.compile_mode,
             fuse=a.fuse,
+            gqa_decode=a.gqa_decode,
             triton=a.triton,
             prefill_reps=a.prefill_reps,
             decode_reps=a.decode_reps,

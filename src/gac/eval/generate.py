@@ -70,6 +70,7 @@ def generate(
     compile: bool | None = None,
     graphs: bool | None = None,
     stop_at_eos: bool = True,
+    gqa_decode: bool = True,
 ) -> Generation:
     """Greedy-decode ``max_new_tokens`` after ``prompt`` on the fast path (see the module docstring).
 
@@ -81,6 +82,8 @@ def generate(
         compile: ``torch.compile`` the decode step (default: on CUDA).
         graphs: capture the decode step as a CUDA graph (default: on CUDA).
         stop_at_eos: stop after the tokenizer's EOS token.
+        gqa_decode: switch a grouped-query model to ``gac_sdpa`` (decode attention on the KV heads,
+            exact; :mod:`gac.kernels.attention`) in place.
 
     Raises:
         GacError: an empty prompt, a non-positive token count, or no tokenizer.
@@ -103,6 +106,10 @@ def generate(
             markup=False,
         )
         want_compile = want_graphs = False
+    if gqa_decode:
+        from gac.kernels.attention import use_gqa_decode_
+
+        use_gqa_decode_(model)
     ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(dev)
     if ids.numel() == 0:
         raise GacError("the prompt is empty after tokenization")

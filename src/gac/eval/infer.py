@@ -71,6 +71,10 @@ class SweepConfig:
     #: lets Inductor benchmark its own GEMM/GEMV kernels; modes that capture CUDA graphs themselves
     #: are refused: the step is captured here).
     compile_mode: str | None = None
+    #: single-token decode attention of grouped-query models on their KV heads (``gac_sdpa``,
+    #: :mod:`gac.kernels.attention`: exact, no ``repeat_kv`` copy of the cache); False keeps
+    #: transformers' ``sdpa``.
+    gqa_decode: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -398,7 +402,7 @@ class DecodeStep:
         from transformers import StaticCache
 
         self.model = model
-        self.forward = forward or model
+        self.forward = forward if forward is not None else model
         self.dev = model_device(model)
         if graphs and self.dev.type != "cuda":
             raise GacError("CUDA graphs were asked for, but the model is on CPU; drop --graphs or use a GPU")
@@ -535,9 +539,13 @@ def sweep_model(
     """Run the prefill and decode grids on one model. OOM points are recorded, not raised."""
     from gac.utils import progress
 
+    from gac.kernels.attention import use_gqa_decode_
+
     dev = model_device(model)
     graphs, compile_ = resolve_fast_path(cfg, dev)
     model.eval()
+    if cfg.gqa_decode:
+        use_gqa_decode_(model)
     wbytes = weight_bytes_per_step(model)
     out: dict[str, Any] = {
         "params": param_count(model),

@@ -1,0 +1,105 @@
+"""Decode attention over a grouped-query KV cache without copying the cache.
+
+With grouped-query attention (Llama-3, Mistral, Qwen2: 8 KV heads for 32 query heads) and an
+attention mask, transformers' ``sdpa`` path expands every layer's cached keys and values to the
+query heads (``repeat_kv``) before calling SDPA: at each decode step the whole cache is read
+once, written ``n_rep`` times and read ``n_rep`` times again.  (transformers only passes
+``enable_gqa`` to SDPA when there is no mask, and newer versions' single-token ``pack_gqa``
+branch is skipped under ``torch.compile``.)
+
+``gac_sdpa`` is ``sdpa`` with one change: a single-token query is regrouped as
+``[batch, kv_heads, n_rep, head_dim]`` (query head ``h`` belongs to KV head ``h // n_rep``,
+the order ``repeat_kv`` uses), so the ``n_rep`` queries of a group attend to their shared KV
+head directly and the cache is read once.  The mask of a single-token query is the same for
+every head and broadcasts over the group.  The result is the same attention (summation order
+aside).  Every other case (prefill, no GQA, per-head masks) is transformers' own ``sdpa``.
+
+:func:`use_gqa_decode_` switches a model to it; the inference sweep and ``gac generate`` do so
+by default on the models they time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+NAME = "gac_sdpa"
+
+
+def gqa_sdpa_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """``sdpa`` attention, with single-token GQA queries grouped onto their KV heads."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    n_rep = int(getattr(module, "num_key_value_groups", 1) or 1)
+    b, h, q_len, d = query.shape
+    plain = (
+        n_rep == 1
+        or q_len != 1
+        or key.shape[1] * n_rep != h
+        or (attention_mask is not None and (attention_mask.dim() != 4 or attention_mask.shape[1] != 1))
+        or kwargs.get("position_bias") is not None
+        or kwargs.get("cache") is not None
+        or kwargs.get("softcap") is not None
+        or dropout != 0.0
+    )
+    if plain:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
+    q = query.reshape(b, key.shape[1], n_rep, d)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, key, value, attn_mask=attention_mask, dropout_p=0.0, scale=scaling, is_causal=False
+    )
+    return out.reshape(b, h, 1, value.shape[-1]).transpose(1, 2).contiguous(), None
+
+
+def register() -> str:
+    """Register ``gac_sdpa`` with transformers' attention and mask interfaces (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(NAME, gqa_sdpa_attention_forward)
+    if NAME not in ALL_MASK_ATTENTION_FUNCTIONS:
+        AttentionMaskInterface.register(NAME, sdpa_mask)
+    return NAME
+
+
+def use_gqa_decode_(model: nn.Module) -> bool:
+    """Switch ``model`` from ``sdpa`` to ``gac_sdpa`` in place when it uses grouped-query attention.
+
+    Returns whether it switched: models on another attention implementation (eager, flash, a
+    custom one such as PaLU's latent attention) or without grouped KV heads are left alone.
+    """
+    cfg = getattr(model, "config", None)
+    if cfg is None or getattr(cfg, "_attn_implementation", None) != "sdpa":
+        return False
+    heads = getattr(cfg, "num_attention_heads", None)
+    kv = getattr(cfg, "num_key_value_heads", None) or heads
+    if not heads or not kv or kv == heads:
+        return False
+    register()
+    for m in model.modules():  # every config of a composite model reads the same implementation
+        c = getattr(m, "config", None)
+        if c is not None and getattr(c, "_attn_implementation", None) == "sdpa":
+            c._attn_implementation = NAME
+    return True
+
+
+def undo_gqa_decode_(model: nn.Module) -> None:
+    """Back to transformers' ``sdpa``."""
+    for m in model.modules():
+        c = getattr(m, "config", None)
+        if c is not None and getattr(c, "_attn_implementation", None) == NAME:
+            c._attn_implementation = "sdpa"
