@@ -218,7 +218,9 @@ def main() -> int:
             fwd = torch.compile(model, dynamic=False)
         if "trace" in steps and time.time() - t0 < a.limit_s:
             rec["trace"] = [trace_decode(model, 1, max(kvs), fwd)]
-            print(name, "trace", rec["trace"][0]["kernels_total_us"], rec["trace"][0]["n_kernels"], flush=True)
+            print(
+                name, "trace", rec["trace"][0]["kernels_total_us"], rec["trace"][0]["n_kernels"], flush=True
+            )
             save()
         if "gemv" in steps and cuda and time.time() - t0 < a.limit_s:
             rec["gemv"] = []
@@ -243,7 +245,9 @@ def main() -> int:
             icfg.max_autotune_gemm_backends = "ATEN,TRITON"
             fwd = torch.compile(model, dynamic=False, mode="max-autotune-no-cudagraphs")
             try:
-                r = decode_point(model, 1, max(kvs), SweepConfig(), True, weight_bytes_per_step(model), cbw, fwd)
+                r = decode_point(
+                    model, 1, max(kvs), SweepConfig(), True, weight_bytes_per_step(model), cbw, fwd
+                )
             except Exception as e:  # noqa: BLE001
                 r = {"status": "error", "error": str(e)[:300]}
             res["autotune"][name] = r

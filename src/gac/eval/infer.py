@@ -537,9 +537,8 @@ def sweep_model(
     model: nn.Module, cfg: SweepConfig, copy_gbps: float | None = None, label: str = "model"
 ) -> dict[str, Any]:
     """Run the prefill and decode grids on one model. OOM points are recorded, not raised."""
-    from gac.utils import progress
-
     from gac.kernels.attention import use_gqa_decode_
+    from gac.utils import progress
 
     dev = model_device(model)
     graphs, compile_ = resolve_fast_path(cfg, dev)

@@ -56,7 +56,15 @@ def gqa_sdpa_attention_forward(
     )
     if plain:
         return sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=dropout,
+            scaling=scaling,
+            is_causal=is_causal,
+            **kwargs,
         )
     q = query.reshape(b, key.shape[1], n_rep, d)
     out = torch.nn.functional.scaled_dot_product_attention(
