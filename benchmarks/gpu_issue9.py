@@ -1,18 +1,18 @@
-"""Issue 9 on the GPU: why decode of an SVD-LLM model at 15% is slower than dense, and what helps.
+"""Issue 9 on the GPU: decode of an SVD-LLM model at 15% against dense, and what helps.
 
-One process, dense baseline first, both on the default path (q/k/v + gate/up fused, compiled per
-static shape, CUDA graphs):
+One process, both models on the default path (q/k/v + gate/up fused, compiled per static shape,
+CUDA graphs, decode attention on the KV heads): the dense Llama-3-8B shape and the same shape
+factorized at the ranks ``gac compress --compressor svd-llm --param-ratio 0.85 --align gac`` chose
+(``benchmarks/results/h200/speed/cells/shape-llama3-8b-8/svd-llm-r0.85-gac.json``; random factors:
+speed does not depend on the values).
 
-* ``decode``: the decode grid B x KV for the dense Llama-3-8B shape and the same shape factorized at
-  the ranks ``gac compress --compressor svd-llm --param-ratio 0.85 --align gac`` chose
-  (``benchmarks/results/h200/speed/cells/shape-llama3-8b-8/svd-llm-r0.85-gac.json``; random factors:
-  speed does not depend on the values), with decode attention on the KV heads (``gac_sdpa``,
-  the new default) and, at the ``--sdpa-points``, with transformers' ``sdpa`` (``repeat_kv``);
-* ``trace``: a kernel trace of one compiled (not captured) decode step of each model: every kernel
-  in order with its GPU time, and the ATen GEMMs with their shapes;
-* ``gemv``: each distinct projection GEMV of both models alone (M = 1 and 16), cuBLAS via F.linear,
-  captured 32 to a CUDA graph over weights rotated past L2: achieved GB/s and share of copy bandwidth;
-* ``autotune``: decode B=1 at the largest KV under ``max-autotune-no-cudagraphs`` for both models.
+* ``gemv``: every distinct GEMV shape of both models timed alone, cuBLAS against the Triton GEMV's
+  configurations (:func:`gac.kernels.gemv.decisions`, the dispatch table the default path uses);
+* ``decode``: the decode grid B x KV for dense with SDPA on the grouped query and with the two
+  batched GEMMs (``gac.kernels.attention.DECODE_MODE``), then, with the faster attention per point,
+  both models with and without the Triton GEMV dispatch;
+* ``trace``: a kernel trace of one compiled (not captured) decode step of each model at B=1,
+  KV=4096: every kernel in order with its GPU time, and the ATen GEMMs with their shapes.
 
   PYTHONPATH=src python3 benchmarks/gpu_issue9.py --out $OUT/issue9.json
 """
@@ -151,117 +151,119 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--spec", default="shape:llama3-8b:8")
-    ap.add_argument("--steps", default="decode,trace,gemv,autotune")
+    ap.add_argument("--steps", default="gemv,decode,trace")
     ap.add_argument("--decode-batches", default="1,16,64")
     ap.add_argument("--decode-kv", default="512,4096")
-    ap.add_argument("--sdpa-points", default="1x4096,64x4096")
     ap.add_argument("--limit-s", type=float, default=540)
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the plumbing (no graphs, no gemv)")
     a = ap.parse_args()
     t0 = time.time()
+    import gac.kernels.attention as attn
     from gac.eval.infer import SweepConfig, copy_bandwidth, decode_point, weight_bytes_per_step
     from gac.hardware.timing import environment
-    from gac.kernels.attention import undo_gqa_decode_, use_gqa_decode_
+    from gac.kernels import gemv as G
 
     dev = torch.device(a.device)
     cuda = dev.type == "cuda"
     dims = json.loads(DIMS.read_text())["results"]["dims"]
-    res: dict = {"schema": "gac.issue9-diag/1", "command": " ".join([sys.executable, *sys.argv]),
+    res: dict = {"schema": "gac.issue9-diag/2", "command": " ".join([sys.executable, *sys.argv]),
                  "env": environment(dev), "spec": args_spec(a), "dims_from": str(DIMS.relative_to(ROOT))}  # fmt: skip
     res["copy_bandwidth"] = copy_bandwidth(dev)
     cbw = res["copy_bandwidth"].get("gbps")
     steps = a.steps.split(",")
-    bs = [int(x) for x in a.decode_batches.split(",")]
-    kvs = [int(x) for x in a.decode_kv.split(",")]
-    sdpa_pts = [tuple(int(v) for v in p.split("x")) for p in a.sdpa_points.split(",") if p]
+    points = [(int(b), int(k)) for b in a.decode_batches.split(",") for k in a.decode_kv.split(",")]
     out = Path(a.out)
+    cfg = SweepConfig()
 
     def save() -> None:
         tmp = out.with_suffix(".tmp")
         tmp.write_text(json.dumps(res, indent=1, default=str))
         os.replace(tmp, out)
 
-    res["models"] = {}
-    for name, d in (("dense", None), ("svd-llm-gac", dims)):
-        if time.time() - t0 > a.limit_s:
-            break
-        model = build(a.spec, d, a.device)
-        rec = res["models"][name] = {"weight_bytes": weight_bytes_per_step(model),
-                                     "params": sum(p.numel() for p in model.parameters())}  # fmt: skip
-        use_gqa_decode_(model)
-        torch._dynamo.reset()
-        fwd = torch.compile(model, dynamic=False)
-        cfg = SweepConfig()
-        if "decode" in steps:
-            rec["decode"] = []
-            for attn in ("gac_sdpa", "sdpa"):
-                if attn == "sdpa":
-                    undo_gqa_decode_(model)
-                    torch._dynamo.reset()
-                    fwd = torch.compile(model, dynamic=False)
-                for b in bs:
-                    for kv in kvs:
-                        if attn == "sdpa" and (b, kv) not in sdpa_pts:
-                            continue
-                        if time.time() - t0 > a.limit_s:
-                            break
-                        try:
-                            r = decode_point(model, b, kv, cfg, cuda, rec["weight_bytes"], cbw, fwd)
-                        except Exception as e:  # noqa: BLE001
-                            r = {"batch": b, "kv": kv, "status": "error", "error": str(e)[:300]}
-                        r["attn"] = attn
-                        rec["decode"].append(r)
-                        print(name, attn, b, kv, r.get("median_ms"), r.get("weight_bw_frac"), flush=True)
-                        save()
-            use_gqa_decode_(model)
+    def run(model, name: str, mode, gemv: bool, pts) -> list[dict]:
+        """Decode points on the default path with attention ``mode`` (str or per-point dict)."""
+        if gemv:
+            info = G.use_triton_gemv_(model)
+        else:
+            G.undo_triton_gemv_(model)
+            info = {"modules": 0}
+        rows = []
+        for b, kv in pts:
+            if time.time() - t0 > a.limit_s:
+                break
+            m = mode[(b, kv)] if isinstance(mode, dict) else mode
+            attn.DECODE_MODE = m
             torch._dynamo.reset()
             fwd = torch.compile(model, dynamic=False)
-        if "trace" in steps and time.time() - t0 < a.limit_s:
-            rec["trace"] = [trace_decode(model, 1, max(kvs), fwd)]
-            print(
-                name, "trace", rec["trace"][0]["kernels_total_us"], rec["trace"][0]["n_kernels"], flush=True
-            )
-            save()
-        if "gemv" in steps and cuda and time.time() - t0 < a.limit_s:
-            rec["gemv"] = []
-            for n, k in gemv_shapes(model):
-                for m in (1, 16):
-                    rec["gemv"].append(time_gemv(n, k, m, cbw))
-            save()
-        del model, fwd
-        torch._dynamo.reset()
-        torch.cuda.empty_cache()
-    if "autotune" in steps and cuda:
-        import torch._inductor.config as icfg
-
-        res["autotune"] = {}
-        for name, d in (("dense", None), ("svd-llm-gac", dims)):
-            if time.time() - t0 > a.limit_s - 120:
-                res["autotune"][name] = {"status": "skipped: time"}
-                break
-            model = build(a.spec, d)
-            use_gqa_decode_(model)
-            torch._dynamo.reset()
-            icfg.max_autotune_gemm_backends = "ATEN,TRITON"
-            fwd = torch.compile(model, dynamic=False, mode="max-autotune-no-cudagraphs")
             try:
-                r = decode_point(
-                    model, 1, max(kvs), SweepConfig(), True, weight_bytes_per_step(model), cbw, fwd
-                )
+                r = decode_point(model, b, kv, cfg, cuda, weight_bytes_per_step(model), cbw, fwd)
             except Exception as e:  # noqa: BLE001
-                r = {"status": "error", "error": str(e)[:300]}
-            res["autotune"][name] = r
-            print(name, "autotune", r.get("median_ms"), r.get("setup_s"), flush=True)
+                r = {"batch": b, "kv": kv, "status": "error", "error": f"{type(e).__name__}: {str(e)[:300]}"}
+            r.update(attn=m, gemv=gemv, gemv_modules=info.get("modules"))
+            rows.append(r)
+            print(
+                name,
+                m,
+                "gemv" if gemv else "-",
+                b,
+                kv,
+                r.get("median_ms"),
+                r.get("weight_bw_frac"),
+                flush=True,
+            )
+        return rows
+
+    res["models"] = {}
+    built = {}
+    for name, d in (("dense", None), ("svd-llm-gac", dims)):
+        built[name] = build(a.spec, d, a.device)
+        attn.use_gqa_decode_(built[name])
+        res["models"][name] = {"weight_bytes": weight_bytes_per_step(built[name]),
+                               "params": sum(p.numel() for p in built[name].parameters()), "decode": []}  # fmt: skip
+    if "gemv" in steps and cuda:
+        t = time.time()
+        for name, model in built.items():
+            res["models"][name]["gemv_dispatch"] = G.use_triton_gemv_(model)
+            G.undo_triton_gemv_(model)
+        res["gemv_measure_s"] = time.time() - t
+        res["gemv_table"] = G.measured(torch.bfloat16, dev)
+        save()
+    if "decode" in steps:
+        dense, fact = built["dense"], built["svd-llm-gac"]
+        rd = res["models"]["dense"]["decode"]
+        rd += run(dense, "dense", "sdpa", False, points)
+        rd += run(dense, "dense", "matmul", False, points)
+        save()
+        best = {}
+        for b, kv in points:
+            ms = {
+                r["attn"]: r.get("median_ms") or 1e9 for r in rd if (r.get("batch"), r.get("kv")) == (b, kv)
+            }
+            best[(b, kv)] = min(ms, key=ms.get) if ms else "sdpa"
+        res["best_attn"] = {f"{b}x{kv}": m for (b, kv), m in best.items()}
+        rf = res["models"]["svd-llm-gac"]["decode"]
+        rf += run(fact, "svd-llm-gac", best, True, points)
+        save()
+        rd += run(dense, "dense", best, True, points)
+        save()
+        rf += run(fact, "svd-llm-gac", best, False, points)
+        save()
+    if "trace" in steps and time.time() - t0 < a.limit_s:
+        for name in ("dense", "svd-llm-gac"):
+            model = built[name]
+            G.use_triton_gemv_(model)
+            attn.DECODE_MODE = res.get("best_attn", {}).get("1x4096", "auto")
+            torch._dynamo.reset()
+            fwd = torch.compile(model, dynamic=False)
+            res["models"][name]["trace"] = [trace_decode(model, 1, 4096, fwd)]
             save()
-            del model, fwd
-            torch.cuda.empty_cache()
     res["wall_s"] = time.time() - t0
     save()
     return 0
 
 
 def args_spec(a) -> dict:
-    return {k: getattr(a, k) for k in ("spec", "steps", "decode_batches", "decode_kv", "sdpa_points")}
+    return {k: getattr(a, k) for k in ("spec", "steps", "decode_batches", "decode_kv")}
 
 
 if __name__ == "__main__":

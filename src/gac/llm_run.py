@@ -52,6 +52,7 @@ def run(
     fuse: bool = True,
     triton: bool = False,
     gqa_decode: bool = True,
+    gemv: bool = True,
     prefill_reps: int = 10,
     decode_reps: int = 30,
     device: str = "auto",
@@ -95,6 +96,7 @@ def run(
         prefill_reps=prefill_reps,
         decode_reps=decode_reps,
         gqa_decode=gqa_decode,
+        gemv=gemv,
     )
     if min(cfg.decode_kv) < cfg.decode_warmup + cfg.decode_reps:
         raise GacError(
@@ -130,6 +132,7 @@ def run(
         "compile": compile,
         "graphs": graphs,
         "gqa_decode": gqa_decode,
+        "gemv": gemv,
     }
     for name, info in infos.items():
         if name in res["variants"]:
@@ -197,6 +200,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="keep transformers' sdpa decode attention (repeat_kv copy of a GQA cache)",
     )
+    ap.add_argument(
+        "--no-gemv",
+        dest="gemv",
+        action="store_false",
+        help="cuBLAS for every decode GEMV (no Triton GEMV where it was measured faster)",
+    )
     ap.add_argument("--triton", action="store_true", help="fused Triton low-rank GEMV for decode (CUDA)")
     ap.add_argument("--prefill-reps", type=int, default=10)
     ap.add_argument("--decode-reps", type=int, default=30)
@@ -225,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
             compile_mode=a.compile_mode,
             fuse=a.fuse,
             gqa_decode=a.gqa_decode,
+            gemv=a.gemv,
             triton=a.triton,
             prefill_reps=a.prefill_reps,
             decode_reps=a.decode_reps,

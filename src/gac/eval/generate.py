@@ -71,6 +71,7 @@ def generate(
     graphs: bool | None = None,
     stop_at_eos: bool = True,
     gqa_decode: bool = True,
+    gemv: bool = True,
 ) -> Generation:
     """Greedy-decode ``max_new_tokens`` after ``prompt`` on the fast path (see the module docstring).
 
@@ -84,6 +85,8 @@ def generate(
         stop_at_eos: stop after the tokenizer's EOS token.
         gqa_decode: switch a grouped-query model to ``gac_sdpa`` (decode attention on the KV heads,
             exact; :mod:`gac.kernels.attention`) in place.
+        gemv: on CUDA, route decode GEMVs to the Triton kernel where it was measured faster than
+            cuBLAS (:func:`gac.kernels.gemv.use_triton_gemv_`, in place).
 
     Raises:
         GacError: an empty prompt, a non-positive token count, or no tokenizer.
@@ -110,6 +113,10 @@ def generate(
         from gac.kernels.attention import use_gqa_decode_
 
         use_gqa_decode_(model)
+    if gemv and on_cuda:
+        from gac.kernels.gemv import use_triton_gemv_
+
+        use_triton_gemv_(model)
     ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(dev)
     if ids.numel() == 0:
         raise GacError("the prompt is empty after tokenization")

@@ -75,6 +75,9 @@ class SweepConfig:
     #: :mod:`gac.kernels.attention`: exact, no ``repeat_kv`` copy of the cache); False keeps
     #: transformers' ``sdpa``.
     gqa_decode: bool = True
+    #: decode GEMVs through the Triton kernel at the shapes where it was measured faster than cuBLAS
+    #: on this GPU (:mod:`gac.kernels.gemv`; measured once per machine and cached; CUDA only).
+    gemv: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -545,12 +548,20 @@ def sweep_model(
     model.eval()
     if cfg.gqa_decode:
         use_gqa_decode_(model)
+    gemv_info: dict[str, Any] = {"modules": 0, "reason": "off"}
+    if cfg.gemv and dev.type == "cuda":
+        from gac.kernels.gemv import use_triton_gemv_
+
+        t0 = time.perf_counter()
+        gemv_info = use_triton_gemv_(model)
+        gemv_info["setup_s"] = time.perf_counter() - t0
     wbytes = weight_bytes_per_step(model)
     out: dict[str, Any] = {
         "params": param_count(model),
         "weight_bytes_per_step": wbytes,
         "dtype": str(model_dtype(model)).removeprefix("torch."),
         "attn_implementation": getattr(model.config, "_attn_implementation", None),
+        "gemv": gemv_info,
         "graphs": graphs,
         "prefill": [],
         "decode": [],

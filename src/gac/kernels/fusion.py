@@ -18,10 +18,12 @@ The attention and MLP code of the model is untouched: it still calls ``self.q_pr
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from gac.kernels.gemv import dispatch_linear
 from gac.surgery.factorized import FactorizedLinear
 
 DEFAULT_GROUPS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
@@ -37,6 +39,9 @@ class FusedInputProjection(nn.Module):
     it is dropped as soon as every member has taken its slice, so no activation is kept
     between forward passes.
     """
+
+    #: set by :func:`gac.kernels.gemv.use_triton_gemv_` where the Triton GEMV was measured faster
+    gemv_table: dict[int, Any] | None = None
 
     def __init__(self, members: list[nn.Module]) -> None:
         super().__init__()
@@ -84,7 +89,7 @@ class FusedInputProjection(nn.Module):
         if not stale and not torch.compiler.is_compiling():
             stale = x._version != self._version
         if stale:
-            y = F.linear(x, self.weight, self.bias)
+            y = dispatch_linear(x, self.weight, self.bias, self.gemv_table)
             self._parts = list(y.split(self.splits, dim=-1))
             self._x = x
             if not torch.compiler.is_compiling():

@@ -1,0 +1,166 @@
+"""The Triton decode GEMV: against a float64 reference (Triton's CPU interpreter here, bf16 on a GPU),
+its dispatch (only where a table says so, only for decode-sized inputs), and the round trip."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch import nn
+
+from gac.kernels.gemv import GemvLinear, dispatch_linear, undo_triton_gemv_, use_triton_gemv_
+
+HAVE_TRITON = importlib.util.find_spec("triton") is not None
+
+# (rows, n, k): odd sizes, ragged tiles, K not a multiple of any BLOCK_K, both row classes
+SHAPES = [(1, 37, 300), (1, 64, 128), (1, 5, 1000), (3, 50, 257), (16, 33, 129), (9, 100, 64), (2, 7, 16)]
+
+INTERPRETED = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+    from gac.kernels import gemv as G
+    from gac.kernels.fusion import fuse_projections_
+    from gac.surgery.factorized import FactorizedLinear
+
+    torch.manual_seed(0)
+    worst = 0.0
+    for dt in (torch.float32, torch.float16):
+        for rows, n, k in SHAPES:
+            x = torch.randn(rows, k, dtype=dt)
+            w = torch.randn(n, k, dtype=dt) * k ** -0.5
+            b = torch.randn(n, dtype=dt)
+            ref = x.double() @ w.double().t() + b.double()
+            for cfg in G.CONFIGS[1 if rows == 1 else 16]:
+                y = torch.empty(rows, n, dtype=dt)
+                G._launch(x, w, b, y, cfg)
+                err = ((y.double() - ref).norm() / ref.norm()).item()
+                assert err < (1e-6 if dt == torch.float32 else 2e-3), (dt, rows, n, k, cfg, err)
+                worst = max(worst, err) if dt == torch.float32 else worst
+            y = G.gemv(x.reshape(rows, 1, k), w, None)  # leading dims kept, no bias
+            assert y.shape == (rows, 1, n)
+            assert torch.allclose(y.double().reshape(rows, n), ref - b.double(), rtol=1e-2, atol=1e-2)
+
+    # a block with dense and factorized members, fused, every GEMV routed to the kernel
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_proj = nn.Linear(48, 40, bias=False)
+            self.k_proj = FactorizedLinear(48, 7, 24)
+            self.v_proj = nn.Linear(48, 24, bias=True)
+            self.o_proj = FactorizedLinear(40, 9, 48)
+
+        def forward(self, x):
+            return self.o_proj(self.q_proj(x)) + torch.cat([self.k_proj(x), self.v_proj(x)], -1).sum(-1, keepdim=True)
+
+    blk = Block().eval()
+    x = torch.randn(3, 1, 48)
+    with torch.no_grad():
+        want = blk(x)
+        fuse_projections_(blk)
+        table = {1: list(G.CONFIGS[1][1]), 16: list(G.CONFIGS[16][0])}
+        n = 0
+        for m in blk.modules():
+            if isinstance(m, nn.Linear) or type(m).__name__ == "FusedInputProjection":
+                m.gemv_table = table
+                if type(m) is nn.Linear:
+                    m.__class__ = G.GemvLinear
+                n += 1
+        calls = []
+        real = G.gemv_op
+        G.gemv_op = lambda *a: calls.append(a[1].shape) or real(*a)
+        got = blk(x)
+        G.gemv_op = real
+        assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+        assert len(calls) == 4, calls  # the fused q/k/v first stage, k's u, o's v and u
+        f = torch.compile(blk, fullgraph=True)
+        assert torch.allclose(f(x), want, atol=1e-5)
+        calls.clear()
+        G.gemv_op = lambda *a: calls.append(1) or real(*a)
+        long = torch.randn(2, 17, 48)  # 34 rows: prefill, cuBLAS
+        blk(long)
+        G.gemv_op = real
+        assert calls == []
+        assert n == 4 and G.undo_triton_gemv_(blk) == n
+    print("ok", worst)
+    """
+)
+
+
+@pytest.mark.skipif(
+    not HAVE_TRITON,
+    reason="Triton is not installed (pip install triton): its CPU interpreter runs the kernel",
+)
+def test_gemv_kernel_in_triton_interpreter_matches_float64_and_dispatches():
+    code = f"SHAPES = {SHAPES!r}\n" + INTERPRETED
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.startswith("ok")
+
+
+def test_dispatch_without_table_or_for_prefill_is_f_linear():
+    x = torch.randn(2, 1, 16)
+    w, b = torch.randn(8, 16), torch.randn(8)
+    assert torch.equal(dispatch_linear(x, w, b, None), torch.nn.functional.linear(x, w, b))
+    long = torch.randn(1, 17, 16)  # 17 rows > 16: never the kernel, whatever the table says
+    assert torch.equal(dispatch_linear(long, w, b, {1: [8, 256, 4, 3], 16: [16, 128, 4, 4]}),
+                       torch.nn.functional.linear(long, w, b))  # fmt: skip
+
+
+def test_use_triton_gemv_leaves_a_cpu_model_alone():
+    m = nn.Sequential(nn.Linear(16, 8), nn.Linear(8, 4))
+    info = use_triton_gemv_(m)
+    assert info["modules"] == 0 and "reason" in info
+    assert all(type(x) is nn.Linear for x in m if isinstance(x, nn.Linear))
+    assert undo_triton_gemv_(m) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    "shape", SHAPES + [(1, 4096, 1736), (16, 1736, 4096), (1, 14336, 2712), (4, 1024, 704)]
+)
+def test_gemv_matches_float64_on_gpu(shape, dtype):
+    from gac.kernels import gemv as G
+
+    rows, n, k = shape
+    g = torch.Generator(device="cuda").manual_seed(rows * 31 + n + 7 * k)
+    x = torch.randn(rows, k, device="cuda", generator=g).to(dtype)
+    w = (torch.randn(n, k, device="cuda", generator=g) * k**-0.5).to(dtype)
+    ref = x.double() @ w.double().t()
+    for cfg in G.CONFIGS[1 if rows == 1 else 16]:
+        y = torch.empty(rows, n, device="cuda", dtype=dtype)
+        G._launch(x, w, None, y, cfg)
+        assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-2, cfg
+
+
+@pytest.mark.gpu
+def test_use_triton_gemv_on_gpu_is_measured_cached_and_exact_under_graphs(tmp_path, monkeypatch):
+    from gac.kernels import gemv as G
+
+    monkeypatch.setenv("GAC_CACHE", str(tmp_path))
+    m = nn.Sequential(nn.Linear(4096, 1736, bias=False), nn.Linear(1736, 4096, bias=False)).cuda().half()
+    x = torch.randn(1, 4096, device="cuda", dtype=torch.half)
+    want = m(x)
+    info = use_triton_gemv_(m)
+    assert (tmp_path / "gemv_dispatch.json").exists()
+    table = G.measured(torch.half, x.device)
+    assert {"4096x1736@1", "1736x4096@1", "4096x1736@16"} <= set(table)
+    for rec in table.values():
+        assert rec["cublas_us"] > 0 and ("triton_us" not in rec or rec["triton_us"] > 0)
+        assert rec["use"] == ("triton_us" in rec and rec["triton_us"] < 0.97 * rec["cublas_us"])
+    assert info["modules"] == sum(type(x) is GemvLinear for x in m)
+    graph = torch.cuda.CUDAGraph()
+    m(x)
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        out = m(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.allclose(out.float(), want.float(), rtol=1e-2, atol=1e-2)
