@@ -149,6 +149,25 @@ def _(x, w, b, block_n, block_k, warps, stages):  # noqa: ANN001, ANN202 - shape
     return x.new_empty((x.shape[0], w.shape[0]))
 
 
+def _gemv_setup(ctx, inputs, output) -> None:  # noqa: ANN001 - torch.library's signature
+    x, w, b = inputs[:3]
+    ctx.save_for_backward(x, w)
+    ctx.has_bias = b is not None
+
+
+def _gemv_backward(ctx, gy: torch.Tensor):  # noqa: ANN001, ANN202
+    # the op is an inference kernel, but a model whose parameters require grad is traced by
+    # torch.compile with autograd in view: give it the linear layer's gradients (cuBLAS)
+    x, w = ctx.saved_tensors
+    gx = gy @ w if ctx.needs_input_grad[0] else None
+    gw = gy.t() @ x if ctx.needs_input_grad[1] else None
+    gb = gy.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+    return gx, gw, gb, None, None, None, None
+
+
+gemv_op.register_autograd(_gemv_backward, setup_context=_gemv_setup)
+
+
 def gemv(
     x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, cfg: tuple[int, ...] | None = None
 ) -> torch.Tensor:
