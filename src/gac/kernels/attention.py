@@ -36,10 +36,16 @@ def decode_mode(batch: int, kv_heads: int, kv_len: int) -> str:
     """The decode attention :data:`DECODE_MODE` ``"auto"`` picks for one step."""
     if DECODE_MODE != "auto":
         return DECODE_MODE
-    # SDPA's fused kernels run one CTA per (batch, KV head, query block): with a grouped
-    # single-token query at batch 1 that is 8 CTAs on a 132-SM GPU (80 µs per layer at KV 4096 on
-    # an H200); two batched GEMMs spread over the cache length instead.
-    return "matmul" if batch * kv_heads < 64 else "sdpa"
+    # SDPA's fused kernels run one CTA per (batch, KV head, query block): a grouped single-token
+    # query at batch 1 is 8 CTAs on a 132-SM GPU (80 µs per layer at KV 4096 on an H200).  Two
+    # batched GEMMs were faster at every point measured (Llama-3-8B shape, H200: B 1-64 x KV
+    # 512-4096, dense decode 1-12% faster, ``benchmarks/results/h200/issue9/diag.json``); longer
+    # caches were not measured and keep SDPA (whose split-KV kernels are made for them).
+    return "matmul" if kv_len <= MATMUL_MAX_KV else "sdpa"
+
+
+#: longest cache the ``"auto"`` decode mode attends with two batched GEMMs (the measured range).
+MATMUL_MAX_KV = 4096
 
 
 def gqa_sdpa_attention_forward(
