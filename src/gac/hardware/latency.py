@@ -323,7 +323,8 @@ def skeleton(
 ) -> Any:
     """The structure of a (compressed) model on the meta device: no weights drawn, shapes only.
 
-    ``spec`` is a ``shape:`` spec (other specs: a config-only load, which needs the config at hand);
+    ``spec`` is a ``shape:`` or ``tiny:`` spec (other specs: a config-only load from a local
+    directory or the hub cache);
     ``dims`` a cell's kept dims. A dim at an ``nn.Linear`` factorizes it at that rank (unless the
     rank saves nothing: the site stays dense, as the low-rank compressors leave it); a dim at an
     MLP module keeps that many channels of its gate/up outputs and down inputs; a dim at an
@@ -338,7 +339,14 @@ def skeleton(
     from gac.surgery.factorized import FactorizedLinear, replace_module
 
     dt = getattr(torch, dtype, torch.bfloat16)
-    if spec.startswith("shape:"):
+    if spec.startswith("tiny:"):
+        from transformers import AutoModelForCausalLM
+
+        from gac.testing import tiny_config
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(tiny_config(spec.split(":", 1)[1]), dtype=dt).eval()
+    elif spec.startswith("shape:"):
         from gac.models.shapes import shape_model
 
         model, _ = shape_model(spec, dtype=dt, device="meta")
