@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 
 from gac.errors import GacError
 from gac.hardware.latency import Point, fit_launch, launches, predict, skeleton
@@ -206,3 +207,18 @@ def test_report_shows_predicted_and_measured_speedup():
     assert "predicted / measured" in text and "| tiny/svd |" in text
     assert f"{dec['predicted_speedup']:.3f} / {dec['measured_speedup']:.3f} ({dec['ratio']:.2f})" in text
     assert "Worst disagreement over the grid" in text
+
+
+def test_redistil_keeps_the_launch_constants_and_cpu_refuses_to_measure_them():
+    from gac.hardware.profiler import measure_launch_constants, redistil
+
+    p = load_profile("h200-bfloat16")
+    q = redistil(p)
+    assert (q.launch_us, q.copy_gbps, q.aux_us, q.latency_fit) == (
+        p.launch_us,
+        p.copy_gbps,
+        p.aux_us,
+        p.latency_fit,
+    )
+    with pytest.raises(GacError, match="CUDA only"):
+        measure_launch_constants(torch.device("cpu"), torch.bfloat16)
