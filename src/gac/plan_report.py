@@ -88,6 +88,71 @@ def infer_speedups(cells: list[tuple[Any, dict[str, Any] | None]]) -> dict[str, 
     return out
 
 
+def infer_predictions(cells: list[tuple[Any, dict[str, Any] | None]]) -> dict[str, dict[str, Any]]:
+    """Per model: the latency model's predicted speedup beside the measured one at every grid point.
+
+    Each cell with an ``infer`` eval is compared with its model's ``base`` cell by
+    :func:`gac.hardware.latency.compare_cells` (the cell's structure rebuilt on the meta device
+    from its model spec and kept dims). Returns ``{model: {cell id: {"profile", "rows", "worst"}
+    or {"error"}}}``.
+    """
+    from gac.errors import GacError
+    from gac.hardware.latency import compare_cells, infer_of
+
+    out: dict[str, dict[str, Any]] = {}
+    by_model: dict[str, list[tuple[Any, dict[str, Any]]]] = {}
+    for c, d in cells:
+        if d is not None and c.bench is None and infer_of(d) is not None:
+            by_model.setdefault(c.model, []).append((c, d))
+    for model, rows in by_model.items():
+        base = next((d for c, d in rows if c.compressor == BASE), None)
+        if base is None:
+            continue
+        try:
+            res = compare_cells(base, [d for c, d in rows if c.compressor != BASE])
+        except (GacError, OSError, ValueError) as e:
+            res = {"*": {"error": str(e), "rows": []}}
+        if res:
+            out[model] = res
+    return out
+
+
+def prediction_lines(model: str, pred: dict[str, Any]) -> list[str]:
+    """Markdown: predicted / measured speedup (and their ratio) per cell and point, and the worst."""
+    from gac.hardware.latency import worst
+
+    ok = {cid: r for cid, r in pred.items() if r.get("rows")}
+    lines: list[str] = []
+    if ok:
+        pts = list(dict.fromkeys(row["point"] for r in ok.values() for row in r["rows"]))
+        profs = ", ".join(sorted({str(r.get("profile")) for r in ok.values()}))
+        lines += [f"Predicted against measured speedup ({model}; latency model `gac.hardware.latency`, "
+                  f"profile {profs}): predicted / measured (predicted ÷ measured):", "",
+                  "| cell | " + " | ".join(pts) + " |", "|" + "---|" * (len(pts) + 1)]  # fmt: skip
+        for cid, r in ok.items():
+            by = {row["point"]: row for row in r["rows"]}
+            cells = [
+                f"{by[p]['predicted_speedup']:.3f} / {by[p]['measured_speedup']:.3f} ({by[p]['ratio']:.2f})"
+                if p in by
+                else "–"
+                for p in pts
+            ]
+            lines.append(f"| {cid} | " + " | ".join(cells) + " |")
+        allrows = [dict(row, cell=cid) for cid, r in ok.items() for row in r["rows"]]
+        w = worst(allrows)
+        if w is not None:
+            lines += ["", f"Worst disagreement over the grid: {w['cell']} at {w['point']}, predicted "
+                      f"{w['predicted_speedup']:.3f} against measured {w['measured_speedup']:.3f} "
+                      f"({abs(w['ratio'] - 1):.1%} off)."]  # fmt: skip
+        notes = sorted({str(r["note"]) for r in ok.values() if r.get("note")})
+        lines += [f"Note: {n}" for n in notes]
+        lines.append("")
+    for cid, r in pred.items():
+        if r.get("error"):
+            lines += [f"No prediction for {cid}: {r['error']}", ""]
+    return lines
+
+
 def lookup(results: dict[str, Any], field: str, where: dict[str, Any] | None = None) -> Any:
     """A value of a cell's results by dotted ``field``; a list on the way is filtered by ``where``.
 
@@ -167,6 +232,7 @@ def render_plan(root: Path, out: Path | None = None) -> Path:
     ]
     plots = []
     speed = infer_speedups(cells)
+    preds = infer_predictions(cells)
     benches = [(c, d) for c, d in cells if c.bench is not None]
     if benches:
         lines += ["## Kernel-level experiments", ""]
@@ -227,6 +293,8 @@ def render_plan(root: Path, out: Path | None = None) -> Path:
                 lines.append("| " + " | ".join([c.id, *(
                     f"{_f(sp.get(k), '.3f')} ({_f(sp.get('ideal_' + k), '.3f')})" for k in pts)]) + " |")  # fmt: skip
             lines.append("")
+        if model in preds:
+            lines += prediction_lines(model, preds[model])
         for prof, pts in profiles.items():
             fig, ax = plt.subplots(figsize=(6.4, 4.2))
             comps = sorted({p[0] for p in pts})

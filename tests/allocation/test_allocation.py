@@ -134,16 +134,22 @@ def test_gac_respects_budget_aligns_everything_and_beats_rounding(mod):
         assert gac.loss <= rnd.loss + 1e-12
     # the record is coherent
     assert gac.cost == sum(r.cost for r in gac.sites)
-    # The predicted latency is the profile's efficiency model, recomputed here independently:
-    # 2 * tokens * params / (peak * efficiency of the rank's power-of-two class).
+    # The predicted latency is the profile's efficiency model plus its launch term, recomputed
+    # here independently: launches x launch_us + max(FLOP time, bytes / BW), the FLOP time
+    # 2 * tokens * params / (peak * efficiency of the rank's power-of-two class); a factorized
+    # site is two launches, a dense one one.
     peak = max(max(r.curve.get("tflops") or [0.0]) for r in prof.ops.values()) or 100.0
     eff = prof.ops["lowrank_r"].class_efficiency
+    t, bw, launch = gac.tokens, prof.copy_gbps_or_default * 1e9, prof.launch_us_or_default * 1e-3
 
     def ms(s, d):
+        io = t * (s.shape[0] + s.shape[1])
         if d >= s.max_dim:
-            return prof.gemm_ms(gac.tokens, s.shape[1], s.shape[0])
+            nbytes = 2 * (s.shape[0] * s.shape[1] + io)
+            return launch + max(prof.gemm_ms(t, s.shape[1], s.shape[0]), nbytes / bw * 1e3)
         cls = next(c for c in (128, 64, 32, 16, 8, 4, 2, 1) if d % c == 0)
-        return 2.0 * gac.tokens * s.cost(d) / (peak * 1e12 * eff[str(cls)]) * 1e3
+        nbytes = 2 * (s.cost(d) + io + 2 * t * d)
+        return 2 * launch + max(2.0 * t * s.cost(d) / (peak * 1e12 * eff[str(cls)]) * 1e3, nbytes / bw * 1e3)
 
     assert gac.predicted_ms == pytest.approx(sum(ms(s, gac.dims[s.name]) for s in sites))
     assert none.predicted_ms == pytest.approx(sum(ms(s, native[s.name]) for s in sites))
@@ -224,7 +230,25 @@ def test_site_ms_prefers_aligned_ranks():
     s = lowrank_site("x", 4096, 4096)
     prof = _profile(64)
     assert site_ms(prof, s, 1024) < site_ms(prof, s, 1023)
-    assert site_ms(prof, s, s.max_dim) == pytest.approx(prof.gemm_ms(1024, 4096, 4096))
+    # one launch plus the GEMM (FLOP-bound at 1024 rows)
+    dense = prof.launch_us_or_default * 1e-3 + prof.gemm_ms(1024, 4096, 4096)
+    assert site_ms(prof, s, s.max_dim) == pytest.approx(dense)
+
+
+def test_site_ms_decode_regime_pays_the_second_launch():
+    """At one row (decode) a site is bytes + launches: factorizing at a rank that saves fewer bytes
+    than one launch streams is slower than dense; a deep cut is faster."""
+    s = lowrank_site("x", 4096, 4096)
+    prof = _profile(64)
+    prof.launch_us, prof.copy_gbps = 5.0, 4500.0
+    dense = site_ms(prof, s, s.max_dim, tokens=1)
+    assert dense == pytest.approx(5e-3 + 2 * (4096 * 4096 + 8192) / 4500e9 * 1e3)
+    near = site_ms(prof, s, 2040, tokens=1)  # saves 2 * 4096 * 8 * 2 bytes = 0.06 us < 5 us
+    assert near > dense
+    assert site_ms(prof, s, 512, tokens=1) < dense  # saves 29 MB = 6.5 us > one launch
+    # the launch term is what separates them: without it the factorized site is always cheaper
+    prof.launch_us = 0.0
+    assert site_ms(prof, s, 2040, tokens=1) < site_ms(prof, s, s.max_dim, tokens=1)
 
 
 def test_bad_inputs():

@@ -176,18 +176,41 @@ def _peak_tflops(profile: Profile) -> float:
 def site_ms(profile: Profile, site: Site, d: int, tokens: int = DEFAULT_TOKENS) -> float:
     """Predicted time (ms) of one site's matmuls at kept dim ``d`` for ``tokens`` rows.
 
-    Dense (``d >= max_dim``) low-rank sites are one ``[tokens, in] @ [in, out]`` GEMM priced by
-    :meth:`Profile.gemm_ms`. A compressed site does ``2 * tokens * cost(d)`` FLOPs at the
-    profile's peak scaled by the efficiency of its kept dim under its operator class
-    (``lowrank_r`` for a factorized pair). A site whose cost is not parameters (PaLU's latent
-    cache dims) names its weight parameters per kept dim in ``meta["flops_per_dim"]``.
+    ``launches x launch_us + max(FLOP time, bytes / copy_gbps)`` (the launch constants of the
+    profile, :mod:`gac.hardware.latency`; documented defaults where it has none):
+
+    * FLOP time: a dense (``d >= max_dim``) low-rank site is one ``[tokens, in] @ [in, out]`` GEMM
+      priced by :meth:`Profile.gemm_ms`; any other site does ``2 * tokens * cost(d)`` FLOPs at the
+      profile's peak scaled by the efficiency of its kept dim under its operator class
+      (``lowrank_r`` for a factorized pair). A site whose cost is not parameters (PaLU's latent
+      cache dims) names its weight parameters per kept dim in ``meta["flops_per_dim"]``.
+    * bytes: the weights (2 bytes per parameter) plus the activations in and out (and the rank-``d``
+      intermediate of a factorized pair).
+    * launches: one GEMM per member weight (``site.members``), two for a factorized low-rank site.
+
+    ``tokens`` is the rows of every GEMM: the prompt tokens of a prefill, or the batch of a decode
+    step (``tokens=1``: one sequence), where the bytes and the launches dominate and a factorized
+    site pays its second launch.
     """
-    if d >= site.max_dim and len(site.shape) == 2:
-        out_f, in_f = site.shape
-        return profile.gemm_ms(tokens, in_f, out_f)
+    elem = 2
+    members = max(len(site.members), 1)
     per_dim = site.meta.get("flops_per_dim")  # sites whose cost is not parameters (PaLU: cache dims)
-    flops = 2.0 * tokens * (d * per_dim if per_dim else site.cost(d))
-    return flops / (_peak_tflops(profile) * 1e12 * profile.efficiency(site.op, d)) * 1e3
+    two_d = len(site.shape) == 2
+    act = tokens * (site.shape[0] + site.shape[1]) * members if two_d else 0
+    if d >= site.max_dim and two_d and site.op == "lowrank_r":
+        out_f, in_f = site.shape
+        flop_ms = profile.gemm_ms(tokens, in_f, out_f)
+        nbytes, launches = (out_f * in_f + act) * elem, members
+    else:
+        params = d * per_dim if per_dim else site.cost(d)
+        flop_ms = (
+            2.0 * tokens * params / (_peak_tflops(profile) * 1e12 * profile.efficiency(site.op, d)) * 1e3
+        )
+        factorized = site.op == "lowrank_r" and d < site.max_dim
+        nbytes = (params + act + (2 * tokens * d * members if factorized else 0)) * elem
+        launches = members * (2 if factorized else 1)
+    byte_ms = nbytes / (profile.copy_gbps_or_default * 1e9) * 1e3
+    return launches * profile.launch_us_or_default * 1e-3 + max(flop_ms, byte_ms)
 
 
 # ------------------------------------------------------------------------------- helpers

@@ -24,6 +24,16 @@ Operator classes (:data:`OPS`): ``gemm_k`` (reduction dim of a GEMM), ``gemm_n``
 of a linear layer), ``gemv`` (output dim at M=1, decode), ``sdpa_head_dim`` and
 ``lowrank_r`` (inner rank of an x -> r -> d factorized pair).
 
+Optional launch constants (the latency model of :mod:`gac.hardware.latency`; absent from
+profiles measured before them, which then load with the documented defaults
+:data:`DEFAULT_LAUNCH_US`, :data:`DEFAULT_AUX_US`, :data:`DEFAULT_COPY_GBPS` and say so in
+:meth:`Profile.latency_note`)::
+
+      "launch_us": 5.05,      # fixed time of one GEMM/GEMV launch in a CUDA graph (fit intercept)
+      "copy_gbps": 4494.9,    # weight-streaming bandwidth, GB/s (fit slope: bytes read per second)
+      "aux_us": 2.14,         # fixed time of one non-GEMM kernel (norm, rotary, activation...)
+      "latency_fit": {...}    # provenance: source, method, points
+
 ``rule.modulus`` is the smallest modulus m such that dims = 0 (mod m) run within
 ``tolerance`` of the best nearby dim; ``rule.prefer`` is the modulus that reaches the best
 throughput.  ``class_efficiency`` maps the alignment class of a dim (the largest power of
@@ -45,6 +55,12 @@ from gac.errors import GacError
 
 SCHEMA = "gac.profile/1"
 OPS: tuple[str, ...] = ("gemm_k", "gemm_n", "gemv", "sdpa_head_dim", "lowrank_r")
+
+#: Launch constants used when a profile has none (not measured on the profile's GPU): the
+#: intercept of the H200 GEMV fit, a typical small-kernel time, and an HBM3-class bandwidth.
+DEFAULT_LAUNCH_US = 5.0
+DEFAULT_AUX_US = 2.0
+DEFAULT_COPY_GBPS = 3000.0
 
 # Conservative built-in rule, used (and labelled) when no measured profile matches.
 _DEFAULT_CLASS_EFF = {"1": 0.25, "2": 0.35, "4": 0.5, "8": 0.9, "16": 1.0, "32": 1.0, "64": 1.0, "128": 1.0}
@@ -101,6 +117,14 @@ class Profile:
     dtype: str = "float16"
     env: dict[str, Any] = field(default_factory=dict)
     schema: str = SCHEMA
+    #: fixed time (us) of one GEMM launch in a CUDA graph; None = not measured (default applies)
+    launch_us: float | None = None
+    #: weight-streaming bandwidth (GB/s); None = not measured
+    copy_gbps: float | None = None
+    #: fixed time (us) of one non-GEMM kernel; None = not measured
+    aux_us: float | None = None
+    #: where the launch constants come from (source file, method, points)
+    latency_fit: dict[str, Any] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ rules
     def rule(self, op: str) -> OpRule:
@@ -165,17 +189,46 @@ class Profile:
         flops = 2.0 * m * k * n
         return flops / (peak * 1e12 * eff_n * eff_k) * 1e3
 
+    @property
+    def launch_us_or_default(self) -> float:
+        return float(self.launch_us) if self.launch_us is not None else DEFAULT_LAUNCH_US
+
+    @property
+    def aux_us_or_default(self) -> float:
+        return float(self.aux_us) if self.aux_us is not None else DEFAULT_AUX_US
+
+    @property
+    def copy_gbps_or_default(self) -> float:
+        return float(self.copy_gbps) if self.copy_gbps is not None else DEFAULT_COPY_GBPS
+
+    def latency_note(self) -> str | None:
+        """A line saying which launch constants are defaults, or None when all were measured."""
+        missing = [k for k in ("launch_us", "copy_gbps", "aux_us") if getattr(self, k) is None]
+        if not missing:
+            return None
+        return (
+            f"profile {self.id!r} has no measured {', '.join(missing)}: the latency model uses the defaults "
+            f"launch_us={DEFAULT_LAUNCH_US}, copy_gbps={DEFAULT_COPY_GBPS:g}, aux_us={DEFAULT_AUX_US} "
+            "(re-run gac profile on the GPU to measure them)"
+        )
+
     # ------------------------------------------------------------------- I/O
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "schema": self.schema,
             "id": self.id,
             "measured": self.measured,
             "label": self.label,
             "dtype": self.dtype,
             "env": self.env,
-            "ops": {k: v.to_dict() for k, v in self.ops.items()},
         }
+        for k in ("launch_us", "copy_gbps", "aux_us"):
+            if getattr(self, k) is not None:
+                d[k] = getattr(self, k)
+        if self.latency_fit:
+            d["latency_fit"] = self.latency_fit
+        d["ops"] = {k: v.to_dict() for k, v in self.ops.items()}
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Profile:
@@ -188,12 +241,20 @@ class Profile:
             label=str(d.get("label", "")),
             dtype=str(d.get("dtype", "float16")),
             env=dict(d.get("env", {})),
+            launch_us=_opt_float(d.get("launch_us")),
+            copy_gbps=_opt_float(d.get("copy_gbps")),
+            aux_us=_opt_float(d.get("aux_us")),
+            latency_fit=dict(d.get("latency_fit") or {}),
         )
 
     def save(self, path: str | Path) -> None:
         from gac.utils import atomic_write_text
 
         atomic_write_text(Path(path), json.dumps(self.to_dict(), indent=1))
+
+
+def _opt_float(x: Any) -> float | None:
+    return None if x is None else float(x)
 
 
 def default_profile(dtype: str = "float16") -> Profile:

@@ -449,7 +449,7 @@ def build_profile(
     tv = ".".join(torch.__version__.split("+")[0].split(".")[:2])
     cu = env.get("cuda") or "cpu"
     date = datetime.now(timezone.utc).date().isoformat()
-    return Profile(
+    prof = Profile(
         id=f"{slug}-{dname}-torch{tv}-cuda{cu}{'-quick' if quick else ''}",
         ops=ops,
         measured=True,
@@ -458,6 +458,61 @@ def build_profile(
         env=env,
         schema=SCHEMA,
     )
+    if dev.type == "cuda" and measure is None:
+        lc = measure_launch_constants(dev, dt)
+        prof.launch_us, prof.copy_gbps, prof.aux_us = lc["launch_us"], lc["copy_gbps"], lc["aux_us"]
+        prof.latency_fit = lc["latency_fit"]
+    return prof
+
+
+#: GEMV shapes ``(N, K)`` timed for the launch fit: 2 MB to 1 GB of 2-byte weights (as issue 9's diag).
+LAUNCH_SHAPES: tuple[tuple[int, int], ...] = (
+    (1024, 1024), (4096, 1024), (4096, 4096), (14336, 4096), (28672, 4096), (128256, 4096),
+)  # fmt: skip
+
+
+def measure_launch_constants(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    """``launch_us``, ``copy_gbps`` and ``aux_us`` of this GPU (CUDA only; about a second).
+
+    Each GEMV of :data:`LAUNCH_SHAPES` at one row is timed 64 times in a CUDA graph (over weight
+    copies that do not fit in L2, :func:`gac.kernels.gemv.measure_shape`'s cuBLAS timing), and
+    ``t = launch_us + bytes / copy_gbps`` is fitted (:func:`gac.hardware.latency.fit_launch`);
+    ``aux_us`` is the time of a small elementwise kernel (``x.mul_(1)`` on 4096 elements) in a graph.
+    """
+    from gac.hardware.latency import fit_launch
+    from gac.kernels.gemv import _bench_graph
+
+    if device.type != "cuda":
+        raise GacError("the launch constants are measured on CUDA only")
+    elem = torch.tensor([], dtype=dtype).element_size()
+    nbytes, us = [], []
+    for n, k in LAUNCH_SHAPES:
+        w_bytes = n * k * elem
+        copies = max(2, min(64, -(-(128 * 2**20) // w_bytes)))
+        try:
+            ws = [torch.randn(n, k, device=device, dtype=dtype) for _ in range(copies)]
+        except torch.OutOfMemoryError:
+            continue
+        x = torch.randn(1, k, device=device, dtype=dtype)
+        y = torch.empty(1, n, device=device, dtype=dtype)
+        us.append(_bench_graph(lambda i, ws=ws, x=x, y=y: torch.mm(x, ws[i % len(ws)].t(), out=y)))
+        nbytes.append(w_bytes)
+        del ws
+        torch.cuda.empty_cache()
+    t0, gbps = fit_launch(nbytes, us)
+    z = torch.randn(4096, device=device, dtype=dtype)
+    aux = _bench_graph(lambda i: z.mul_(1.0))
+    return {
+        "launch_us": t0,
+        "copy_gbps": gbps,
+        "aux_us": round(aux, 3),
+        "latency_fit": {
+            "source": "gac profile (gac.hardware.profiler.measure_launch_constants)",
+            "method": "least squares t = launch_us + weight bytes / copy_gbps over cuBLAS GEMVs at 1 row, "
+            "64 calls per CUDA graph; aux_us: x.mul_(1) on 4096 elements in a CUDA graph",
+            "points": [{"bytes": b, "us": round(t, 3)} for b, t in zip(nbytes, us, strict=True)],
+        },
+    }
 
 
 def _flops_fn(plan: OpPlan) -> Callable[[int], float]:
@@ -578,4 +633,8 @@ def redistil(profile: Profile, tolerance: float | None = None, lookahead: int | 
         dtype=profile.dtype,
         env=dict(profile.env),
         schema=profile.schema,
+        launch_us=profile.launch_us,
+        copy_gbps=profile.copy_gbps,
+        aux_us=profile.aux_us,
+        latency_fit=dict(profile.latency_fit),
     )

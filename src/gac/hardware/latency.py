@@ -1,0 +1,525 @@
+"""Per-grid-point latency model: predicted ms of one forward pass, kernel launch by kernel launch.
+
+The inference sweep (:mod:`gac.eval.infer`) times prefill ``B x S`` and decode ``B x KV`` points
+on its default path (q/k/v and gate/up fused by :mod:`gac.kernels.fusion`, ``torch.compile``,
+one CUDA graph per step). This module predicts the same points from the model's structure and a
+:class:`~gac.hardware.profile.Profile`, so that predicted and measured speedups can be put side
+by side (``gac report``, ``benchmarks/latency_model.py``).
+
+The formula (every term below is one line of :func:`launches`)::
+
+    ms(point) = sum over kernel launches of  fixed + max(flops / (peak x eff), bytes / BW)
+
+* ``BW`` is the profile's ``copy_gbps`` (the weight-streaming bandwidth: the slope of the GEMV
+  fit ``t = launch_us + bytes / BW``, :func:`fit_launch`); ``fixed`` is the profile's
+  ``launch_us`` (that fit's intercept) for a GEMM and ``aux_us`` for any other kernel.
+* **GEMMs**: every module that owns a 2-D ``weight`` (``nn.Linear``, a
+  :class:`~gac.kernels.fusion.FusedInputProjection`, the factors inside a
+  :class:`~gac.surgery.factorized.FactorizedLinear`...) except the input embedding is one
+  launch of ``[rows, k] @ [k, n]``: rows = ``B·S`` (prefill) or ``B`` (decode), and ``B`` for
+  the output head (the sweep keeps only the last position's logits). So a fused q/k/v group is
+  one launch, a factorized layer two, a :class:`~gac.kernels.fusion.FusedSlice` of a factorized
+  member one (its ``u``), a dense slice none. FLOPs ``2·rows·k·n`` at the profile's peak
+  slowed by :meth:`Profile.efficiency` of N (``lowrank_r`` for the first factor of a low-rank
+  pair, else ``gemm_n``) and of K (``gemm_k``), as :meth:`Profile.gemm_ms` does; bytes: the
+  weight plus the activations in and out.
+* **Attention**, per decoder layer (q/k widths read from the layer, so pruned heads count):
+  prefill is one launch of ``2·B·S²·q`` FLOPs (causal; ``sdpa_head_dim`` efficiency) reading
+  Q, K, V and writing O; decode is three launches (``QKᵀ``, softmax, ``PV``: the grouped
+  decode of :mod:`gac.kernels.attention`) reading the KV cache once. With ``gqa_decode=False``
+  (transformers' ``repeat_kv``, cells recorded before it existed) the cache is read once,
+  written ``n_rep`` times expanded and read expanded: ``(1 + 2·n_rep)`` times its bytes.
+* **Other kernels** (norms with their residual adds, rotary embedding and cache writes,
+  the activation, position bookkeeping): :data:`AUX_PER_LAYER` per layer plus
+  :data:`AUX_PER_STEP` per forward, counted from the committed kernel trace of one compiled
+  decode step (``benchmarks/results/h200/issue9/diag.json``: 100 non-GEMM kernels for 8 layers),
+  each ``aux_us`` plus its share of the activation bytes (two norms with residual:
+  ``8·T·H``; rotary: ``2·T·(q+kv)``; gated activation ``3·T·I``; cache write ``2·T·kv``;
+  elements of the model's dtype).
+
+What it leaves out, on purpose: cuBLAS's split-K reduce kernels (inside the GEMV fit), the
+Triton GEMV used at a few shapes (:mod:`gac.kernels.gemv`), L2 reuse, overlap. Measured agreement
+on the H200: ``docs/eval.md`` and ``benchmarks/results/h200/issue9/latency_model.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from gac.errors import GacError
+from gac.hardware.profile import Profile
+
+#: non-GEMM kernels per decoder layer and per forward (compiled decode step of the dense
+#: Llama-3-8B shape on the H200: 100 = 8 x 11 + 12; ``diag.json`` ``models.dense.trace``).
+AUX_PER_LAYER = 11
+AUX_PER_STEP = 12
+
+
+@dataclass(frozen=True)
+class Point:
+    """One grid point of the inference sweep: prefill ``batch x seq`` or decode ``batch x kv``."""
+
+    phase: str
+    batch: int
+    seq: int = 0
+    kv: int = 0
+
+    def __post_init__(self) -> None:
+        if self.phase not in ("prefill", "decode"):
+            raise GacError(f"unknown phase {self.phase!r}: prefill or decode")
+        if (
+            self.batch < 1
+            or (self.phase == "prefill" and self.seq < 1)
+            or (self.phase == "decode" and self.kv < 1)
+        ):
+            raise GacError(f"bad grid point {self}")
+
+    @property
+    def tokens(self) -> int:
+        """Rows of every projection GEMM: ``B·S`` (prefill) or ``B`` (decode)."""
+        return self.batch * self.seq if self.phase == "prefill" else self.batch
+
+    @property
+    def key(self) -> str:
+        """``prefill_b8_s2048`` / ``decode_b1_kv512`` (as :func:`gac.plan_report.point_key`)."""
+        if self.phase == "prefill":
+            return f"prefill_b{self.batch}_s{self.seq}"
+        return f"decode_b{self.batch}_kv{self.kv}"
+
+    @classmethod
+    def from_record(cls, r: dict[str, Any]) -> Point:
+        """The point of one ``gac.infer/1`` prefill or decode record."""
+        if r["phase"] == "prefill":
+            return cls("prefill", int(r["batch"]), seq=int(r["seq"]))
+        return cls("decode", int(r["batch"]), kv=int(r["kv"]))
+
+
+@dataclass
+class Launch:
+    """One kernel launch as the model prices it."""
+
+    kind: str  # gemm | head | attention | aux
+    name: str
+    flops: float
+    bytes: float
+    fixed_us: float
+    flop_ms: float
+    byte_ms: float
+
+    @property
+    def ms(self) -> float:
+        return self.fixed_us * 1e-3 + max(self.flop_ms, self.byte_ms)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ms": self.ms}
+
+
+# ------------------------------------------------------------------------------ fitting
+def fit_launch(nbytes: list[float] | np.ndarray, us: list[float] | np.ndarray) -> tuple[float, float]:
+    """Least-squares fit of ``t_us = t0_us + bytes / BW`` over GEMV timings; returns ``(t0_us, BW GB/s)``.
+
+    >>> fit_launch([1e6, 1e7, 1e8], [5.0 + 1e6 / 4e3, 5.0 + 1e7 / 4e3, 5.0 + 1e8 / 4e3])
+    (5.0, 4000.0)
+    """
+    x = np.asarray(nbytes, dtype=np.float64)
+    y = np.asarray(us, dtype=np.float64)
+    if x.shape != y.shape or x.size < 2 or np.ptp(x) <= 0:
+        raise GacError("the launch fit needs at least two timings of different sizes")
+    slope, t0 = np.polyfit(x, y, 1)
+    if slope <= 0:
+        raise GacError("the launch fit found no positive bandwidth (time does not grow with bytes)")
+    gbps = 1.0 / slope / 1e3  # bytes per us -> GB/s
+    return round(float(t0), 4), round(float(gbps), 1)
+
+
+# ------------------------------------------------------------------------------- structure
+def _layer_dims(layer: Any, config: Any, hidden: int) -> dict[str, int]:
+    """Widths of one decoder layer: ``q`` and ``kv`` features, head dim, MLP width ``inter``."""
+    from gac.models.adapters import _ATTN_NAMES, _MLP_NAMES, ROLE_NAMES, _child
+
+    heads = int(getattr(config, "num_attention_heads", 1) or 1)
+    kvh = int(getattr(config, "num_key_value_heads", None) or heads)
+    hd = int(getattr(config, "head_dim", None) or hidden // heads)
+    attn_name = _child(layer, _ATTN_NAMES, "attention")
+    attn = getattr(layer, attn_name) if attn_name else None
+    q, kv = heads * hd, kvh * hd
+    if attn is not None:
+        hd = int(getattr(attn, "head_dim", None) or hd)
+
+        def width(role: str) -> int | None:
+            for n in ROLE_NAMES[role]:
+                m = getattr(attn, n, None)
+                if m is not None and getattr(m, "out_features", None):
+                    return int(m.out_features)
+            return None
+
+        wq, wk, wqkv = width("q"), width("k"), width("qkv")
+        if wq and wk:
+            q, kv = wq, wk
+        elif wqkv:
+            q = wqkv * heads // (heads + 2 * kvh)
+            kv = (wqkv - q) // 2
+    inter = int(getattr(config, "intermediate_size", 4 * hidden) or 4 * hidden)
+    mlp_name = _child(layer, _MLP_NAMES, "mlp")
+    mlp = getattr(layer, mlp_name) if mlp_name else None
+    if mlp is not None:
+        for n in ROLE_NAMES["down"]:
+            m = getattr(mlp, n, None)
+            if m is not None and getattr(m, "in_features", None):
+                inter = int(m.in_features)
+                break
+    return {"q": q, "kv": kv, "head_dim": hd, "inter": inter}
+
+
+def _layers(model: Any) -> list[Any]:
+    from gac.models.adapters import _find_layers
+
+    try:
+        return list(model.get_submodule(_find_layers(model)))
+    except (GacError, AttributeError):
+        return []
+
+
+# ---------------------------------------------------------------------------------- model
+def constants(profile: Profile) -> dict[str, float]:
+    """``launch_us``, ``aux_us`` and ``copy_gbps`` of ``profile`` (documented defaults if absent)."""
+    return {"launch_us": profile.launch_us_or_default, "aux_us": profile.aux_us_or_default,
+            "copy_gbps": profile.copy_gbps_or_default}  # fmt: skip
+
+
+def launches(
+    model: Any, profile: Profile, point: Point, gqa_decode: bool = True, compiled: bool = True
+) -> list[Launch]:
+    """Every kernel launch of one forward pass of ``model`` at ``point``, priced (see the module doc).
+
+    ``compiled``: the step runs through ``torch.compile`` (the sweep's default on CUDA), whose
+    Inductor pads a GEMM's dims to its alignment (8 elements of 2 bytes, 4 of 4 bytes) wherever
+    padding benchmarks faster; a GEMM is then priced at its padded dims (:func:`padded`).
+    """
+    from torch import nn
+
+    from gac.surgery.factorized import FactorizedLinear
+    from gac.surgery.latent_attention import LatentProjection
+
+    c = constants(profile)
+    bw = c["copy_gbps"] * 1e9  # bytes/s
+    launch_us, aux_us = c["launch_us"], c["aux_us"]
+    peak = max(max(r.curve.get("tflops") or [0.0]) for r in profile.ops.values()) if profile.ops else 0.0
+    peak = peak if peak > 0 else 100.0
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    first_stage = set()
+    for m in model.modules():
+        if isinstance(m, FactorizedLinear):
+            first_stage.add(id(m.v))
+        elif isinstance(m, LatentProjection):
+            first_stage.add(id(m.down))
+    t = point.tokens
+    out: list[Launch] = []
+    elem = 2
+    for name, mod in model.named_modules():
+        w = mod._parameters.get("weight")
+        if w is None or w.ndim != 2 or mod is emb or isinstance(mod, nn.Embedding):
+            continue
+        elem = w.element_size()
+        k = int(getattr(mod, "in_features", None) or w.shape[1])
+        n = int(w.shape[0]) if not hasattr(mod, "out_features") else int(mod.out_features)
+        rows = point.batch if mod is head else t
+        kinds = getattr(mod, "kinds", None)  # a fused group: first stages of factorized members
+        low = id(mod) in first_stage or (kinds is not None and "factorized" in kinds)
+        op = "lowrank_r" if low and "lowrank_r" in profile.ops else "gemm_n"
+        kp, np_ = (padded(k, elem), padded(n, elem)) if compiled else (k, n)
+        eff = profile.efficiency(op, np_) * (
+            profile.efficiency("gemm_k", kp) if "gemm_k" in profile.ops else 1.0
+        )
+        flops = 2.0 * rows * k * n
+        flop_ms = 2.0 * rows * kp * np_ / (peak * 1e12 * eff) * 1e3
+        nbytes = float((k * n + rows * (k + n)) * elem)
+        out.append(Launch("head" if mod is head else "gemm", name or "model", flops, nbytes, launch_us,
+                          flop_ms, nbytes / bw * 1e3))  # fmt: skip
+    cfg = getattr(model, "config", None)
+    hidden = int(emb.weight.shape[1]) if emb is not None else int(getattr(cfg, "hidden_size", 0) or 0)
+    layers = _layers(model)
+    sdpa_eff_op = "sdpa_head_dim" if "sdpa_head_dim" in profile.ops else None
+    for i, layer in enumerate(layers):
+        d = _layer_dims(layer, cfg, hidden)
+        q, kv, hd, inter = d["q"], d["kv"], d["head_dim"], d["inter"]
+        if point.phase == "prefill":
+            b, s = point.batch, point.seq
+            flops = 2.0 * b * s * s * q
+            eff = profile.efficiency(sdpa_eff_op, hd) if sdpa_eff_op else 1.0
+            nbytes = float(b * s * (2 * q + 2 * kv) * elem)
+            out.append(Launch("attention", f"layer{i}.attention", flops, nbytes, launch_us,
+                              flops / (peak * 1e12 * eff) * 1e3, nbytes / bw * 1e3))  # fmt: skip
+        else:
+            b, n_kv = point.batch, point.kv
+            cache = float(b * n_kv * 2 * kv * elem)
+            n_rep = max(q // max(kv, 1), 1)
+            reads = cache if gqa_decode else cache * (1 + 2 * n_rep)
+            flops = 4.0 * b * n_kv * q
+            for j, share in enumerate((0.5, 0.5)):  # QK^T reads K, PV reads V
+                out.append(Launch("attention", f"layer{i}.attention.{'qk' if j == 0 else 'pv'}", flops / 2,
+                                  reads * share, launch_us, 0.0, reads * share / bw * 1e3))  # fmt: skip
+            scores = float(b * (q // max(hd, 1)) * n_kv * 4 * 2)  # fp32 scores in and out
+            out.append(Launch("aux", f"layer{i}.softmax", 0.0, scores, aux_us, 0.0, scores / bw * 1e3))
+        act = float(t * (8 * hidden + 2 * (q + kv) + 3 * inter + 2 * kv) * elem)
+        n_aux = AUX_PER_LAYER - (1 if point.phase == "decode" else 0)  # the softmax is counted above
+        for j in range(n_aux):
+            out.append(
+                Launch("aux", f"layer{i}.aux{j}", 0.0, act / n_aux, aux_us, 0.0, act / n_aux / bw * 1e3)
+            )
+    glob = float(t * hidden * 4 * elem)  # embedding gather, final norm
+    for j in range(AUX_PER_STEP):
+        out.append(Launch("aux", f"step.aux{j}", 0.0, glob / AUX_PER_STEP, aux_us, 0.0,
+                          glob / AUX_PER_STEP / bw * 1e3))  # fmt: skip
+    return out
+
+
+def padded(d: int, elem: int = 2) -> int:
+    """``d`` rounded up to Inductor's GEMM alignment for elements of ``elem`` bytes (16 bytes).
+
+    >>> padded(12100), padded(12104), padded(409, 4)
+    (12104, 12104, 412)
+    """
+    m = max(16 // max(elem, 1), 1)
+    return -(-int(d) // m) * m
+
+
+def predict(
+    model: Any, profile: Profile, point: Point, gqa_decode: bool = True, compiled: bool = True
+) -> dict[str, Any]:
+    """Predicted ms of one forward at ``point``, with the launch count and the ms per kind."""
+    ls = launches(model, profile, point, gqa_decode=gqa_decode, compiled=compiled)
+    by_kind: dict[str, dict[str, float]] = {}
+    for x in ls:
+        k = by_kind.setdefault(x.kind, {"launches": 0, "ms": 0.0, "fixed_ms": 0.0})
+        k["launches"] += 1
+        k["ms"] += x.ms
+        k["fixed_ms"] += x.fixed_us * 1e-3
+    return {
+        "point": point.key,
+        "ms": sum(x.ms for x in ls),
+        "launches": len(ls),
+        "gemm_launches": sum(x.kind in ("gemm", "head") for x in ls),
+        "by_kind": by_kind,
+        "constants": constants(profile),
+    }
+
+
+def compare(predicted: float | None, measured: float | None) -> float | None:
+    """``predicted / measured`` (None where either is missing)."""
+    if predicted is None or measured is None or not measured or not math.isfinite(measured):
+        return None
+    return predicted / measured
+
+
+# ------------------------------------------------------------------------ from recorded cells
+def skeleton(
+    spec: str, dims: dict[str, int] | None = None, dtype: str = "bfloat16", fused: bool = True
+) -> Any:
+    """The structure of a (compressed) model on the meta device: no weights drawn, shapes only.
+
+    ``spec`` is a ``shape:`` or ``tiny:`` spec (other specs: a config-only load from a local
+    directory or the hub cache);
+    ``dims`` a cell's kept dims. A dim at an ``nn.Linear`` factorizes it at that rank (unless the
+    rank saves nothing: the site stays dense, as the low-rank compressors leave it); a dim at an
+    MLP module keeps that many channels of its gate/up outputs and down inputs; a dim at an
+    attention module keeps that many KV-head groups (q/k/v outputs, o inputs). ``fused``
+    applies :func:`gac.kernels.fusion.fuse_projections_`, as the ``infer`` eval does.
+    """
+    import torch
+    from torch import nn
+
+    from gac.kernels.fusion import fuse_projections_
+    from gac.models.adapters import ROLE_NAMES
+    from gac.surgery.factorized import FactorizedLinear, replace_module
+
+    dt = getattr(torch, dtype, torch.bfloat16)
+    if spec.startswith("tiny:"):
+        from transformers import AutoModelForCausalLM
+
+        from gac.testing import tiny_config
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(tiny_config(spec.split(":", 1)[1]), dtype=dt).eval()
+    elif spec.startswith("shape:"):
+        from gac.models.shapes import shape_model
+
+        model, _ = shape_model(spec, dtype=dt, device="meta")
+    else:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        try:
+            cfg = AutoConfig.from_pretrained(spec, local_files_only=True)
+        except Exception as e:  # noqa: BLE001 - any failure means: no config at hand
+            raise GacError(
+                f"no config for {spec!r} at hand to build its skeleton: {type(e).__name__}"
+            ) from None
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(cfg, dtype=dt).eval()
+
+    def child(parent: nn.Module, role: str) -> tuple[str, nn.Module] | None:
+        for n in ROLE_NAMES[role]:
+            m = getattr(parent, n, None)
+            if isinstance(m, nn.Linear):
+                return n, m
+        return None
+
+    def resize(parent: nn.Module, role: str, out_f: int | None = None, in_f: int | None = None) -> None:
+        c = child(parent, role)
+        if c is None:
+            return
+        n, m = c
+        new = nn.Linear(in_f or m.in_features, out_f or m.out_features, bias=m.bias is not None,
+                        device="meta", dtype=m.weight.dtype)  # fmt: skip
+        setattr(parent, n, new)
+
+    heads = int(model.config.num_attention_heads)
+    kvh = int(getattr(model.config, "num_key_value_heads", None) or heads)
+    for fqn, d in (dims or {}).items():
+        try:
+            mod = model.get_submodule(fqn)
+        except AttributeError:
+            continue  # a site of a model with fewer layers, or a sub-site (PaLU's fqn:gN)
+        d = int(d)
+        if isinstance(mod, nn.Linear):
+            i, o = mod.in_features, mod.out_features
+            if d < (i * o) // (i + o):  # below the break-even rank (the low-rank sites' max_dim)
+                replace_module(model, fqn, FactorizedLinear(i, d, o, bias=mod.bias is not None,
+                                                            device="meta", dtype=mod.weight.dtype))  # fmt: skip
+        elif child(mod, "down") is not None:  # an MLP: d channels
+            if d < child(mod, "down")[1].in_features:
+                resize(mod, "gate", out_f=d)
+                resize(mod, "up", out_f=d)
+                resize(mod, "down", in_f=d)
+        elif child(mod, "q") is not None and child(mod, "k") is not None:  # attention: d KV groups
+            hd = int(getattr(mod, "head_dim", None) or child(mod, "q")[1].out_features // heads)
+            if d < child(mod, "k")[1].out_features // hd:
+                n_rep = heads // kvh
+                resize(mod, "q", out_f=d * n_rep * hd)
+                resize(mod, "k", out_f=d * hd)
+                resize(mod, "v", out_f=d * hd)
+                resize(mod, "o", in_f=d * n_rep * hd)
+    if fused:
+        fuse_projections_(model)
+    return model
+
+
+def infer_of(cell: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``infer`` eval of a recorded cell (``gac run`` cell JSON), or None."""
+    if not cell or cell.get("status") != "ok":
+        return None
+    return ((cell.get("results") or {}).get("evals") or {}).get("infer")
+
+
+def cell_skeleton(cell: dict[str, Any]) -> Any:
+    """:func:`skeleton` of a recorded cell: its model spec, its kept dims, fused as its ``infer`` ran."""
+    inf = infer_of(cell) or {}
+    spec = str((cell.get("cell") or {}).get("model"))
+    return skeleton(spec, (cell.get("results") or {}).get("dims"), str(inf.get("dtype") or "bfloat16"),
+                    fused=bool(inf.get("fused", True)))  # fmt: skip
+
+
+def gqa_decode_of(infer: dict[str, Any]) -> bool:
+    """Whether an ``infer`` record decoded on the KV heads (cells recorded before the option: no)."""
+    return bool((infer.get("config") or {}).get("gqa_decode", False))
+
+
+def compiled_of(infer: dict[str, Any], phase: str) -> bool:
+    """Whether an ``infer`` record ran ``phase`` through ``torch.compile`` (default: yes)."""
+    return bool(infer.get(f"compiled_{phase}", True))
+
+
+def predict_pair(
+    base: Any,
+    variant: Any,
+    profile: Profile,
+    base_infer: dict[str, Any],
+    infer: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """Per grid point measured in both ``infer`` records: measured and predicted speedup and their ratio.
+
+    Each row: ``point``, ``phase``, ``measured_ms`` (base, variant), ``predicted_ms`` (base,
+    variant), ``measured_speedup``, ``predicted_speedup``, ``ratio`` = predicted / measured speedup.
+    """
+    ref = {Point.from_record(r).key: r for r in base_infer.get("prefill", []) + base_infer.get("decode", [])
+           if r.get("status") == "ok"}  # fmt: skip
+    rows = []
+    for r in infer.get("prefill", []) + infer.get("decode", []):
+        if r.get("status") != "ok":
+            continue
+        p = Point.from_record(r)
+        b = ref.get(p.key)
+        if b is None:
+            continue
+        pb = predict(base, profile, p, gqa_decode_of(base_infer), compiled_of(base_infer, p.phase))["ms"]
+        pv = predict(variant, profile, p, gqa_decode_of(infer), compiled_of(infer, p.phase))["ms"]
+        ms_sp = b["median_ms"] / r["median_ms"]
+        pr_sp = pb / pv
+        rows.append({
+            "point": p.key, "phase": p.phase,
+            "measured_ms": [b["median_ms"], r["median_ms"]], "predicted_ms": [pb, pv],
+            "measured_speedup": ms_sp, "predicted_speedup": pr_sp, "ratio": pr_sp / ms_sp,
+        })  # fmt: skip
+    return rows
+
+
+def worst(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The row whose predicted/measured ratio is furthest from 1 (in log terms)."""
+    ok = [r for r in rows if r.get("ratio")]
+    return max(ok, key=lambda r: abs(math.log(r["ratio"])), default=None)
+
+
+def profile_of(cell: dict[str, Any], default: Profile | None = None) -> Profile:
+    """The profile a cell's ``predict`` eval named, else the shipped one of the cell's GPU and dtype."""
+    from gac.hardware.profile import load_profile
+
+    if default is not None:
+        return default
+    pid = (((cell.get("results") or {}).get("evals") or {}).get("predict") or {}).get("profile")
+    if pid:
+        try:
+            return load_profile(pid)
+        except GacError:
+            pass
+    inf = infer_of(cell) or {}
+    return load_profile(
+        None, dtype=str(inf.get("dtype") or "bfloat16"), gpu=str((cell.get("env") or {}).get("gpu"))
+    )
+
+
+def compare_cells(
+    base: dict[str, Any], variants: list[dict[str, Any]], profile: Profile | None = None
+) -> dict[str, Any]:
+    """Predicted against measured speedups of recorded ``variants`` over their ``base`` cell.
+
+    Returns ``{cell id: {"profile", "rows": predict_pair rows, "worst": worst row}}`` for every
+    variant with an ``infer`` eval; a variant whose skeleton cannot be built gets ``"error"``.
+    """
+    binf = infer_of(base)
+    out: dict[str, Any] = {}
+    if binf is None:
+        return out
+    bskel = None
+    for v in variants:
+        inf = infer_of(v)
+        if inf is None:
+            continue
+        prof = profile_of(v, profile)
+        try:
+            bskel = bskel if bskel is not None else cell_skeleton(base)
+            rows = predict_pair(bskel, cell_skeleton(v), prof, binf, inf)
+        except GacError as e:
+            out[str(v.get("id"))] = {"profile": prof.id, "error": str(e), "rows": []}
+            continue
+        out[str(v.get("id"))] = {
+            "profile": prof.id,
+            "note": prof.latency_note(),
+            "rows": rows,
+            "worst": worst(rows),
+        }
+    return out

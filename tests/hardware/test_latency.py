@@ -1,0 +1,224 @@
+"""The per-grid-point latency model (gac.hardware.latency) and the profile's launch constants."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from gac.errors import GacError
+from gac.hardware.latency import Point, fit_launch, launches, predict, skeleton
+from gac.hardware.profile import (
+    DEFAULT_COPY_GBPS,
+    DEFAULT_LAUNCH_US,
+    Profile,
+    default_profile,
+    load_profile,
+)
+from gac.kernels.fusion import fuse_projections_
+from gac.surgery.factorized import FactorizedLinear, replace_module
+from gac.testing import tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _prof(launch_us: float = 5.0, copy_gbps: float = 4500.0, aux_us: float = 2.0) -> Profile:
+    p = default_profile("bfloat16")
+    p.launch_us, p.copy_gbps, p.aux_us = launch_us, copy_gbps, aux_us
+    return p
+
+
+def _gemms(model, point=Point("decode", 1, kv=64)) -> int:
+    return predict(model, _prof(), point)["gemm_launches"]
+
+
+def _factorize(model, fqn: str, rank: int) -> None:
+    lin = model.get_submodule(fqn)
+    replace_module(model, fqn, FactorizedLinear(lin.in_features, rank, lin.out_features))
+
+
+def test_launch_counting_fused_factorized_dense():
+    m = tiny_model()  # 2 layers, 7 projections each, misaligned dims (hidden 120, MLP 200)
+    assert _gemms(m) == 2 * 7 + 1  # + lm_head
+    _factorize(m, "model.layers.0.self_attn.q_proj", 13)
+    assert _gemms(m) == 2 * 7 + 2  # a factorized layer is two launches
+    fuse_projections_(m)
+    # per layer: q/k/v first stages one launch, o, gate/up one launch, down; + q's own u factor
+    assert _gemms(m) == 2 * 4 + 1 + 1
+    d = tiny_model()
+    fuse_projections_(d)
+    assert _gemms(d) == 2 * 4 + 1  # a dense slice of a fused group launches nothing
+
+
+def test_fused_launch_costs_the_concatenated_gemm():
+    m = tiny_model()
+    fuse_projections_(m)
+    ls = [x for x in launches(m, _prof(), Point("prefill", 2, seq=16)) if x.name.endswith("fused_q_k_v")]
+    assert len(ls) == 2  # one per layer
+    w = m.model.layers[0].self_attn.fused_q_k_v.weight
+    assert ls[0].flops == 2.0 * 32 * w.shape[0] * w.shape[1]
+
+
+def test_more_bytes_more_time():
+    m, p = tiny_model(), _prof()
+    dec = [
+        predict(m, p, Point("decode", b, kv=kv))["ms"] for b, kv in ((1, 64), (1, 512), (8, 512), (64, 512))
+    ]
+    assert dec == sorted(dec) and dec[0] < dec[-1]
+    pre = [predict(m, p, Point("prefill", b, seq=s))["ms"] for b, s in ((1, 16), (1, 128), (8, 128))]
+    assert pre == sorted(pre) and pre[0] < pre[-1]
+    big = tiny_model(intermediate=400)
+    assert predict(big, p, Point("decode", 1, kv=64))["ms"] > predict(m, p, Point("decode", 1, kv=64))["ms"]
+    slow = _prof(copy_gbps=1000.0)
+    assert predict(m, slow, Point("decode", 1, kv=64))["ms"] > predict(m, p, Point("decode", 1, kv=64))["ms"]
+
+
+def test_decode_is_bytes_and_launches_prefill_is_flops():
+    m = skeleton("shape:llama3-8b:1")
+    p = load_profile("h200-bfloat16")
+    dec = launches(m, p, Point("decode", 1, kv=512))
+    gemm = [x for x in dec if x.kind in ("gemm", "head")]
+    assert all(x.byte_ms > x.flop_ms for x in gemm)
+    total = sum(x.ms for x in dec)
+    assert sum(x.fixed_us * 1e-3 + x.byte_ms for x in dec) == pytest.approx(total)
+    pre = launches(m, p, Point("prefill", 8, seq=2048))
+    big = [x for x in pre if x.kind == "gemm"]
+    assert all(x.flop_ms > x.byte_ms for x in big)
+    flop_share = sum(x.flop_ms for x in pre if x.flop_ms >= x.byte_ms) / sum(x.ms for x in pre)
+    assert flop_share > 0.8
+
+
+def test_decode_with_repeat_kv_reads_the_cache_expanded():
+    m = skeleton("shape:llama3-8b:1")
+    p = load_profile("h200-bfloat16")
+    pt = Point("decode", 16, kv=4096)
+    att = lambda g: sum(x.byte_ms for x in launches(m, p, pt, gqa_decode=g) if x.kind == "attention")  # noqa: E731
+    assert att(False) == pytest.approx(att(True) * (1 + 2 * 4))  # 32 query heads over 8 KV heads
+
+
+def test_compiled_path_prices_gemms_at_padded_dims():
+    m = skeleton("shape:llama3-8b:1", {"model.layers.0.mlp": 12100})
+    p = load_profile("h200-bfloat16")
+    pt = Point("prefill", 8, seq=2048)
+    eager = predict(m, p, pt, compiled=False)["ms"]
+    comp = predict(m, p, pt, compiled=True)["ms"]
+    assert comp < 0.8 * eager  # 12100 is a class-4 dim: slow eager, padded to 12104 by Inductor
+
+
+def test_skeleton_applies_dims():
+    pruned = {"model.layers.0.mlp": 12000, "model.layers.0.self_attn": 7}  # LLM-Pruner's sites
+    m = skeleton("shape:llama3-8b:1", pruned, fused=False)
+    a, mlp = m.model.layers[0].self_attn, m.model.layers[0].mlp
+    assert a.q_proj.out_features == 7 * 4 * 128 and a.k_proj.out_features == 7 * 128
+    assert a.o_proj.in_features == 7 * 4 * 128
+    assert mlp.gate_proj.out_features == mlp.up_proj.out_features == mlp.down_proj.in_features == 12000
+    lowrank = {
+        "model.layers.0.self_attn.q_proj": 1000,  # factorized
+        "model.layers.0.self_attn.v_proj": 819,  # the break-even rank of 1024 x 4096: stays dense
+    }
+    m2 = skeleton("shape:llama3-8b:1", lowrank, fused=False)
+    assert isinstance(m2.model.layers[0].self_attn.q_proj, FactorizedLinear)
+    assert type(m2.model.layers[0].self_attn.v_proj).__name__ == "Linear"
+    assert all(p.device.type == "meta" for p in m2.parameters())
+    with pytest.raises(GacError, match="no config"):
+        skeleton("no/such-model-anywhere")
+
+
+def test_fit_recovers_intercept_and_bandwidth():
+    rng = np.random.default_rng(0)
+    nbytes = np.geomspace(1e6, 1e9, 21)
+    us = 5.0 + nbytes / 4.49e6 * (1 + rng.normal(0, 0.01, nbytes.size))  # 4.49 TB/s = 4.49e6 bytes/us
+    t0, gbps = fit_launch(nbytes, us)
+    assert t0 == pytest.approx(5.0, abs=0.5) and gbps == pytest.approx(4490, rel=0.02)
+    with pytest.raises(GacError):
+        fit_launch([1e6], [5.0])
+
+
+def test_shipped_h200_constants_come_from_the_committed_gemv_table():
+    diag = json.loads((ROOT / "benchmarks/results/h200/issue9/diag.json").read_text())
+    rows = [v for v in diag["gemv_table"].values() if v["rows"] == 1]
+    t0, gbps = fit_launch([2 * v["n"] * v["k"] for v in rows], [v["cublas_us"] for v in rows])
+    for dt in ("bfloat16", "float16"):
+        p = load_profile(f"h200-{dt}")
+        assert (p.launch_us, p.copy_gbps) == (t0, gbps)
+        assert p.latency_note() is None and "diag.json" in p.latency_fit["source"]
+    assert load_profile("h100-bfloat16").launch_us is None  # no H100 GEMV table committed
+
+
+def test_profile_round_trip_with_and_without_launch_constants(tmp_path):
+    old = default_profile()
+    d = old.to_dict()
+    assert "launch_us" not in d and "copy_gbps" not in d
+    back = Profile.from_dict(json.loads(json.dumps(d)))
+    assert back.launch_us is None and back.launch_us_or_default == DEFAULT_LAUNCH_US
+    assert back.copy_gbps_or_default == DEFAULT_COPY_GBPS and "defaults" in back.latency_note()
+    new = _prof(4.0, 3000.0, 1.5)
+    new.latency_fit = {"source": "test"}
+    f = tmp_path / "p.json"
+    new.save(f)
+    got = load_profile(f)
+    assert (got.launch_us, got.copy_gbps, got.aux_us) == (4.0, 3000.0, 1.5)
+    assert got.latency_fit == {"source": "test"} and got.latency_note() is None
+    assert got.ops.keys() == new.ops.keys()
+
+
+def _cell(cid: str, compressor: str, dims: dict | None, ms: dict[str, float]) -> tuple:
+    infer = {
+        "dtype": "bfloat16",
+        "fused": 2,
+        "config": {"gqa_decode": True},
+        "prefill": [{"phase": "prefill", "batch": 1, "seq": 64, "status": "ok", "median_ms": ms["p"]}],
+        "decode": [{"phase": "decode", "batch": 1, "kv": 128, "status": "ok", "median_ms": ms["d"]}],
+    }
+    d = {
+        "id": cid,
+        "status": "ok",
+        "cell": {"model": "tiny:llama"},
+        "env": {"gpu": "NVIDIA H200"},
+        "results": {"dims": dims, "evals": {"infer": infer, "predict": {"profile": "h200-bfloat16"}}},
+    }
+    return SimpleNamespace(id=cid, model="tiny:llama", compressor=compressor, bench=None), d
+
+
+def test_report_shows_predicted_and_measured_speedup():
+    from gac.plan_report import infer_predictions, prediction_lines
+
+    cells = [
+        _cell("tiny/base", "base", None, {"p": 1.0, "d": 1.0}),
+        _cell(
+            "tiny/svd",
+            "svd",
+            {"model.layers.0.self_attn.q_proj": 8, "model.layers.0.mlp.up_proj": 16},
+            {"p": 0.9, "d": 1.2},
+        ),  # fmt: skip
+    ]
+    pred = infer_predictions(cells)
+    rows = pred["tiny:llama"]["tiny/svd"]["rows"]
+    assert {r["point"] for r in rows} == {"prefill_b1_s64", "decode_b1_kv128"}
+    dec = next(r for r in rows if r["phase"] == "decode")
+    assert dec["measured_speedup"] == pytest.approx(1 / 1.2)
+    assert dec["ratio"] == pytest.approx(dec["predicted_speedup"] / dec["measured_speedup"])
+    assert dec["predicted_speedup"] < 1  # two extra launches at one row: slower than dense
+    text = "\n".join(prediction_lines("tiny:llama", pred["tiny:llama"]))
+    assert "predicted / measured" in text and "| tiny/svd |" in text
+    assert f"{dec['predicted_speedup']:.3f} / {dec['measured_speedup']:.3f} ({dec['ratio']:.2f})" in text
+    assert "Worst disagreement over the grid" in text
+
+
+def test_redistil_keeps_the_launch_constants_and_cpu_refuses_to_measure_them():
+    from gac.hardware.profiler import measure_launch_constants, redistil
+
+    p = load_profile("h200-bfloat16")
+    q = redistil(p)
+    assert (q.launch_us, q.copy_gbps, q.aux_us, q.latency_fit) == (
+        p.launch_us,
+        p.copy_gbps,
+        p.aux_us,
+        p.latency_fit,
+    )
+    with pytest.raises(GacError, match="CUDA only"):
+        measure_launch_constants(torch.device("cpu"), torch.bfloat16)
