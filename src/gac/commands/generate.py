@@ -21,6 +21,12 @@ def register(app: typer.Typer) -> None:
         no_graphs: bool = typer.Option(
             False, "--no-graphs", help="Do not capture the decode step as a CUDA graph."
         ),
+        no_gqa_decode: bool = typer.Option(
+            False, "--no-gqa-decode", help="Keep transformers' sdpa (repeat_kv) for decode attention."
+        ),
+        no_gemv: bool = typer.Option(
+            False, "--no-gemv", help="cuBLAS for every decode GEMV (no Triton-GEMV dispatch)."
+        ),
         tokenizer: str | None = typer.Option(
             None, "--tokenizer", help="Take the tokenizer from this model spec."
         ),
@@ -49,6 +55,8 @@ def register(app: typer.Typer) -> None:
             max_new_tokens,
             compile=False if no_compile else None,
             graphs=False if no_graphs else None,
+            gqa_decode=not no_gqa_decode,
+            gemv=not no_gemv,
         )
         if json_out:
             out_console.print_json(json.dumps({"model": model, **g.to_dict()}))
