@@ -91,6 +91,30 @@ def test_oom_point_is_recorded_and_the_sweep_goes_on(monkeypatch):
     assert all(r["status"] == "ok" for r in res["variants"]["dense"]["decode"])
 
 
+def test_a_step_that_cannot_be_compiled_is_timed_eager_with_a_notice(monkeypatch, capsys):
+    # the fast path asked for (compile), and a forward whose compiled form fails: every point says why,
+    # is timed eager and labelled; a failure of the eager model itself stays an error
+    def broken_compile(fn, **kw):
+        def compiled(*a, **k):
+            raise RuntimeError("cannot trace: data-dependent control flow in forward")
+
+        return compiled
+
+    monkeypatch.setattr(infer, "resolve_fast_path", lambda cfg, dev: (False, True))
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: None)
+    cfg = SweepConfig(**{**TINY.to_dict(), "profile_kernels": False, "decode_batches": (1,)})
+    res = run_sweep([Variant("dense", tiny_model)], cfg, "cpu")
+    v = res["variants"]["dense"]
+    pts = v["prefill"] + v["decode"]
+    assert pts and all(r["status"] == "ok" for r in pts)
+    assert all(r["fallback"].startswith("eager: RuntimeError: cannot trace") for r in pts)
+    assert all(not r["compiled"] and not r["graphs"] for r in pts)
+    assert len(v["fallbacks"]) == len(pts)
+    err = capsys.readouterr()
+    assert "could not be compiled/captured (RuntimeError: cannot trace" in err.out + err.err
+
+
 def test_cuda_graphs_on_cpu_is_a_clear_error():
     with pytest.raises(GacError, match="CUDA graphs"):
         run_sweep([Variant("dense", tiny_model)], SweepConfig(graphs=True), "cpu")

@@ -536,6 +536,35 @@ def _guard(point: Callable[[], dict[str, Any]], key: dict[str, Any], dev: torch.
         return {**key, "status": "error", "error": f"{type(e).__name__}: {msg}"}
 
 
+def _fast_or_eager(
+    point: Callable[[Callable[..., Any] | None, bool], dict[str, Any]],
+    forward: Callable[..., Any] | None,
+    graphs: bool,
+    what: str,
+    dev: torch.device,
+) -> dict[str, Any]:
+    """``point(forward, graphs)``; where the compiled or captured step fails (not for lack of
+    memory), a one-line notice names the reason and the point is timed eager, labelled
+    ``fallback``."""
+    try:
+        return point(forward, graphs)
+    except GacError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any compile/capture failure falls back to eager
+        if _is_oom(e) or (forward is None and not graphs):
+            raise
+        reason = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+        _free(dev)
+        console.print(
+            f"notice: {what} could not be compiled/captured ({reason}); timing it eager (labelled fallback)",
+            soft_wrap=True,
+            markup=False,
+        )
+        rec = point(None, False)
+        rec["fallback"] = f"eager: {reason}"
+        return rec
+
+
 def sweep_model(
     model: nn.Module, cfg: SweepConfig, copy_gbps: float | None = None, label: str = "model"
 ) -> dict[str, Any]:
@@ -592,7 +621,13 @@ def sweep_model(
         for b, s in grid_p:
             out["prefill"].append(
                 _guard(
-                    lambda b=b, s=s: prefill_point(model, b, s, cfg, forward, graphs),
+                    lambda b=b, s=s: _fast_or_eager(
+                        lambda f, g: prefill_point(model, b, s, cfg, f, g),
+                        forward,
+                        graphs,
+                        f"prefill B={b} S={s}",
+                        dev,
+                    ),
                     {"phase": "prefill", "batch": b, "seq": s},
                     dev,
                 )
@@ -602,7 +637,13 @@ def sweep_model(
         for b, k in grid_d:
             out["decode"].append(
                 _guard(
-                    lambda b=b, k=k: decode_point(model, b, k, cfg, graphs, wbytes, copy_gbps, forward),
+                    lambda b=b, k=k: _fast_or_eager(
+                        lambda f, g: decode_point(model, b, k, cfg, g, wbytes, copy_gbps, f),
+                        forward,
+                        graphs,
+                        f"decode B={b} KV={k}",
+                        dev,
+                    ),
                     {"phase": "decode", "batch": b, "kv": k},
                     dev,
                 )
@@ -615,6 +656,7 @@ def sweep_model(
     ok = [r for r in out["prefill"] + out["decode"] if r.get("status") == "ok"]
     out["setup_s_total"] = sum(r.get("setup_s", 0.0) for r in ok)  # compile + capture, not in latency
     out["compiles_total"] = sum(r.get("compiles", 0) for r in ok)
+    out["fallbacks"] = [f"{r['phase']} {r['batch']}x{r.get('seq', r.get('kv'))}" for r in ok if r.get("fallback")]
     if cfg.profile_kernels:
         out["kernels"] = {}
         with torch.no_grad():
