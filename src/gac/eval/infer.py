@@ -656,7 +656,9 @@ def sweep_model(
     ok = [r for r in out["prefill"] + out["decode"] if r.get("status") == "ok"]
     out["setup_s_total"] = sum(r.get("setup_s", 0.0) for r in ok)  # compile + capture, not in latency
     out["compiles_total"] = sum(r.get("compiles", 0) for r in ok)
-    out["fallbacks"] = [f"{r['phase']} {r['batch']}x{r.get('seq', r.get('kv'))}" for r in ok if r.get("fallback")]
+    out["fallbacks"] = [
+        f"{r['phase']} {r['batch']}x{r.get('seq', r.get('kv'))}" for r in ok if r.get("fallback")
+    ]
     if cfg.profile_kernels:
         out["kernels"] = {}
         with torch.no_grad():
