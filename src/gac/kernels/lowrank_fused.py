@@ -58,19 +58,24 @@ MAX_SEGMENTS = 3
 #: barrier reads before a program gives up (normal waits are a few hundred; ~0.1-1 s in all)
 MAX_SPIN = 1 << 21
 #: (BLOCK_R, BLOCK_K1, BLOCK_N, BLOCK_K2, num_warps, num_stages, programs per SM) tried per site,
-#: for M = 1 and for M in 2..16 (``tl.dot`` needs 16-wide tiles)
+#: for M = 1 and for M in 2..16 (``tl.dot`` needs 16-wide tiles).  A program keeps one tile of
+#: loads in flight at a time (Triton pipelines only the loads that feed ``tl.dot``), so the M = 1
+#: configurations trade tile size against programs per SM (capped at what is co-resident) to keep
+#: ~32-64 KiB in flight per SM; the last of each row class is one program per SM.
 CONFIGS = {
     1: (
-        (4, 512, 8, 512, 4, 2, 1),
-        (8, 512, 16, 256, 4, 2, 1),
-        (8, 1024, 16, 512, 8, 2, 1),
-        (4, 512, 8, 512, 4, 2, 2),
+        (4, 1024, 4, 1024, 4, 1, 8),
+        (8, 1024, 8, 1024, 4, 1, 4),
+        (2, 2048, 4, 2048, 4, 1, 8),
+        (16, 512, 16, 512, 8, 1, 2),
+        (8, 512, 8, 512, 4, 1, 1),
     ),
     16: (
-        (16, 256, 16, 256, 4, 3, 1),
-        (16, 512, 32, 128, 8, 3, 1),
-        (32, 128, 32, 128, 8, 3, 1),
         (16, 256, 16, 256, 4, 3, 2),
+        (16, 512, 16, 256, 4, 3, 2),
+        (32, 128, 32, 128, 8, 3, 1),
+        (16, 128, 16, 128, 4, 4, 4),
+        (16, 256, 16, 256, 4, 3, 1),
     ),
 }
 _LOCK = threading.Lock()
@@ -98,6 +103,8 @@ if HAVE_TRITON:
         offs_m = tl.arange(0, BLOCK_M)
         mask_r = offs_r < RT
         mask_m = offs_m < M
+        # M = 1: an elementwise fp32 accumulator, reduced once after the loop (no shuffles per step)
+        acc2 = tl.zeros((BLOCK_R, BLOCK_K), dtype=tl.float32)
         acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -113,9 +120,11 @@ if HAVE_TRITON:
                 other=0.0,
             )
             if BLOCK_M == 1:
-                acc += tl.sum(x.to(tl.float32) * w.to(tl.float32), axis=1)[None, :]
+                acc2 += x.to(tl.float32) * w.to(tl.float32)
             else:
                 acc += tl.dot(x, tl.trans(w))
+        if BLOCK_M == 1:
+            acc = tl.sum(acc2, axis=1)[None, :]
         if HAS_BIAS:
             acc += tl.load(b_ptr + offs_r, mask=mask_r, other=0.0).to(tl.float32)[None, :]
         tl.store(t_ptr + offs_m[:, None] * RT + offs_r[None, :], acc, mask=mask_m[:, None] & mask_r[None, :])
@@ -145,6 +154,7 @@ if HAVE_TRITON:
         mask_n = offs_n < N
         mask_m = offs_m < M
         if KIND == 1:  # factorized member: its slice of t times its own U
+            acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for k0 in range(0, R, BLOCK_K):
                 offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -162,9 +172,11 @@ if HAVE_TRITON:
                     cache_modifier=".cg",
                 )
                 if BLOCK_M == 1:
-                    acc += tl.sum(t * u.to(tl.float32), axis=1)[None, :]
+                    acc2 += t * u.to(tl.float32)
                 else:
                     acc += tl.dot(t.to(u_ptr.dtype.element_ty), tl.trans(u))
+            if BLOCK_M == 1:
+                acc = tl.sum(acc2, axis=1)[None, :]
             if HAS_BIAS:
                 acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
         else:  # dense member: its slice of t (bias included in stage 1) is its output
@@ -245,7 +257,7 @@ if HAVE_TRITON:
             tl.debug_barrier()  # every thread's stores of t precede the release below
             tl.atomic_add(cnt_ptr, 1, sem="release", scope="gpu")
             seen = tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu")
-            spins = 0
+            spins = pid * 0  # an int32 scalar, carried by the loop
             while (seen < P) & (spins < SPIN):
                 seen = tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu")
                 spins += 1
@@ -316,13 +328,14 @@ def _launch(
     cfg: tuple[int, ...] | list[int],
     phases: tuple[int, ...] | None = None,
     programs: int | None = None,
-) -> None:
+) -> int:
     """``y[:, col_i : col_i + outs_i] = (x vᵀ + b1)[:, segment i] u_iᵀ (+ ub_i)`` for each member ``i``.
 
     ``x [M <= 16, K]`` (rows contiguous), ``v [Σ splits, K]``, ``u_i [outs_i, splits_i]`` (None for a
     dense member: ``outs_i == splits_i``), ``y [M, Σ outs]``, ``counters``: int32, at least 3, zeroed.
     ``phases``: ``(0,)`` on CUDA (one launch with the barrier), ``(1, 2)`` elsewhere (the interpreter).
     ``programs`` overrides ``P`` (CPU tests; on CUDA it is capped at what is co-resident).
+    Returns ``P``, the programs launched.
     """
     block_r, block_k1, block_n, block_k2, warps, stages, per_sm = (int(c) for c in cfg)
     m, k = x.shape
@@ -366,10 +379,15 @@ def _launch(
         SPIN=MAX_SPIN, BLOCK_M=bm, BLOCK_R=block_r, BLOCK_K1=block_k1, BLOCK_N=block_n, BLOCK_K2=block_k2,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
-    p = programs or (_programs(args, meta, per_sm, x.device) if on_gpu else 4)
+    if on_gpu:  # never more programs than are resident together (the barrier waits for all of them)
+        cap = _programs(args, meta, per_sm, x.device)
+        p = min(programs, cap) if programs else cap
+    else:
+        p = programs or 4
     meta.update(P=p, ITER1=_cdiv(nb1, p), ITER2=_cdiv(sum(nbs), p))
     for ph in phases:
         _lowrank_fused_kernel[(p,)](*args, PHASE=ph, **meta)
+    return p
 
 
 def _programs(args: tuple, meta: dict[str, Any], per_sm: int, device: torch.device) -> int:
