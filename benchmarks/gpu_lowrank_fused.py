@@ -91,6 +91,30 @@ def save(out: Path, res: dict) -> None:
     out.write_text(json.dumps(res, indent=1))
 
 
+def spin_bound_check(dev: torch.device, deadline: Deadline) -> str:
+    """An arrive count that can never reach P: every program must give up, flag it and reset (ms)."""
+    from gac.kernels import lowrank_fused as L
+
+    spin = L.MAX_SPIN
+    L.MAX_SPIN = 4096
+    try:
+        x = torch.randn(1, 256, device=dev, dtype=torch.half)
+        v = torch.randn(64, 256, device=dev, dtype=torch.half)
+        u = torch.randn(128, 64, device=dev, dtype=torch.half)
+        y = torch.empty(1, 128, device=dev, dtype=torch.half)
+        counters = torch.tensor([-(10**6), 0, 0, 0], dtype=torch.int32, device=dev)
+        t0 = time.perf_counter()
+        L._launch(x, v, None, [u], [None], [64], [128], y, counters, L.CONFIGS[1][0])
+        deadline.wait("spin bound check")
+        got = counters.tolist()
+        ok = "ok" if got == [0, 0, 1, 0] else "UNEXPECTED"
+        return f"{ok}: counters {got} (want [0, 0, 1, 0]) in {time.perf_counter() - t0:.2f} s with compile"
+    except Exception as e:  # noqa: BLE001 - recorded
+        return f"failed: {type(e).__name__}: {e}"
+    finally:
+        L.MAX_SPIN = spin
+
+
 def run_site(name, k, members, rows, dtype, dev, res, deadline, t_end, margin) -> dict:  # noqa: ANN001
     from gac.kernels import lowrank_fused as L
 
@@ -127,7 +151,9 @@ def run_site(name, k, members, rows, dtype, dev, res, deadline, t_end, margin) -
     dws.clear()
     v0, us0 = ws[0]
     t64 = x.double() @ v0.double().t()
-    ref = torch.cat([t64[:, o : o + r] @ u.double().t() for o, r, u in zip(offs, splits, us0, strict=True)], -1)
+    ref = torch.cat(
+        [t64[:, o : o + r] @ u.double().t() for o, r, u in zip(offs, splits, us0, strict=True)], -1
+    )
     y = torch.empty(rows, sum(outs), device=dev, dtype=dtype)
     counters = L.new_counters(dev)
     nones = [None] * len(members)
@@ -200,6 +226,9 @@ def main() -> int:
     res["max_spin"] = L.MAX_SPIN
     deadline = Deadline(a.out, res, a.hang_s)
     save(a.out, res)
+    res["spin_bound_check"] = spin_bound_check(dev, deadline)
+    save(a.out, res)
+    print("spin bound check:", res["spin_bound_check"], flush=True)
     for name, k, members in SITES:
         for rows in a.rows:
             rec = run_site(name, k, members, rows, dtype, dev, res, deadline, t_start + a.limit_s, a.margin)

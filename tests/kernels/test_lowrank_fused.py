@@ -309,10 +309,12 @@ def test_lowrank_fused_with_barrier_matches_float64_on_gpu(case, dtype):
     x, v, b1, us, ubs, splits, outs = _gpu_case(rows, k, members, dtype, rows * 31 + k)
     ref = _gpu_ref(x, v, b1, us, ubs, splits)
     counters = L.new_counters("cuda")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     for cfg in L.CONFIGS[1 if rows == 1 else 16]:
         y = torch.empty(rows, sum(outs), device="cuda", dtype=dtype)
-        L._launch(x, v, b1, us, ubs, splits, outs, y, counters, cfg)  # PHASE 0: one launch, the barrier
+        p = L._launch(x, v, b1, us, ubs, splits, outs, y, counters, cfg)  # PHASE 0: one launch, the barrier
         torch.cuda.synchronize()
+        assert sms <= p <= cfg[6] * sms, (p, cfg)
         assert counters.tolist() == [0, 0, 0, 0], cfg  # reset by the last program, no timeout
         assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-2, cfg
         for _ in range(3):  # repeated calls find the counters zeroed
@@ -411,3 +413,38 @@ def test_use_fused_lowrank_on_gpu_is_measured_cached_and_exact(tmp_path, monkeyp
         assert rec["use"] == ("fused_us" in rec and rec["fused_us"] < 0.97 * rec["existing_us"])
     assert torch.allclose(got.float(), want.float(), rtol=1e-2, atol=1e-2)
     assert L.barrier_timeouts(blk) == []
+
+
+SPIN_CHECK = textwrap.dedent(
+    """
+    import torch
+    from gac.kernels import lowrank_fused as L
+
+    L.MAX_SPIN = 4096  # a few ms: the programs give up quickly
+    x = torch.randn(1, 256, device="cuda", dtype=torch.half)
+    v = torch.randn(64, 256, device="cuda", dtype=torch.half)
+    u = torch.randn(128, 64, device="cuda", dtype=torch.half)
+    y = torch.empty(1, 128, device="cuda", dtype=torch.half)
+    # an arrive count that can never reach P: every program must give up, flag it, and still reset
+    counters = torch.tensor([-(10**6), 0, 0, 0], dtype=torch.int32, device="cuda")
+    L._launch(x, v, None, [u], [None], [64], [128], y, counters, L.CONFIGS[1][0])
+    torch.cuda.synchronize()
+    assert counters.tolist() == [0, 0, 1, 0], counters.tolist()
+    counters.zero_()
+    L._launch(x, v, None, [u], [None], [64], [128], y, counters, L.CONFIGS[1][0])
+    torch.cuda.synchronize()
+    assert counters.tolist() == [0, 0, 0, 0], counters.tolist()
+    print("ok")
+    """
+)
+
+
+@pytest.mark.gpu
+def test_barrier_spin_is_bounded_and_flags_a_timeout():
+    # in a subprocess with a timeout: were the spin not bounded, killing the process ends the kernel
+    env = {**os.environ, "PYTHONPATH": _pythonpath()}
+    r = subprocess.run(
+        [sys.executable, "-c", SPIN_CHECK], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.startswith("ok")
