@@ -306,12 +306,17 @@ def _coresident(compiled: Any, warps: int, device: torch.device) -> int:
     props = torch.cuda.get_device_properties(device)
     regs_sm = int(getattr(props, "regs_per_multiprocessor", 65536))
     threads_sm = int(getattr(props, "max_threads_per_multi_processor", 2048))
-    smem_sm = int(getattr(props, "shared_memory_per_multiprocessor", 0) or 0)
+    # per SM >= per block (opt-in): the smaller is the safe side when the first is not reported
+    smem_sm = int(
+        getattr(props, "shared_memory_per_multiprocessor", 0)
+        or getattr(props, "shared_memory_per_block_optin", 0)
+        or 48 * 1024
+    )
     warp_regs = _cdiv(max(regs, 1) * 32, 256) * 256  # registers are allocated per warp, by 256
     # registers live in 4 sub-partitions; count a program's warps as spread over them unevenly
     by_regs = min(regs_sm // (warp_regs * warps), (regs_sm // 4) // (warp_regs * _cdiv(warps, 4)))
     by_threads = threads_sm // (32 * warps)
-    by_smem = (smem_sm // (smem + 1024)) if smem and smem_sm else 32  # 1 KiB reserved per block
+    by_smem = smem_sm // (smem + 1024)  # 1 KiB reserved per block
     return max(1, min(by_regs, by_threads, by_smem, 32))
 
 
@@ -397,17 +402,25 @@ def _programs(args: tuple, meta: dict[str, Any], per_sm: int, device: torch.devi
         return sms
     key = (str(device), tuple(sorted((k, v) for k, v in meta.items())), str(args[0].dtype), per_sm)
     if key not in _PROGRAMS:
-        fit = 1
+        want = per_sm
         try:
-            p = per_sm * sms
-            # compile without running (the specialisation the launch will use) to read its resources
-            compiled = _lowrank_fused_kernel.warmup(
-                *args, grid=(p,), P=p, ITER1=_cdiv(meta["NB1"], p),
-                ITER2=_cdiv(meta["NBA"] + meta["NBB"] + meta["NBC"], p), PHASE=0, **meta,
-            )  # fmt: skip
-            fit = _coresident(compiled, int(meta["num_warps"]), device)
+            # compile without running (the specialisation the launch will use: P is a constexpr) and
+            # read its resources; if fewer fit, check the variant for that many too
+            for _ in range(3):
+                p = want * sms
+                compiled = _lowrank_fused_kernel.warmup(
+                    *args, grid=(p,), P=p, ITER1=_cdiv(meta["NB1"], p),
+                    ITER2=_cdiv(meta["NBA"] + meta["NBB"] + meta["NBC"], p), PHASE=0, **meta,
+                )  # fmt: skip
+                fit = _coresident(compiled, int(meta["num_warps"]), device)
+                if fit >= want:
+                    break
+                want = fit
+            else:
+                want = 1
         except Exception:  # noqa: BLE001 - unknown resources: one program per SM is always resident
-            fit = 1
+            want = 1
+        fit = want
         _PROGRAMS[key] = sms * max(1, min(per_sm, fit))
     return _PROGRAMS[key]
 
