@@ -89,8 +89,7 @@ class FusedInputProjection(nn.Module):
         if not stale and not torch.compiler.is_compiling():
             stale = x._version != self._version
         if stale:
-            y = dispatch_linear(x, self.weight, self.bias, self.gemv_table)
-            self._parts = list(y.split(self.splits, dim=-1))
+            self._parts = self._products(x)
             self._x = x
             if not torch.compiler.is_compiling():
                 self._version = x._version
@@ -100,6 +99,11 @@ class FusedInputProjection(nn.Module):
             self._x, self._parts = None, []
         assert out is not None
         return out
+
+    def _products(self, x: torch.Tensor) -> list[torch.Tensor | None]:
+        """Every member's slice of ``x @ W_catᵀ (+ b)`` (overridden by the fused low-rank group)."""
+        y = dispatch_linear(x, self.weight, self.bias, self.gemv_table)
+        return list(y.split(self.splits, dim=-1))
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, splits={self.splits}, kinds={self.kinds}"

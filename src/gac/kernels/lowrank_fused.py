@@ -1,0 +1,871 @@
+"""Both stages of a factorized layer (or of a fused group of them) in one decode launch.
+
+At decode every GEMV costs a fixed ~5 µs on top of its bytes (H200: ``5.0 µs + bytes / 4.49 TB/s``,
+``benchmarks/results/h200/issue9/``), and a factorized layer ``y = (x Vᵀ) Uᵀ`` issues two of them.
+:func:`lowrank_fused` runs both in one launch of a *persistent* Triton kernel: ``P`` programs (one or
+two per SM, never more than can be resident at once) first stride over row blocks of ``V`` and write
+their slice of ``t = x Vᵀ (+ b)`` (fp32) to a scratch buffer, meet at a grid-wide barrier, then stride
+over row blocks of ``U`` and write ``y = t Uᵀ (+ b_u)``.
+
+The barrier is two int32 counters per module (``arrive``, ``depart``): each program adds 1 to
+``arrive`` (release, GPU scope) and spins until it reads ``P`` (acquire); each then adds 1 to
+``depart``, and the program that brings it to ``P`` sets both back to 0, so the next launch (or the
+next replay of a CUDA graph) finds them zeroed.  The op's net effect on the counters is therefore
+nil, which is why it is declared functional (and can carry an autograd formula).  The spin is
+bounded (``MAX_SPIN`` reads): if the programs were ever not co-resident, the waiting ones give up,
+set ``counters[2]`` (:func:`barrier_timeouts`) and the launch completes with a wrong result instead
+of hanging the GPU.
+
+A *segmented* second stage serves the horizontally fused groups of
+:mod:`gac.kernels.fusion` (q/k/v, gate/up): the first stage is the group's concatenated weight, and
+the second computes up to three outputs, ``y_i = t[:, off_i : off_i + r_i] U_iᵀ (+ b_i)`` for a
+factorized member and a copy of its slice of ``t`` for a dense one, into one ``[M, Σ out_i]``
+tensor (the members take column slices of it).
+
+``PHASE`` (constexpr) selects ``0``: both stages and the barrier (the GPU path); ``1``: the first
+stage only; ``2``: the second only.  Triton's CPU interpreter runs programs one after another, so a
+barrier would deadlock there: on CPU tensors the op runs phase 1 then phase 2 as two launches.
+
+Dispatch (:func:`use_fused_lowrank_`) is measured per site shape and row class like
+:mod:`gac.kernels.gemv`: the existing path (cuBLAS) and a few configurations of the fused kernel
+in a CUDA graph of 64 calls over weights rotated past L2, cached in
+``$GAC_CACHE/lowrank_fused_dispatch.json``; the kernel is used only where it beat the existing path
+by ``margin``.  Inputs of more than 16 rows always keep the existing path.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+from torch import nn
+
+from gac.kernels import gemv as _gemv
+from gac.kernels.fusion import FusedInputProjection, FusedSlice
+from gac.surgery.factorized import FactorizedLinear
+
+try:  # Triton is optional: only the GPU path needs it (and the CPU interpreter in tests).
+    import triton
+    import triton.language as tl
+
+    HAVE_TRITON = True
+except ImportError:  # pragma: no cover - depends on the install
+    HAVE_TRITON = False
+
+MAX_ROWS = 16
+MAX_SEGMENTS = 3
+#: barrier reads before a program gives up (normal waits are a few hundred; ~0.1-1 s in all)
+MAX_SPIN = 1 << 21
+#: (BLOCK_R, BLOCK_K1, BLOCK_N, BLOCK_K2, num_warps, num_stages, programs per SM) tried per site,
+#: for M = 1 and for M in 2..16 (``tl.dot`` needs 16-wide tiles).  A program keeps one tile of
+#: loads in flight at a time (Triton pipelines only the loads that feed ``tl.dot``), so the M = 1
+#: configurations trade tile size against programs per SM (capped at what is co-resident) to keep
+#: ~32-64 KiB in flight per SM; the last of each row class is one program per SM.
+CONFIGS = {
+    1: (
+        (4, 1024, 4, 1024, 4, 1, 8),
+        (8, 1024, 8, 1024, 4, 1, 4),
+        (2, 2048, 4, 2048, 4, 1, 8),
+        (16, 512, 16, 512, 8, 1, 2),
+        (8, 512, 8, 512, 4, 1, 1),
+    ),
+    16: (
+        (16, 256, 16, 256, 4, 3, 2),
+        (16, 512, 16, 256, 4, 3, 2),
+        (32, 128, 32, 128, 8, 3, 1),
+        (16, 128, 16, 128, 4, 4, 4),
+        (16, 256, 16, 256, 4, 3, 1),
+    ),
+}
+_LOCK = threading.Lock()
+_PROGRAMS: dict[tuple, int] = {}  # (device, specialisation) -> programs that are co-resident
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def _stage1_block(
+        x_ptr,
+        v_ptr,
+        b_ptr,
+        t_ptr,
+        M,
+        sxm,
+        blk,
+        K: tl.constexpr,
+        RT: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_R: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ):
+        offs_r = blk * BLOCK_R + tl.arange(0, BLOCK_R)
+        offs_m = tl.arange(0, BLOCK_M)
+        mask_r = offs_r < RT
+        mask_m = offs_m < M
+        # M = 1: an elementwise fp32 accumulator, reduced once after the loop (no shuffles per step)
+        acc2 = tl.zeros((BLOCK_R, BLOCK_K), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            mask_k = offs_k < K
+            w = tl.load(
+                v_ptr + offs_r[:, None] * K + offs_k[None, :],
+                mask=mask_r[:, None] & mask_k[None, :],
+                other=0.0,
+            )
+            x = tl.load(
+                x_ptr + offs_m[:, None] * sxm + offs_k[None, :],
+                mask=mask_m[:, None] & mask_k[None, :],
+                other=0.0,
+            )
+            if BLOCK_M == 1:
+                acc2 += x.to(tl.float32) * w.to(tl.float32)
+            else:
+                acc += tl.dot(x, tl.trans(w))
+        if BLOCK_M == 1:
+            acc = tl.sum(acc2, axis=1)[None, :]
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_r, mask=mask_r, other=0.0).to(tl.float32)[None, :]
+        tl.store(t_ptr + offs_m[:, None] * RT + offs_r[None, :], acc, mask=mask_m[:, None] & mask_r[None, :])
+
+    @triton.jit
+    def _stage2_block(
+        t_ptr,
+        u_ptr,
+        b_ptr,
+        y_ptr,
+        M,
+        blk,
+        RT: tl.constexpr,
+        NT: tl.constexpr,
+        OFF: tl.constexpr,
+        R: tl.constexpr,
+        N: tl.constexpr,
+        COL: tl.constexpr,
+        KIND: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ):
+        offs_n = blk * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_m = tl.arange(0, BLOCK_M)
+        mask_n = offs_n < N
+        mask_m = offs_m < M
+        if KIND == 1:  # factorized member: its slice of t times its own U
+            acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for k0 in range(0, R, BLOCK_K):
+                offs_k = k0 + tl.arange(0, BLOCK_K)
+                mask_k = offs_k < R
+                u = tl.load(
+                    u_ptr + offs_n[:, None] * R + offs_k[None, :],
+                    mask=mask_n[:, None] & mask_k[None, :],
+                    other=0.0,
+                )
+                # .cg: t was written by other SMs in this launch; read it from L2, never a stale L1
+                t = tl.load(
+                    t_ptr + offs_m[:, None] * RT + OFF + offs_k[None, :],
+                    mask=mask_m[:, None] & mask_k[None, :],
+                    other=0.0,
+                    cache_modifier=".cg",
+                )
+                if BLOCK_M == 1:
+                    acc2 += t * u.to(tl.float32)
+                else:
+                    acc += tl.dot(t.to(u_ptr.dtype.element_ty), tl.trans(u))
+            if BLOCK_M == 1:
+                acc = tl.sum(acc2, axis=1)[None, :]
+            if HAS_BIAS:
+                acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        else:  # dense member: its slice of t (bias included in stage 1) is its output
+            acc = tl.load(
+                t_ptr + offs_m[:, None] * RT + OFF + offs_n[None, :],
+                mask=mask_m[:, None] & mask_n[None, :],
+                other=0.0,
+                cache_modifier=".cg",
+            )
+        tl.store(
+            y_ptr + offs_m[:, None] * NT + COL + offs_n[None, :],
+            acc.to(y_ptr.dtype.element_ty),
+            mask=mask_m[:, None] & mask_n[None, :],
+        )
+
+    @triton.jit
+    def _lowrank_fused_kernel(
+        x_ptr,
+        v_ptr,
+        b1_ptr,
+        t_ptr,
+        cnt_ptr,
+        y_ptr,
+        u0_ptr,
+        c0_ptr,
+        u1_ptr,
+        c1_ptr,
+        u2_ptr,
+        c2_ptr,
+        M,
+        sxm,
+        K: tl.constexpr,
+        RT: tl.constexpr,
+        NT: tl.constexpr,
+        HAS_B1: tl.constexpr,
+        OFF0: tl.constexpr,
+        R0: tl.constexpr,
+        N0: tl.constexpr,
+        COL0: tl.constexpr,
+        KIND0: tl.constexpr,
+        HB0: tl.constexpr,
+        OFF1: tl.constexpr,
+        R1: tl.constexpr,
+        N1: tl.constexpr,
+        COL1: tl.constexpr,
+        KIND1: tl.constexpr,
+        HB1: tl.constexpr,
+        OFF2: tl.constexpr,
+        R2: tl.constexpr,
+        N2: tl.constexpr,
+        COL2: tl.constexpr,
+        KIND2: tl.constexpr,
+        HB2: tl.constexpr,
+        NB1: tl.constexpr,
+        NBA: tl.constexpr,
+        NBB: tl.constexpr,
+        NBC: tl.constexpr,
+        ITER1: tl.constexpr,
+        ITER2: tl.constexpr,
+        P: tl.constexpr,
+        PHASE: tl.constexpr,
+        SPIN: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_R: tl.constexpr,
+        BLOCK_K1: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K2: tl.constexpr,
+    ):
+        pid = tl.program_id(0)
+        if PHASE != 2:  # stage 1: row blocks of V, round robin over the P programs
+            for i in range(0, ITER1):
+                blk = pid + i * P
+                if blk < NB1:
+                    _stage1_block(
+                        x_ptr, v_ptr, b1_ptr, t_ptr, M, sxm, blk, K, RT, HAS_B1, BLOCK_M, BLOCK_R, BLOCK_K1
+                    )
+        if PHASE == 0:  # grid-wide barrier (all P programs are resident: see _programs)
+            tl.debug_barrier()  # every thread's stores of t precede the release below
+            tl.atomic_add(cnt_ptr, 1, sem="release", scope="gpu")
+            seen = tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu")
+            spins = pid * 0  # an int32 scalar, carried by the loop
+            while (seen < P) & (spins < SPIN):
+                seen = tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu")
+                spins += 1
+            if seen < P:  # gave up: flag it (sticky) rather than hang the GPU
+                tl.atomic_xchg(cnt_ptr + 2, 1, sem="relaxed", scope="gpu")
+            tl.debug_barrier()
+            # the last program past the barrier zeroes both counters for the next launch / replay
+            if tl.atomic_add(cnt_ptr + 1, 1, sem="acq_rel", scope="gpu") == P - 1:
+                tl.atomic_xchg(cnt_ptr, 0, sem="relaxed", scope="gpu")
+                tl.atomic_xchg(cnt_ptr + 1, 0, sem="relaxed", scope="gpu")
+        if PHASE != 1:  # stage 2: row blocks of each member's U (never crossing members)
+            for i in range(0, ITER2):
+                g = pid + i * P
+                if g < NBA:
+                    _stage2_block(
+                        t_ptr, u0_ptr, c0_ptr, y_ptr, M, g, RT, NT, OFF0, R0, N0, COL0, KIND0, HB0,
+                        BLOCK_M, BLOCK_N, BLOCK_K2,
+                    )  # fmt: skip
+                elif g < NBA + NBB:  # noqa: SIM102
+                    if KIND1 != 0:
+                        _stage2_block(
+                            t_ptr, u1_ptr, c1_ptr, y_ptr, M, g - NBA, RT, NT, OFF1, R1, N1, COL1, KIND1,
+                            HB1, BLOCK_M, BLOCK_N, BLOCK_K2,
+                        )  # fmt: skip
+                elif g < NBA + NBB + NBC:  # noqa: SIM102 - constexpr test inside a runtime one
+                    if KIND2 != 0:
+                        _stage2_block(
+                            t_ptr, u2_ptr, c2_ptr, y_ptr, M, g - NBA - NBB, RT, NT, OFF2, R2, N2, COL2,
+                            KIND2, HB2, BLOCK_M, BLOCK_N, BLOCK_K2,
+                        )  # fmt: skip
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _coresident(compiled: Any, warps: int, device: torch.device) -> int:
+    """How many programs of ``compiled`` one SM holds at once (conservative; 1 if unknown)."""
+    try:
+        if hasattr(compiled, "_init_handles"):
+            compiled._init_handles()
+        regs = int(compiled.n_regs)
+        smem = int(compiled.metadata.shared)
+    except Exception:  # noqa: BLE001 - another Triton's metadata: assume one per SM
+        return 1
+    props = torch.cuda.get_device_properties(device)
+    regs_sm = int(getattr(props, "regs_per_multiprocessor", 65536))
+    threads_sm = int(getattr(props, "max_threads_per_multi_processor", 2048))
+    # per SM >= per block (opt-in): the smaller is the safe side when the first is not reported
+    smem_sm = int(
+        getattr(props, "shared_memory_per_multiprocessor", 0)
+        or getattr(props, "shared_memory_per_block_optin", 0)
+        or 48 * 1024
+    )
+    warp_regs = _cdiv(max(regs, 1) * 32, 256) * 256  # registers are allocated per warp, by 256
+    # registers live in 4 sub-partitions; count a program's warps as spread over them unevenly
+    by_regs = min(regs_sm // (warp_regs * warps), (regs_sm // 4) // (warp_regs * _cdiv(warps, 4)))
+    by_threads = threads_sm // (32 * warps)
+    by_smem = smem_sm // (smem + 1024)  # 1 KiB reserved per block
+    return max(1, min(by_regs, by_threads, by_smem, 32))
+
+
+def _launch(
+    x: torch.Tensor,
+    v: torch.Tensor,
+    b1: torch.Tensor | None,
+    us: list[torch.Tensor | None],
+    ubs: list[torch.Tensor | None],
+    splits: list[int],
+    outs: list[int],
+    y: torch.Tensor,
+    counters: torch.Tensor,
+    cfg: tuple[int, ...] | list[int],
+    phases: tuple[int, ...] | None = None,
+    programs: int | None = None,
+) -> int:
+    """``y[:, col_i : col_i + outs_i] = (x vᵀ + b1)[:, segment i] u_iᵀ (+ ub_i)`` for each member ``i``.
+
+    ``x [M <= 16, K]`` (rows contiguous), ``v [Σ splits, K]``, ``u_i [outs_i, splits_i]`` (None for a
+    dense member: ``outs_i == splits_i``), ``y [M, Σ outs]``, ``counters``: int32, at least 3, zeroed.
+    ``phases``: ``(0,)`` on CUDA (one launch with the barrier), ``(1, 2)`` elsewhere (the interpreter).
+    ``programs`` overrides ``P`` (CPU tests; on CUDA it is capped at what is co-resident).
+    Returns ``P``, the programs launched.
+    """
+    block_r, block_k1, block_n, block_k2, warps, stages, per_sm = (int(c) for c in cfg)
+    m, k = x.shape
+    rt, nt = int(v.shape[0]), int(y.shape[1])
+    if not 1 <= len(splits) <= MAX_SEGMENTS or len(outs) != len(splits) or sum(splits) != rt:
+        raise ValueError(f"bad segments: splits {splits}, outs {outs}, v rows {rt}")
+    if sum(outs) != nt or m > MAX_ROWS or v.shape[1] != k:
+        raise ValueError(f"shapes disagree: x {tuple(x.shape)}, v {tuple(v.shape)}, y {tuple(y.shape)}")
+    bm = 1 if m == 1 else 16
+    seg: dict[str, Any] = {}
+    ptrs: list[torch.Tensor] = []
+    off = col = 0
+    nbs = []
+    for i in range(MAX_SEGMENTS):
+        if i < len(splits):
+            u = us[i]
+            r, n = int(splits[i]), int(outs[i])
+            if u is None and n != r:
+                raise ValueError(f"dense member {i}: out {n} != split {r}")
+            if u is not None and tuple(u.shape) != (n, r):
+                raise ValueError(f"member {i}: u {tuple(u.shape)}, want {(n, r)}")
+            kind, hb = (1 if u is not None else 2), ubs[i] is not None and u is not None
+            ptrs += [u if u is not None else v, ubs[i] if hb else v]
+            nbs.append(_cdiv(n, block_n))
+        else:
+            r = n = kind = 0
+            hb = False
+            ptrs += [v, v]
+            nbs.append(0)
+        seg.update({f"OFF{i}": off, f"R{i}": r, f"N{i}": n, f"COL{i}": col, f"KIND{i}": kind, f"HB{i}": hb})
+        off += r
+        col += n
+    nb1 = _cdiv(rt, block_r)
+    on_gpu = x.device.type == "cuda"
+    if phases is None:
+        phases = (0,) if on_gpu else (1, 2)
+    t = torch.empty((bm, rt), device=x.device, dtype=torch.float32)
+    args = (x, v, b1 if b1 is not None else v, t, counters, y, *ptrs, m, x.stride(0))
+    meta = dict(
+        K=k, RT=rt, NT=nt, HAS_B1=b1 is not None, **seg, NB1=nb1, NBA=nbs[0], NBB=nbs[1], NBC=nbs[2],
+        SPIN=MAX_SPIN, BLOCK_M=bm, BLOCK_R=block_r, BLOCK_K1=block_k1, BLOCK_N=block_n, BLOCK_K2=block_k2,
+        num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    if on_gpu:  # never more programs than are resident together (the barrier waits for all of them)
+        cap = _programs(args, meta, per_sm, x.device)
+        p = min(programs, cap) if programs else cap
+    else:
+        p = programs or 4
+    meta.update(P=p, ITER1=_cdiv(nb1, p), ITER2=_cdiv(sum(nbs), p))
+    for ph in phases:
+        _lowrank_fused_kernel[(p,)](*args, PHASE=ph, **meta)
+    return p
+
+
+def _programs(args: tuple, meta: dict[str, Any], per_sm: int, device: torch.device) -> int:
+    """``per_sm`` programs per SM, fewer if that many cannot be resident together (cached)."""
+    sms = int(torch.cuda.get_device_properties(device).multi_processor_count)
+    if per_sm <= 1:
+        return sms
+    key = (str(device), tuple(sorted((k, v) for k, v in meta.items())), str(args[0].dtype), per_sm)
+    if key not in _PROGRAMS:
+        want = per_sm
+        try:
+            # compile without running (the specialisation the launch will use: P is a constexpr) and
+            # read its resources; if fewer fit, check the variant for that many too
+            for _ in range(3):
+                p = want * sms
+                compiled = _lowrank_fused_kernel.warmup(
+                    *args, grid=(p,), P=p, ITER1=_cdiv(meta["NB1"], p),
+                    ITER2=_cdiv(meta["NBA"] + meta["NBB"] + meta["NBC"], p), PHASE=0, **meta,
+                )  # fmt: skip
+                fit = _coresident(compiled, int(meta["num_warps"]), device)
+                if fit >= want:
+                    break
+                want = fit
+            else:
+                want = 1
+        except Exception:  # noqa: BLE001 - unknown resources: one program per SM is always resident
+            want = 1
+        fit = want
+        _PROGRAMS[key] = sms * max(1, min(per_sm, fit))
+    return _PROGRAMS[key]
+
+
+@torch.library.custom_op("gac::lowrank_fused", mutates_args=())
+def lowrank_fused_op(
+    x: torch.Tensor,
+    v: torch.Tensor,
+    b1: torch.Tensor | None,
+    counters: torch.Tensor,
+    u0: torch.Tensor | None,
+    ub0: torch.Tensor | None,
+    u1: torch.Tensor | None,
+    ub1: torch.Tensor | None,
+    u2: torch.Tensor | None,
+    ub2: torch.Tensor | None,
+    splits: list[int],
+    outs: list[int],
+    cfg: list[int],
+) -> torch.Tensor:
+    """``[M, Σ outs]``: each member's ``(x vᵀ + b1)[:, seg] uᵀ (+ ub)`` side by side, in one launch.
+
+    Functional: ``counters`` is back to zero when the kernel ends (see the module docstring).
+    """
+    y = torch.empty((x.shape[0], sum(outs)), device=x.device, dtype=x.dtype)
+    n = len(splits)
+    _launch(x, v, b1, [u0, u1, u2][:n], [ub0, ub1, ub2][:n], splits, outs, y, counters, cfg)
+    return y
+
+
+@lowrank_fused_op.register_fake
+def _(x, v, b1, counters, u0, ub0, u1, ub1, u2, ub2, splits, outs, cfg):  # noqa: ANN001, ANN202
+    return x.new_empty((x.shape[0], sum(outs)))
+
+
+def _setup(ctx, inputs, output) -> None:  # noqa: ANN001 - torch.library's signature
+    x, v, b1, _, u0, ub0, u1, ub1, u2, ub2, splits, outs, _ = inputs
+    ctx.save_for_backward(x, v, b1, u0, u1, u2)
+    ctx.has_ub = [ub0 is not None, ub1 is not None, ub2 is not None]
+    ctx.splits, ctx.outs = list(splits), list(outs)
+
+
+def _backward(ctx, gy: torch.Tensor):  # noqa: ANN001, ANN202
+    # an inference kernel, but torch.compile traces a model whose parameters require grad with
+    # autograd in view: give it the two linear layers' gradients (cuBLAS)
+    x, v, b1, *us = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    t = x @ v.t()
+    if b1 is not None:
+        t = t + b1
+    gys = gy.split(ctx.outs, dim=-1)
+    ts = t.split(ctx.splits, dim=-1)
+    gts, gus, gubs = [], [None] * 3, [None] * 3
+    for i, (g, ti) in enumerate(zip(gys, ts, strict=True)):
+        u = us[i]
+        if u is None:
+            gts.append(g)
+            continue
+        gts.append(g @ u)
+        if need[4 + 2 * i]:
+            gus[i] = g.t() @ ti
+        if ctx.has_ub[i] and need[5 + 2 * i]:
+            gubs[i] = g.sum(0)
+    gt = torch.cat(gts, dim=-1)
+    gx = gt @ v if need[0] else None
+    gv = gt.t() @ x if need[1] else None
+    gb1 = gt.sum(0) if b1 is not None and need[2] else None
+    return gx, gv, gb1, None, gus[0], gubs[0], gus[1], gubs[1], gus[2], gubs[2], None, None, None
+
+
+lowrank_fused_op.register_autograd(_backward, setup_context=_setup)
+
+
+def lowrank_fused(
+    x: torch.Tensor,
+    v: torch.Tensor,
+    b1: torch.Tensor | None,
+    us: list[torch.Tensor | None],
+    ubs: list[torch.Tensor | None],
+    splits: list[int],
+    outs: list[int],
+    counters: torch.Tensor,
+    cfg: tuple[int, ...] | list[int] | None = None,
+) -> torch.Tensor:
+    """Every member's output side by side, ``[..., Σ outs]``, for inputs of at most 16 token rows.
+
+    Args:
+        x: ``[..., K]``.
+        v: the first stage, ``[Σ splits, K]`` (a factorized layer's ``v.weight``, a fused group's weight).
+        b1: the first stage's bias (a fused group's, for its dense members) or None.
+        us, ubs: per member its ``u.weight [outs_i, splits_i]`` and ``u.bias``; None for a dense member.
+        splits, outs: per member its rows of ``v`` and its output features.
+        counters: the module's zeroed int32 barrier counters (:func:`new_counters`).
+        cfg: a tile configuration (a row of :data:`CONFIGS`); default the first of the row class.
+
+    Raises:
+        ValueError: no Triton, more than 16 rows, or shapes that disagree.
+    """
+    if not HAVE_TRITON:
+        raise ValueError("the fused low-rank kernel needs Triton (pip install triton)")
+    lead, k = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(-1, k)
+    if x2.shape[0] > MAX_ROWS or x2.shape[0] == 0:
+        raise ValueError(f"lowrank_fused takes 1 to {MAX_ROWS} rows; got x {tuple(x.shape)}")
+    cfg = list(cfg or CONFIGS[1 if x2.shape[0] == 1 else 16][0])
+    n = len(splits)
+    pad = [None] * (MAX_SEGMENTS - n)
+    u0, u1, u2 = [u.contiguous() if u is not None else None for u in us] + pad
+    ub0, ub1, ub2 = list(ubs) + pad
+    y = lowrank_fused_op(
+        x2.contiguous(),
+        v.contiguous(),
+        b1,
+        counters,
+        u0,
+        ub0,
+        u1,
+        ub1,
+        u2,
+        ub2,
+        list(splits),
+        list(outs),
+        cfg,
+    )
+    return y.reshape(*lead, y.shape[-1])
+
+
+def new_counters(device: torch.device | str | None = None) -> torch.Tensor:
+    """Zeroed barrier counters: ``[arrive, depart, timed out, unused]``."""
+    return torch.zeros(4, dtype=torch.int32, device=device)
+
+
+def _config(x: torch.Tensor, table: dict[int, Any] | None) -> list[int] | None:
+    """The kernel configuration for ``x``'s row class, or None (the existing path)."""
+    if not table:
+        return None
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if not 0 < rows <= MAX_ROWS:
+        return None
+    return table.get(1 if rows == 1 else 16)
+
+
+# ------------------------------------------------------------------------------ modules
+
+
+class FusedLowRankLinear(FactorizedLinear):
+    """A :class:`FactorizedLinear` whose decode-sized inputs run both factors in one launch.
+
+    Made in place by :func:`use_fused_lowrank_` (class swap plus a non-persistent counter buffer;
+    the parameters are the same tensors) and undone by :func:`undo_fused_lowrank_`.
+    """
+
+    lowrank_table: dict[int, Any] | None = None
+    lowrank_counters: torch.Tensor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cfg = _config(x, self.lowrank_table)
+        if cfg is None:
+            return super().forward(x)
+        return lowrank_fused(
+            x, self.v.weight, None, [self.u.weight], [self.u.bias], [self.rank], [self.out_features],
+            self.lowrank_counters, cfg,
+        )  # fmt: skip
+
+
+class FusedLowRankGroup(FusedInputProjection):
+    """A fused first stage whose decode-sized inputs compute every member's final output in one launch.
+
+    ``lowrank_members[i]`` is member ``i``'s ``u`` (None for a dense member); the members are
+    :class:`FusedLowRankSlice` and skip their ``u`` when the group has applied it.
+    """
+
+    lowrank_table: dict[int, Any] | None = None
+    lowrank_members: list[nn.Module | None]
+    lowrank_counters: torch.Tensor
+
+    def _products(self, x: torch.Tensor) -> list[torch.Tensor | None]:
+        cfg = _config(x, self.lowrank_table)
+        if cfg is None:
+            return super()._products(x)
+        us = self.lowrank_members
+        outs = [int(u.out_features) if u is not None else s for u, s in zip(us, self.splits, strict=True)]
+        y = lowrank_fused(
+            x, self.weight, self.bias, [u.weight if u is not None else None for u in us],
+            [u.bias if u is not None else None for u in us], self.splits, outs, self.lowrank_counters, cfg,
+        )  # fmt: skip
+        return list(y.split(outs, dim=-1))
+
+
+class FusedLowRankSlice(FusedSlice):
+    """A member of a :class:`FusedLowRankGroup`: its ``u`` only where the group did not apply it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.group.part(x, self.index)
+        if self.u is None or _config(x, self.group.lowrank_table) is not None:
+            return y
+        return self.u(y)
+
+
+# ------------------------------------------------------------------------------ measuring
+
+
+def site_key(k: int, splits: list[int], outs: list[int | None]) -> str:
+    """``"4096:1736x4096+704x1024"``: in features, then per member rank x out (``"4096d"``: dense)."""
+    parts = [f"{r}x{n}" if n is not None else f"{r}d" for r, n in zip(splits, outs, strict=True)]
+    return f"{k}:" + "+".join(parts)
+
+
+def _weights(k: int, splits: list[int], outs: list[int | None], dtype: torch.dtype, device: torch.device):
+    v = torch.randn(sum(splits), k, device=device, dtype=dtype) * k**-0.5
+    us = [
+        (torch.randn(n, r, device=device, dtype=dtype) * r**-0.5) if n is not None else None
+        for r, n in zip(splits, outs, strict=True)
+    ]
+    return v, us
+
+
+def measure_site(
+    k: int,
+    splits: list[int],
+    outs: list[int | None],
+    rows: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    margin: float = 0.97,
+    configs: tuple[tuple[int, ...], ...] | None = None,
+) -> dict[str, Any]:
+    """Time the existing path (cuBLAS: first stage, then each member's ``u``) and each kernel config.
+
+    ``outs[i]`` None marks a dense member.  Every configuration is first run once and checked: a
+    barrier that timed out or counters left non-zero disqualify it, as does a wrong result.
+    """
+    esize = torch.tensor([], dtype=dtype).element_size()
+    nbytes = esize * (
+        k * sum(splits) + sum(r * n for r, n in zip(splits, outs, strict=True) if n is not None)
+    )
+    copies = max(2, min(64, _cdiv(128 * 2**20, nbytes)))
+    ws = [_weights(k, splits, outs, dtype, device) for _ in range(copies)]
+    x = torch.randn(rows, k, device=device, dtype=dtype)
+    t = torch.empty(rows, sum(splits), device=device, dtype=dtype)
+    real = [n if n is not None else r for r, n in zip(splits, outs, strict=True)]
+    ys = [torch.empty(rows, n, device=device, dtype=dtype) for n in real]
+    offs = [sum(splits[:i]) for i in range(len(splits))]
+
+    def existing(i: int) -> None:
+        v, us = ws[i % copies]
+        torch.mm(x, v.t(), out=t)
+        for j, u in enumerate(us):
+            if u is not None:
+                torch.mm(t[:, offs[j] : offs[j] + splits[j]], u.t(), out=ys[j])
+
+    rec: dict[str, Any] = {"site": site_key(k, splits, outs), "rows": rows, "bytes": nbytes}
+    rec["existing_us"] = _gemv._bench_graph(existing)
+    v0, us0 = ws[0]
+    t64 = x.double() @ v0.double().t()
+    ref = torch.cat(
+        [(t64[:, o : o + r] @ u.double().t()) if u is not None else t64[:, o : o + r]
+         for o, r, u in zip(offs, splits, us0, strict=True)], -1,
+    )  # fmt: skip
+    y = torch.empty(rows, sum(real), device=device, dtype=dtype)
+    counters = new_counters(device)
+    nones = [None] * len(splits)
+    best = None
+    for cfg in configs or CONFIGS[1 if rows == 1 else 16]:
+        try:
+            _launch(x, v0, None, us0, nones, splits, real, y, counters, cfg)
+            torch.cuda.synchronize(device)
+            c = counters.tolist()
+            err = ((y.double() - ref).norm() / ref.norm()).item()
+            if c[:3] != [0, 0, 0] or not err < 2e-2:
+                counters.zero_()
+                rec.setdefault("failed", []).append(f"{list(cfg)}: counters {c}, rel err {err:.2e}")
+                continue
+            us_ = _bench_graph_fused(ws, copies, x, splits, real, y, counters, cfg)
+        except Exception as e:  # noqa: BLE001 - a configuration that does not compile/fit is skipped
+            rec.setdefault("failed", []).append(f"{list(cfg)}: {type(e).__name__}: {str(e)[:120]}")
+            continue
+        if counters.tolist()[:3] != [0, 0, 0]:
+            counters.zero_()
+            rec.setdefault("failed", []).append(f"{list(cfg)}: counters not reset under graph replay")
+            continue
+        if best is None or us_ < best[0]:
+            best = (us_, cfg)
+    if best is not None:
+        rec["fused_us"], rec["config"] = best[0], list(best[1])
+    rec["use"] = best is not None and best[0] < margin * rec["existing_us"]
+    ws.clear()
+    return rec
+
+
+def _bench_graph_fused(ws, copies, x, splits, outs, y, counters, cfg) -> float:  # noqa: ANN001
+    nones = [None] * len(splits)
+    return _gemv._bench_graph(
+        lambda i: _launch(
+            x, ws[i % copies][0], None, ws[i % copies][1], nones, splits, outs, y, counters, cfg
+        )
+    )
+
+
+def _cache_path():  # noqa: ANN202
+    from gac.models.loading import cache_root
+
+    return cache_root() / "lowrank_fused_dispatch.json"
+
+
+def decisions(
+    sites: list[tuple[int, tuple[int, ...], tuple[int | None, ...]]], dtype: torch.dtype, device: torch.device
+) -> dict[str, dict[int, Any]]:
+    """Per site key: ``{1: config | None, 16: config | None}`` (None = the existing path), measured once."""
+    import json
+    import os
+
+    with _LOCK:
+        p = _cache_path()
+        try:
+            data = json.loads(p.read_text())
+        except (OSError, ValueError):
+            data = {}
+        table = data.setdefault(_gemv._cache_key(device, dtype), {})
+        changed = False
+        out: dict[str, dict[int, Any]] = {}
+        for k, splits, outs in sites:
+            key = site_key(k, list(splits), list(outs))
+            row: dict[int, Any] = {}
+            for rows in (1, 16):
+                sk = f"{key}@{rows}"
+                if sk not in table:
+                    table[sk] = measure_site(k, list(splits), list(outs), rows, dtype, device)
+                    changed = True
+                d = table[sk]
+                row[rows] = d["config"] if d.get("use") else None
+            out[key] = row
+        if changed:
+            try:
+                p.parent.mkdir(parents=True, exist_ok=True)
+                tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+                tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+                os.replace(tmp, p)
+            except OSError:  # a read-only cache costs a re-measure next time, nothing else
+                pass
+        return out
+
+
+def measured(dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
+    """The cached measurements of this GPU (for reports)."""
+    import json
+
+    try:
+        return dict(json.loads(_cache_path().read_text()).get(_gemv._cache_key(device, dtype), {}))
+    except (OSError, ValueError):
+        return {}
+
+
+# ------------------------------------------------------------------------------ switching
+
+
+def _sites(model: nn.Module):  # noqa: ANN202
+    """``(name, module, (k, splits, outs), members)`` for every factorized layer and fused group."""
+    found = []
+    slices: dict[int, dict[int, FusedSlice]] = {}
+    for _, m in model.named_modules():
+        if isinstance(m, FusedSlice):
+            slices.setdefault(id(m.group), {})[m.index] = m
+    for name, m in model.named_modules():
+        if isinstance(m, FactorizedLinear):
+            found.append((name, m, (m.in_features, (m.rank,), (m.out_features,)), None))
+        elif isinstance(m, FusedInputProjection):
+            members = slices.get(id(m), {})
+            if sorted(members) != list(range(len(m.splits))) or len(m.splits) > MAX_SEGMENTS:
+                continue
+            ordered = [members[i] for i in range(len(m.splits))]
+            if all(s.u is None for s in ordered):
+                continue  # all dense: one GEMV already
+            outs = tuple(int(s.u.out_features) if s.u is not None else None for s in ordered)
+            found.append((name, m, (m.in_features, tuple(m.splits), outs), ordered))
+    return found
+
+
+def use_fused_lowrank_(model: nn.Module, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Run each factorized layer (and each fused group with a factorized member) in one launch at decode.
+
+    In place: a :class:`FactorizedLinear` (``o_proj``, ``down_proj``) becomes a
+    :class:`FusedLowRankLinear`; a :class:`FusedInputProjection` with its members (q/k/v, gate/up)
+    becomes a :class:`FusedLowRankGroup` with :class:`FusedLowRankSlice` members.  Only the sites
+    whose shape was measured faster with the kernel (:func:`decisions`, cached per machine) are
+    switched, and only inputs of at most 16 token rows take the kernel.  Modules whose qualified
+    name ends with one of ``skip`` are left alone.  Returns ``{"modules": switched, "of": sites,
+    "shapes": {..}}``; on a model not on CUDA, or without Triton, nothing is switched and
+    ``"reason"`` says why.
+    """
+    p = next(model.parameters(), None)
+    if p is None or p.device.type != "cuda":
+        return {"modules": 0, "of": 0, "reason": "not on CUDA"}
+    if not HAVE_TRITON:
+        return {"modules": 0, "of": 0, "reason": "Triton is not installed"}
+    sites = [s for s in _sites(model) if not s[0].endswith(skip or ("\0",))]
+    table = decisions(sorted({s[2] for s in sites}, key=str), p.dtype, p.device)
+    n = 0
+    for _, m, (k, splits, outs), members in sites:
+        row = table[site_key(k, list(splits), list(outs))]
+        if not any(v is not None for v in row.values()):
+            continue
+        switch_(m, row, members)
+        n += 1
+    used = {key: {str(r): c for r, c in row.items()} for key, row in table.items() if any(row.values())}
+    return {"modules": n, "of": len(sites), "shapes": used}
+
+
+def switch_(m: nn.Module, table: dict[int, Any], members: list[FusedSlice] | None = None) -> nn.Module:
+    """Switch one factorized layer, or one fused group and its ``members``, to the kernel for ``table``."""
+    dev = m.weight.device if isinstance(m, FusedInputProjection) else m.v.weight.device
+    if "lowrank_counters" not in m._buffers:
+        m.register_buffer("lowrank_counters", new_counters(dev), persistent=False)
+    m.lowrank_table = {int(r): (list(c) if c is not None else None) for r, c in table.items()}
+    if isinstance(m, FusedInputProjection):
+        if members is None:
+            raise ValueError("a fused group needs its members")
+        m.lowrank_members = [s.u for s in members]  # a plain list: not registered twice
+        m.__class__ = FusedLowRankGroup
+        for s in members:
+            s.__class__ = FusedLowRankSlice
+    else:
+        m.__class__ = FusedLowRankLinear
+    return m
+
+
+def undo_fused_lowrank_(model: nn.Module) -> int:
+    """Back to the existing path everywhere. Returns the modules changed."""
+    n = 0
+    for m in model.modules():
+        if isinstance(m, (FusedLowRankLinear, FusedLowRankGroup)):
+            m.__class__ = FactorizedLinear if isinstance(m, FusedLowRankLinear) else FusedInputProjection
+            del m._buffers["lowrank_counters"]
+            for attr in ("lowrank_table", "lowrank_members"):
+                m.__dict__.pop(attr, None)
+            n += 1
+        elif isinstance(m, FusedLowRankSlice):
+            m.__class__ = FusedSlice
+    return n
+
+
+def barrier_timeouts(model: nn.Module) -> list[str]:
+    """Names of the switched modules whose barrier ever gave up (their results are wrong). Syncs the GPU."""
+    return [
+        name
+        for name, m in model.named_modules()
+        if "lowrank_counters" in getattr(m, "_buffers", {}) and int(m.lowrank_counters[2]) != 0
+    ]
