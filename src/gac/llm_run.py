@@ -53,6 +53,7 @@ def run(
     triton: bool = False,
     gqa_decode: bool = True,
     gemv: bool = True,
+    fused_lowrank: bool = False,
     prefill_reps: int = 10,
     decode_reps: int = 30,
     device: str = "auto",
@@ -97,6 +98,7 @@ def run(
         decode_reps=decode_reps,
         gqa_decode=gqa_decode,
         gemv=gemv,
+        fused_lowrank=fused_lowrank,
     )
     if min(cfg.decode_kv) < cfg.decode_warmup + cfg.decode_reps:
         raise GacError(
@@ -133,6 +135,7 @@ def run(
         "graphs": graphs,
         "gqa_decode": gqa_decode,
         "gemv": gemv,
+        "fused_lowrank": fused_lowrank,
     }
     for name, info in infos.items():
         if name in res["variants"]:
@@ -206,7 +209,16 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="cuBLAS for every decode GEMV (no Triton GEMV where it was measured faster)",
     )
-    ap.add_argument("--triton", action="store_true", help="fused Triton low-rank GEMV for decode (CUDA)")
+    ap.add_argument(
+        "--fused-lowrank",
+        action="store_true",
+        help="decode: both stages of each factorized site in one Triton launch where measured faster (CUDA; opt-in)",
+    )
+    ap.add_argument(
+        "--triton",
+        action="store_true",
+        help="the earlier fused low-rank GEMV (split over the rank, atomics; CUDA)",
+    )
     ap.add_argument("--prefill-reps", type=int, default=10)
     ap.add_argument("--decode-reps", type=int, default=30)
     ap.add_argument("--device", default="auto")
@@ -235,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
             fuse=a.fuse,
             gqa_decode=a.gqa_decode,
             gemv=a.gemv,
+            fused_lowrank=a.fused_lowrank,
             triton=a.triton,
             prefill_reps=a.prefill_reps,
             decode_reps=a.decode_reps,

@@ -201,3 +201,25 @@ def test_flop_ideal_ignores_version_1_counts_of_fused_models():
     res = {"variants": {"base": variant(2.0, 100.0, 4, 2), "c": variant(1.0, 80.0, 4, 2)}}
     add_speedups(res)
     assert res["variants"]["c"]["prefill"][0]["flop_ideal_speedup"] == 1.25
+
+
+def test_decode_kernel_options_are_plumbed_and_recorded_on_cpu():
+    from gac.experiments import parse_plan
+    from gac.llm_run import build_parser
+
+    a = build_parser().parse_args(["--variant", "baseline", "--out", "x", "--fused-lowrank", "--no-gemv"])
+    assert a.fused_lowrank and not a.gemv and a.gqa_decode
+    d = build_parser().parse_args(["--variant", "baseline", "--out", "x"])
+    assert not d.fused_lowrank and d.gemv  # defaults: GEMV dispatch on, fused low-rank opt-in
+    assert SweepConfig().fused_lowrank is False and SweepConfig().gemv is True
+    cfg = SweepConfig(
+        **{**TINY.to_dict(), "profile_kernels": False, "decode_batches": (1,), "fused_lowrank": True}
+    )
+    v = run_sweep([Variant("dense", tiny_model)], cfg, "cpu")["variants"]["dense"]
+    assert v["fused_lowrank"] == {"modules": 0, "reason": "not on CUDA"}
+    assert v["gemv"] == {"modules": 0, "reason": "not on CUDA"}
+    plan = {"axes": {"models": ["tiny:llama"], "compressors": ["svd"], "ratios": [0.5]}}
+    ok = parse_plan({**plan, "evals": [{"kind": "infer", "fused_lowrank": True, "gemv": False}]})
+    assert ok.evals[0]["fused_lowrank"] is True
+    with pytest.raises(GacError, match="fused_lowrank must be true or false"):
+        parse_plan({**plan, "evals": [{"kind": "infer", "fused_lowrank": "yes"}]})

@@ -27,6 +27,11 @@ def register(app: typer.Typer) -> None:
         no_gemv: bool = typer.Option(
             False, "--no-gemv", help="cuBLAS for every decode GEMV (no Triton-GEMV dispatch)."
         ),
+        fused_lowrank: bool = typer.Option(
+            False,
+            "--fused-lowrank",
+            help="Both stages of each factorized site in one Triton launch where measured faster (opt-in).",
+        ),
         tokenizer: str | None = typer.Option(
             None, "--tokenizer", help="Take the tokenizer from this model spec."
         ),
@@ -57,6 +62,7 @@ def register(app: typer.Typer) -> None:
             graphs=False if no_graphs else None,
             gqa_decode=not no_gqa_decode,
             gemv=not no_gemv,
+            fused_lowrank=fused_lowrank,
         )
         if json_out:
             out_console.print_json(json.dumps({"model": model, **g.to_dict()}))

@@ -72,6 +72,7 @@ def generate(
     stop_at_eos: bool = True,
     gqa_decode: bool = True,
     gemv: bool = True,
+    fused_lowrank: bool = False,
 ) -> Generation:
     """Greedy-decode ``max_new_tokens`` after ``prompt`` on the fast path (see the module docstring).
 
@@ -87,6 +88,8 @@ def generate(
             exact; :mod:`gac.kernels.attention`) in place.
         gemv: on CUDA, route decode GEMVs to the Triton kernel where it was measured faster than
             cuBLAS (:func:`gac.kernels.gemv.use_triton_gemv_`, in place).
+        fused_lowrank: on CUDA, run each factorized site's two stages in one Triton launch where
+            measured faster (:func:`gac.kernels.lowrank_fused.use_fused_lowrank_`, in place; opt-in).
 
     Raises:
         GacError: an empty prompt, a non-positive token count, or no tokenizer.
@@ -117,6 +120,10 @@ def generate(
         from gac.kernels.gemv import use_triton_gemv_
 
         use_triton_gemv_(model)
+    if fused_lowrank and on_cuda:
+        from gac.kernels.lowrank_fused import use_fused_lowrank_
+
+        use_fused_lowrank_(model)
     ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(dev)
     if ids.numel() == 0:
         raise GacError("the prompt is empty after tokenization")

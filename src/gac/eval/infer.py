@@ -78,6 +78,11 @@ class SweepConfig:
     #: decode GEMVs through the Triton kernel at the shapes where it was measured faster than cuBLAS
     #: on this GPU (:mod:`gac.kernels.gemv`; measured once per machine and cached; CUDA only).
     gemv: bool = True
+    #: decode: both stages of a factorized layer, or of a fused q/k/v or gate/up group, in one
+    #: persistent Triton launch (:mod:`gac.kernels.lowrank_fused`) at the shapes where it was
+    #: measured faster than the existing path (cached per machine; CUDA only).  Opt-in: measured
+    #: faster per site on the H200 at 1 token row, not yet end to end.
+    fused_lowrank: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -577,13 +582,20 @@ def sweep_model(
     model.eval()
     if cfg.gqa_decode:
         use_gqa_decode_(model)
-    gemv_info: dict[str, Any] = {"modules": 0, "reason": "off"}
+    gemv_info: dict[str, Any] = {"modules": 0, "reason": "off" if not cfg.gemv else "not on CUDA"}
     if cfg.gemv and dev.type == "cuda":
         from gac.kernels.gemv import use_triton_gemv_
 
         t0 = time.perf_counter()
         gemv_info = use_triton_gemv_(model)
         gemv_info["setup_s"] = time.perf_counter() - t0
+    fused_info: dict[str, Any] = {"modules": 0, "reason": "off" if not cfg.fused_lowrank else "not on CUDA"}
+    if cfg.fused_lowrank and dev.type == "cuda":
+        from gac.kernels.lowrank_fused import use_fused_lowrank_
+
+        t0 = time.perf_counter()
+        fused_info = use_fused_lowrank_(model)
+        fused_info["setup_s"] = time.perf_counter() - t0
     wbytes = weight_bytes_per_step(model)
     out: dict[str, Any] = {
         "params": param_count(model),
@@ -591,6 +603,7 @@ def sweep_model(
         "dtype": str(model_dtype(model)).removeprefix("torch."),
         "attn_implementation": getattr(model.config, "_attn_implementation", None),
         "gemv": gemv_info,
+        "fused_lowrank": fused_info,
         "graphs": graphs,
         "prefill": [],
         "decode": [],
