@@ -54,6 +54,28 @@ def test_launch_counting_fused_factorized_dense():
     assert _gemms(d) == 2 * 4 + 1  # a dense slice of a fused group launches nothing
 
 
+def test_sites_on_the_fused_low_rank_kernel_are_one_launch_where_their_row_class_is():
+    from gac.kernels.lowrank_fused import _sites, switch_
+
+    m = tiny_model()
+    for li in range(2):
+        for p in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.o_proj", "mlp.down_proj"):
+            _factorize(m, f"model.layers.{li}.{p}", 11)
+    fuse_projections_(m)
+    dec = Point("decode", 1, kv=64)
+    # per layer: q/k/v first stage + q's u + k's u, o (2), gate/up (1), down (2) = 8; + lm_head
+    assert _gemms(m, dec) == 2 * 8 + 1
+    before = predict(m, _prof(), dec)
+    for _, mod, _, members in _sites(m):  # the kernel measured faster at 1 row only
+        switch_(mod, {1: [4, 1024, 4, 1024, 4, 1, 8], 16: None}, members)
+    after = predict(m, _prof(), dec)
+    assert after["gemm_launches"] == 2 * 4 + 1  # each site one launch, as many as dense
+    # the same bytes, four fewer fixed costs per layer
+    assert after["ms"] == pytest.approx(before["ms"] - 2 * 4 * 5.0e-3, rel=1e-9)
+    assert _gemms(m, Point("decode", 16, kv=64)) == 2 * 8 + 1  # 16 rows: the existing path
+    assert _gemms(m, Point("prefill", 1, seq=32)) == 2 * 8 + 1
+
+
 def test_fused_launch_costs_the_concatenated_gemm():
     m = tiny_model()
     fuse_projections_(m)

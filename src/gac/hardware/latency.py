@@ -19,7 +19,9 @@ The formula (every term below is one line of :func:`launches`)::
   launch of ``[rows, k] @ [k, n]``: rows = ``B·S`` (prefill) or ``B`` (decode), and ``B`` for
   the output head (the sweep keeps only the last position's logits). So a fused q/k/v group is
   one launch, a factorized layer two, a :class:`~gac.kernels.fusion.FusedSlice` of a factorized
-  member one (its ``u``), a dense slice none. FLOPs ``2·rows·k·n`` at the profile's peak
+  member one (its ``u``), a dense slice none; a site switched to the fused low-rank kernel
+  (:mod:`gac.kernels.lowrank_fused`, at the row classes its table names) is one launch for all
+  its factors (:func:`_one_launch_sites`). FLOPs ``2·rows·k·n`` at the profile's peak
   slowed by :meth:`Profile.efficiency` of N (``lowrank_r`` for the first factor of a low-rank
   pair, else ``gemm_n``) and of K (``gemm_k``), as :meth:`Profile.gemm_ms` does; bytes: the
   weight plus the activations in and out.
@@ -219,7 +221,9 @@ def launches(
         elif isinstance(m, LatentProjection):
             first_stage.add(id(m.down))
     t = point.tokens
+    merged = _one_launch_sites(model, t)
     out: list[Launch] = []
+    keys: list[str | None] = []
     elem = 2
     for name, mod in model.named_modules():
         w = mod._parameters.get("weight")
@@ -241,6 +245,8 @@ def launches(
         nbytes = float((k * n + rows * (k + n)) * elem)
         out.append(Launch("head" if mod is head else "gemm", name or "model", flops, nbytes, launch_us,
                           flop_ms, nbytes / bw * 1e3))  # fmt: skip
+        keys.append(merged.get(id(mod)))
+    out = _merge(out, keys)
     cfg = getattr(model, "config", None)
     hidden = int(emb.weight.shape[1]) if emb is not None else int(getattr(cfg, "hidden_size", 0) or 0)
     layers = _layers(model)
@@ -276,6 +282,50 @@ def launches(
     for j in range(AUX_PER_STEP):
         out.append(Launch("aux", f"step.aux{j}", 0.0, glob / AUX_PER_STEP, aux_us, 0.0,
                           glob / AUX_PER_STEP / bw * 1e3))  # fmt: skip
+    return out
+
+
+def _one_launch_sites(model: Any, rows: int) -> dict[int, str]:
+    """Weight-owning modules that run in one launch with others at ``rows`` token rows.
+
+    A site switched to the fused low-rank kernel (:mod:`gac.kernels.lowrank_fused`: a module with a
+    ``lowrank_table`` whose row class has a configuration) computes its factors, and a fused group
+    its first stage and every member's second factor, in one launch.  Returns ``{id(module): site}``.
+    """
+    from gac.surgery.factorized import FactorizedLinear
+
+    cls = 1 if rows == 1 else 16
+    out: dict[int, str] = {}
+    for name, m in model.named_modules():
+        table = getattr(m, "lowrank_table", None)
+        if not table or not 0 < rows <= 16 or table.get(cls, table.get(str(cls))) is None:
+            continue
+        if isinstance(m, FactorizedLinear):
+            out[id(m.v)] = out[id(m.u)] = name
+        else:  # a fused group: its first stage and its members' second factors
+            out[id(m)] = name
+            for u in getattr(m, "lowrank_members", None) or []:
+                if u is not None:
+                    out[id(u)] = name
+    return out
+
+
+def _merge(ls: list[Launch], keys: list[str | None]) -> list[Launch]:
+    """One launch per key: FLOPs, bytes and their times summed, one fixed cost."""
+    out: list[Launch] = []
+    at: dict[str, int] = {}
+    for x, k in zip(ls, keys, strict=True):
+        if k is None:
+            out.append(x)
+        elif k not in at:
+            at[k] = len(out)
+            out.append(Launch(x.kind, k, x.flops, x.bytes, x.fixed_us, x.flop_ms, x.byte_ms))
+        else:
+            y = out[at[k]]
+            y.flops += x.flops
+            y.bytes += x.bytes
+            y.flop_ms += x.flop_ms
+            y.byte_ms += x.byte_ms
     return out
 
 
