@@ -82,8 +82,6 @@ def run(
         raise GacError(f"--out {out} is a file, not a directory")
     check_out(out / "infer.json", overwrite=True, kind="file")  # /proc, unwritable parents: now
     dev, dt = resolve_device_dtype(device, dtype)
-    if graphs and not dev.startswith("cuda"):
-        raise GacError("CUDA graphs were asked for, but the device is CPU; drop --graphs or use a GPU")
     if triton and not dev.startswith("cuda"):
         raise GacError("the Triton low-rank kernel runs on CUDA only; drop --triton or use a GPU")
     cfg = SweepConfig(
