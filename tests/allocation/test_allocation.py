@@ -392,3 +392,18 @@ def test_paper_objective_moves_parameters_to_sensitive_sites():
     narrow = allocate("knapsack", [a, b], native, prof, curves, window=0.02)
     assert all(abs(narrow.dims[n] - 150) <= 3 for n in "ab")
     assert narrow.dims["a"] > 150 > narrow.dims["b"]
+
+
+def test_gac_latency_at_decode_keeps_more_sites_dense():
+    """At one token row a factorized site pays a second launch for few saved bytes: under the same
+    budget and a wide window, ``gac-latency`` keeps more sites dense than at a 1024-token prefill."""
+    sites, curves, native = _sites_and_curves(4, LLAMA3_8B)
+    prof = _profile(8)
+    dense = {}
+    for tokens in (1024, 1):
+        lat = allocate(
+            "gac-latency", sites, native, prof, curves, objective="curve", tokens=tokens, window=0.5
+        )
+        assert lat.cost <= lat.budget and lat.loss <= lat.native_loss * (1 + 1e-9)
+        dense[tokens] = sum(lat.dims[s.name] >= s.max_dim for s in sites)
+    assert dense[1] > dense[1024]

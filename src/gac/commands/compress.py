@@ -88,6 +88,12 @@ def compress_cmd(
     latency_target: float | None = typer.Option(
         None, "--latency-target", help="gac-latency: predicted latency bound as a fraction of dense."
     ),
+    latency_tokens: int = typer.Option(
+        1024,
+        "--latency-tokens",
+        help="Rows per GEMM in the latency model (gac-latency, predictions): 1024 a prefill; the batch "
+        "for decode, where bytes and launches dominate and a factorized site pays its second launch.",
+    ),
     candidates: str = typer.Option(
         "modulus",
         "--candidates",
@@ -147,6 +153,7 @@ def compress_cmd(
         batch_size=batch_size,
         options=parse_options(option),
         latency_target=latency_target,
+        tokens=latency_tokens,
         candidates=candidates,
         objective=objective,
         window=window,
