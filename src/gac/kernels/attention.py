@@ -39,7 +39,7 @@ def decode_mode(batch: int, kv_heads: int, kv_len: int) -> str:
     # SDPA's fused kernels run one CTA per (batch, KV head, query block): a grouped single-token
     # query at batch 1 is 8 CTAs on a 132-SM GPU (80 µs per layer at KV 4096 on an H200).  Two
     # batched GEMMs were faster at every point measured (Llama-3-8B shape, H200: B 1-64 x KV
-    # 512-4096, dense decode 1-12% faster, ``benchmarks/results/h200/issue9/diag.json``); longer
+    # 512-4096, dense decode steps 2-28% shorter, ``benchmarks/results/h200/issue9/diag.json``); longer
     # caches were not measured and keep SDPA (whose split-KV kernels are made for them).
     return "matmul" if kv_len <= MATMUL_MAX_KV else "sdpa"
 
