@@ -298,7 +298,7 @@ def _one_launch_sites(model: Any, rows: int) -> dict[int, str]:
     out: dict[int, str] = {}
     for name, m in model.named_modules():
         table = getattr(m, "lowrank_table", None)
-        if not table or not 0 < rows <= 16 or table.get(cls, table.get(str(cls))) is None:
+        if not table or not 0 < rows <= 16 or table.get(cls) is None:
             continue
         if isinstance(m, FactorizedLinear):
             out[id(m.v)] = out[id(m.u)] = name

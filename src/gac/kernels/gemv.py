@@ -266,10 +266,10 @@ def measure_shape(
     return rec
 
 
-def _cache_path() -> Path:
+def _cache_path(name: str = "gemv_dispatch.json") -> Path:
     from gac.models.loading import cache_root
 
-    return cache_root() / "gemv_dispatch.json"
+    return cache_root() / name
 
 
 def _cache_key(device: torch.device, dtype: torch.dtype) -> str:
@@ -277,16 +277,17 @@ def _cache_key(device: torch.device, dtype: torch.dtype) -> str:
     return f"{name}|torch{torch.__version__}|triton{triton.__version__}|{str(dtype).removeprefix('torch.')}"
 
 
-def _load_cache() -> dict[str, Any]:
-    p = _cache_path()
+def _load_cache(name: str = "gemv_dispatch.json") -> dict[str, Any]:
+    """A per-machine dispatch cache under ``$GAC_CACHE`` ({} when absent or unreadable)."""
+    p = _cache_path(name)
     try:
         return json.loads(p.read_text())
     except (OSError, ValueError):
         return {}
 
 
-def _save_cache(data: dict[str, Any]) -> None:
-    p = _cache_path()
+def _save_cache(data: dict[str, Any], name: str = "gemv_dispatch.json") -> None:
+    p = _cache_path(name)
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")

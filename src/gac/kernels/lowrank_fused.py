@@ -420,8 +420,7 @@ def _programs(args: tuple, meta: dict[str, Any], per_sm: int, device: torch.devi
                 want = 1
         except Exception:  # noqa: BLE001 - unknown resources: one program per SM is always resident
             want = 1
-        fit = want
-        _PROGRAMS[key] = sms * max(1, min(per_sm, fit))
+        _PROGRAMS[key] = sms * max(1, min(per_sm, want))
     return _PROGRAMS[key]
 
 
@@ -720,25 +719,15 @@ def _bench_graph_fused(ws, copies, x, splits, outs, y, counters, cfg) -> float: 
     )
 
 
-def _cache_path():  # noqa: ANN202
-    from gac.models.loading import cache_root
-
-    return cache_root() / "lowrank_fused_dispatch.json"
+CACHE = "lowrank_fused_dispatch.json"
 
 
 def decisions(
     sites: list[tuple[int, tuple[int, ...], tuple[int | None, ...]]], dtype: torch.dtype, device: torch.device
 ) -> dict[str, dict[int, Any]]:
     """Per site key: ``{1: config | None, 16: config | None}`` (None = the existing path), measured once."""
-    import json
-    import os
-
     with _LOCK:
-        p = _cache_path()
-        try:
-            data = json.loads(p.read_text())
-        except (OSError, ValueError):
-            data = {}
+        data = _gemv._load_cache(CACHE)
         table = data.setdefault(_gemv._cache_key(device, dtype), {})
         changed = False
         out: dict[str, dict[int, Any]] = {}
@@ -754,24 +743,13 @@ def decisions(
                 row[rows] = d["config"] if d.get("use") else None
             out[key] = row
         if changed:
-            try:
-                p.parent.mkdir(parents=True, exist_ok=True)
-                tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-                tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-                os.replace(tmp, p)
-            except OSError:  # a read-only cache costs a re-measure next time, nothing else
-                pass
+            _gemv._save_cache(data, CACHE)
         return out
 
 
 def measured(dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
     """The cached measurements of this GPU (for reports)."""
-    import json
-
-    try:
-        return dict(json.loads(_cache_path().read_text()).get(_gemv._cache_key(device, dtype), {}))
-    except (OSError, ValueError):
-        return {}
+    return dict(_gemv._load_cache(CACHE).get(_gemv._cache_key(device, dtype), {}))
 
 
 # ------------------------------------------------------------------------------ switching
