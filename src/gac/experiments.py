@@ -586,7 +586,7 @@ def _infer(model: Any, e: dict[str, Any], label: str) -> dict[str, Any]:
         graphs=e.get("graphs"),
         gqa_decode=e.get("gqa_decode", True),
         gemv=e.get("gemv", True),
-        fused_lowrank=e.get("fused_lowrank", False),
+        fused_lowrank=e.get("fused_lowrank", True),
         profile_kernels=False,
     )
     dev = model_device(model)

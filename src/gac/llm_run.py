@@ -53,7 +53,7 @@ def run(
     triton: bool = False,
     gqa_decode: bool = True,
     gemv: bool = True,
-    fused_lowrank: bool = False,
+    fused_lowrank: bool = True,
     prefill_reps: int = 10,
     decode_reps: int = 30,
     device: str = "auto",
@@ -208,9 +208,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="cuBLAS for every decode GEMV (no Triton GEMV where it was measured faster)",
     )
     ap.add_argument(
-        "--fused-lowrank",
-        action="store_true",
-        help="decode: both stages of each factorized site in one Triton launch where measured faster (CUDA; opt-in)",
+        "--no-fused-lowrank",
+        dest="fused_lowrank",
+        action="store_false",
+        help="decode: keep each factorized site's two GEMVs (no one-launch Triton kernel where it was measured faster)",
     )
     ap.add_argument(
         "--triton",

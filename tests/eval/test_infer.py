@@ -212,11 +212,11 @@ def test_decode_kernel_options_are_plumbed_and_recorded_on_cpu():
     from gac.experiments import parse_plan
     from gac.llm_run import build_parser
 
-    a = build_parser().parse_args(["--variant", "baseline", "--out", "x", "--fused-lowrank", "--no-gemv"])
-    assert a.fused_lowrank and not a.gemv and a.gqa_decode
+    a = build_parser().parse_args(["--variant", "baseline", "--out", "x", "--no-fused-lowrank", "--no-gemv"])
+    assert not a.fused_lowrank and not a.gemv and a.gqa_decode
     d = build_parser().parse_args(["--variant", "baseline", "--out", "x"])
-    assert not d.fused_lowrank and d.gemv  # defaults: GEMV dispatch on, fused low-rank opt-in
-    assert SweepConfig().fused_lowrank is False and SweepConfig().gemv is True
+    assert d.fused_lowrank and d.gemv  # defaults: GEMV dispatch and the fused low-rank kernel on
+    assert SweepConfig().fused_lowrank is True and SweepConfig().gemv is True
     cfg = SweepConfig(
         **{**TINY.to_dict(), "profile_kernels": False, "decode_batches": (1,), "fused_lowrank": True}
     )

@@ -96,3 +96,36 @@ def test_fused_block_compiles_in_one_graph_without_recompiles():
     assert counter.frame_count == 1  # compiled once, no recompile for later inputs
     assert layer.mlp.fused_gate_up._x is None and layer.mlp.fused_gate_up._parts == []
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_aligned_split_copies_exactly_the_slices_off_a_16_byte_boundary(rows):
+    from gac.kernels.fusion import aligned_split
+
+    y = torch.randn(rows, 7 + 37 + 20 + 8, dtype=torch.bfloat16)
+    parts = aligned_split(y, [7, 37, 20, 8])
+    for p, want in zip(parts, y.split([7, 37, 20, 8], -1), strict=True):
+        assert torch.equal(p, want)
+        assert p.data_ptr() % 16 == 0 or p.data_ptr() == y.data_ptr()
+    # rows of 72 bf16 = 144 bytes: a 16-byte multiple, so only the offsets decide
+    assert [
+        p.data_ptr() == w.data_ptr() for p, w in zip(parts, y.split([7, 37, 20, 8], -1), strict=True)
+    ] == [
+        True,
+        False,
+        False,
+        True,
+    ]
+    odd = torch.randn(
+        rows, 8 + 8 + 3, dtype=torch.bfloat16
+    )  # rows of 38 bytes: every row start but the first is off
+    views = [
+        p.data_ptr() == w.data_ptr()
+        for p, w in zip(aligned_split(odd, [8, 8, 3]), odd.split([8, 8, 3], -1), strict=True)
+    ]
+    assert views == ([True, True, True] if rows == 1 else [False, False, False])
+    f32 = torch.randn(rows, 4 + 8, dtype=torch.float32)  # 16 bytes per 4 float32
+    assert all(
+        p.data_ptr() == w.data_ptr()
+        for p, w in zip(aligned_split(f32, [4, 8]), f32.split([4, 8], -1), strict=True)
+    )

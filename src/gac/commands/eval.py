@@ -172,9 +172,9 @@ def infer_cmd(
         help="Triton decode GEMVs where measured faster than cuBLAS (CUDA; default).",
     ),
     fused_lowrank: bool = typer.Option(
-        False,
-        "--fused-lowrank",
-        help="Decode: both stages of each factorized site in one Triton launch where measured faster (CUDA; opt-in).",
+        True,
+        "--fused-lowrank/--no-fused-lowrank",
+        help="Decode: both stages of each factorized site in one Triton launch where measured faster (CUDA; default).",
     ),
     prefill_reps: int = typer.Option(10, "--prefill-reps"),
     decode_reps: int = typer.Option(30, "--decode-reps"),

@@ -27,10 +27,10 @@ def register(app: typer.Typer) -> None:
         no_gemv: bool = typer.Option(
             False, "--no-gemv", help="cuBLAS for every decode GEMV (no Triton-GEMV dispatch)."
         ),
-        fused_lowrank: bool = typer.Option(
+        no_fused_lowrank: bool = typer.Option(
             False,
-            "--fused-lowrank",
-            help="Both stages of each factorized site in one Triton launch where measured faster (opt-in).",
+            "--no-fused-lowrank",
+            help="Keep each factorized site's two GEMVs (no one-launch Triton kernel where measured faster).",
         ),
         tokenizer: str | None = typer.Option(
             None, "--tokenizer", help="Take the tokenizer from this model spec."
@@ -62,7 +62,7 @@ def register(app: typer.Typer) -> None:
             graphs=False if no_graphs else None,
             gqa_decode=not no_gqa_decode,
             gemv=not no_gemv,
-            fused_lowrank=fused_lowrank,
+            fused_lowrank=not no_fused_lowrank,
         )
         if json_out:
             out_console.print_json(json.dumps({"model": model, **g.to_dict()}))

@@ -72,7 +72,7 @@ def generate(
     stop_at_eos: bool = True,
     gqa_decode: bool = True,
     gemv: bool = True,
-    fused_lowrank: bool = False,
+    fused_lowrank: bool = True,
 ) -> Generation:
     """Greedy-decode ``max_new_tokens`` after ``prompt`` on the fast path (see the module docstring).
 
@@ -89,7 +89,7 @@ def generate(
         gemv: on CUDA, route decode GEMVs to the Triton kernel where it was measured faster than
             cuBLAS (:func:`gac.kernels.gemv.use_triton_gemv_`, in place).
         fused_lowrank: on CUDA, run each factorized site's two stages in one Triton launch where
-            measured faster (:func:`gac.kernels.lowrank_fused.use_fused_lowrank_`, in place; opt-in).
+            measured faster (:func:`gac.kernels.lowrank_fused.use_fused_lowrank_`, in place).
 
     Raises:
         GacError: an empty prompt, a non-positive token count, or no tokenizer.

@@ -80,9 +80,8 @@ class SweepConfig:
     gemv: bool = True
     #: decode: both stages of a factorized layer, or of a fused q/k/v or gate/up group, in one
     #: persistent Triton launch (:mod:`gac.kernels.lowrank_fused`) at the shapes where it was
-    #: measured faster than the existing path (cached per machine; CUDA only).  Opt-in: measured
-    #: faster per site on the H200 at 1 token row, not yet end to end.
-    fused_lowrank: bool = False
+    #: measured faster than the existing path (cached per machine; CUDA only).
+    fused_lowrank: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

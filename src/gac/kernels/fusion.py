@@ -103,10 +103,32 @@ class FusedInputProjection(nn.Module):
     def _products(self, x: torch.Tensor) -> list[torch.Tensor | None]:
         """Every member's slice of ``x @ W_catᵀ (+ b)`` (overridden by the fused low-rank group)."""
         y = dispatch_linear(x, self.weight, self.bias, self.gemv_table)
-        return list(y.split(self.splits, dim=-1))
+        return aligned_split(y, self.splits)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, splits={self.splits}, kinds={self.kinds}"
+
+
+def aligned_split(y: torch.Tensor, sizes: list[int]) -> list[torch.Tensor | None]:
+    """``y.split(sizes, -1)``, with every slice that does not start on a 16-byte boundary copied.
+
+    A slice at an odd offset of a bf16 row (a member of rank 37 after one of rank 7) is a view whose
+    data pointer is only 2-byte aligned.  Some CUDA kernels assume 16-byte alignment of what they
+    are given: on the H200 (torch 2.11) a tiny Llama whose fused q/k/v handed ``v`` to SDPA at an
+    88-byte offset died with ``misaligned address`` in ``scaled_dot_product_attention``; with the
+    copies it ran.  Whether a slice needs the copy follows from ``sizes`` and the dtype alone
+    (``y`` is a fresh allocation), so a compiled caller sees the same graph on every call.  Ranks
+    and widths that are multiples of 8 (what ``--align gac`` selects for 2-byte dtypes) never copy.
+    """
+    esize = y.element_size()
+    total = sum(sizes)
+    parts: list[torch.Tensor | None] = []
+    off = 0
+    for part, n in zip(y.split(sizes, dim=-1), sizes, strict=True):
+        aligned = (off * esize) % 16 == 0 and (y.dim() < 2 or y.numel() == total or (total * esize) % 16 == 0)
+        parts.append(part if aligned else part.clone(memory_format=torch.contiguous_format))
+        off += n
+    return parts
 
 
 class FusedSlice(nn.Module):

@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from gac.kernels import gemv as _gemv
-from gac.kernels.fusion import FusedInputProjection, FusedSlice
+from gac.kernels.fusion import FusedInputProjection, FusedSlice, aligned_split
 from gac.surgery.factorized import FactorizedLinear
 
 try:  # Triton is optional: only the GPU path needs it (and the CPU interpreter in tests).
@@ -606,7 +606,7 @@ class FusedLowRankGroup(FusedInputProjection):
             x, self.weight, self.bias, [u.weight if u is not None else None for u in us],
             [u.bias if u is not None else None for u in us], self.splits, outs, self.lowrank_counters, cfg,
         )  # fmt: skip
-        return list(y.split(outs, dim=-1))
+        return aligned_split(y, outs)
 
 
 class FusedLowRankSlice(FusedSlice):
