@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch import nn
 
+from gac.kernels import gemv as G
 from gac.kernels.gemv import GemvLinear, dispatch_linear, undo_triton_gemv_, use_triton_gemv_
 
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
@@ -185,3 +186,29 @@ def test_use_triton_gemv_on_gpu_is_measured_cached_and_exact_under_graphs(tmp_pa
     graph.replay()
     torch.cuda.synchronize()
     assert torch.allclose(out.float(), want.float(), rtol=1e-2, atol=1e-2)
+
+
+def test_cached_decisions_measure_what_is_missing_once_and_keep_partial_work(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.setenv("GAC_CACHE", str(tmp_path))
+    monkeypatch.setattr(G, "_cache_key", lambda device, dtype: "test-gpu|bfloat16")
+    calls = []
+
+    def measure(key, rows):
+        calls.append((key, rows))
+        if key == "boom":
+            raise RuntimeError("interrupted")
+        return {"use": key == "fast", "config": [rows]}
+
+    args = ("t.json", torch.device("cpu"), torch.bfloat16)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        G.cached_decisions(*args, ["fast", "slow", "boom"], measure, (1, 16), "test")
+    saved = json.loads((tmp_path / "t.json").read_text())["test-gpu|bfloat16"]
+    assert sorted(saved) == ["fast@1", "fast@16", "slow@1", "slow@16"]  # kept what was measured
+    calls.clear()
+    got = G.cached_decisions(*args, ["fast", "slow"], measure, (1, 16), "test")
+    assert calls == []  # all cached
+    assert got == {"fast": {1: [1], 16: [16]}, "slow": {1: None, 16: None}}
+    got = G.cached_decisions(*args, ["fast", "new"], measure, (1,), "test")
+    assert calls == [("new", 1)] and got == {"fast": {1: [1]}, "new": {1: None}}

@@ -467,11 +467,18 @@ def infer_of(cell: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def cell_skeleton(cell: dict[str, Any]) -> Any:
-    """:func:`skeleton` of a recorded cell: its model spec, its kept dims, fused as its ``infer`` ran."""
+    """:func:`skeleton` of a recorded cell: its model spec, its kept dims, fused as its ``infer`` ran,
+    with the sites its ``infer`` switched to the fused low-rank kernel switched again."""
     inf = infer_of(cell) or {}
     spec = str((cell.get("cell") or {}).get("model"))
-    return skeleton(spec, (cell.get("results") or {}).get("dims"), str(inf.get("dtype") or "bfloat16"),
-                    fused=bool(inf.get("fused", True)))  # fmt: skip
+    model = skeleton(spec, (cell.get("results") or {}).get("dims"), str(inf.get("dtype") or "bfloat16"),
+                     fused=bool(inf.get("fused", True)))  # fmt: skip
+    shapes = (inf.get("fused_lowrank") or {}).get("shapes")
+    if shapes:
+        from gac.kernels.lowrank_fused import switch_recorded_
+
+        switch_recorded_(model, shapes)
+    return model
 
 
 def gqa_decode_of(infer: dict[str, Any]) -> bool:

@@ -28,6 +28,7 @@ import json
 import os
 import threading
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -297,29 +298,48 @@ def _save_cache(data: dict[str, Any], name: str = "gemv_dispatch.json") -> None:
         pass
 
 
+def cached_decisions(
+    name: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    keys: list[str],
+    measure: Callable[[str, int], dict[str, Any]],
+    row_classes: tuple[int, ...],
+    what: str,
+) -> dict[str, dict[int, Any]]:
+    """Per key ``{rows: config | None}`` from the per-machine cache ``name`` (None = the existing path).
+
+    What the cache lacks is measured (``measure(key, rows)``, a record with ``use`` and ``config``)
+    under a progress bar, and saved after each measurement, so an interrupted run keeps what it
+    measured.
+    """
+    with _LOCK:
+        data = _load_cache(name)
+        table = data.setdefault(_cache_key(device, dtype), {})
+        missing = [(k, r) for k in keys for r in row_classes if f"{k}@{r}" not in table]
+        if missing:
+            from gac.utils import track
+
+            for k, r in track(missing, f"{what}: measuring {len(missing)} shape(s) once on this GPU"):
+                table[f"{k}@{r}"] = measure(k, r)
+                _save_cache(data, name)
+        out: dict[str, dict[int, Any]] = {}
+        for k in keys:
+            out[k] = {r: (table[f"{k}@{r}"]["config"] if table[f"{k}@{r}"].get("use") else None)
+                      for r in row_classes}  # fmt: skip
+        return out
+
+
 def decisions(
     shapes: list[tuple[int, int]], dtype: torch.dtype, device: torch.device
 ) -> dict[tuple[int, int], dict[int, Any]]:
     """Per ``(n, k)``: ``{1: config | None, 16: config | None}`` (None = cuBLAS), measured once per machine."""
-    with _LOCK:
-        data = _load_cache()
-        key = _cache_key(device, dtype)
-        table = data.setdefault(key, {})
-        changed = False
-        out: dict[tuple[int, int], dict[int, Any]] = {}
-        for n, k in shapes:
-            row: dict[int, Any] = {}
-            for rows in (1, 16):
-                sk = f"{n}x{k}@{rows}"
-                if sk not in table:
-                    table[sk] = measure_shape(n, k, rows, dtype, device)
-                    changed = True
-                d = table[sk]
-                row[rows] = d["config"] if d.get("use") else None
-            out[(n, k)] = row
-        if changed:
-            _save_cache(data)
-        return out
+    keys = {f"{n}x{k}": (n, k) for n, k in shapes}
+    got = cached_decisions(
+        "gemv_dispatch.json", device, dtype, list(keys),
+        lambda key, rows: measure_shape(*keys[key], rows, dtype, device), (1, 16), "Triton GEMV dispatch",
+    )  # fmt: skip
+    return {keys[k]: row for k, row in got.items()}
 
 
 def measured(dtype: torch.dtype, device: torch.device) -> dict[str, Any]:

@@ -35,7 +35,6 @@ by ``margin``.  Inputs of more than 16 rows always keep the existing path.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import torch
@@ -54,6 +53,11 @@ except ImportError:  # pragma: no cover - depends on the install
     HAVE_TRITON = False
 
 MAX_ROWS = 16
+#: row classes measured for dispatch: one token row only.  The kernel runs 2..16 rows
+#: (``CONFIGS[16]``, tested), but lost to the existing path at all 28 site shapes measured at 16
+#: rows on the H200 (0.44-0.92x of its speed, same file as below), so measuring it would only lengthen the
+#: first use; ``decisions(..., row_classes=(1, 16))`` measures both.
+ROW_CLASSES = (1,)
 MAX_SEGMENTS = 3
 #: barrier reads before a program gives up (normal waits are a few hundred; ~0.1-1 s in all)
 MAX_SPIN = 1 << 21
@@ -61,14 +65,16 @@ MAX_SPIN = 1 << 21
 #: for M = 1 and for M in 2..16 (``tl.dot`` needs 16-wide tiles).  A program keeps one tile of
 #: loads in flight at a time (Triton pipelines only the loads that feed ``tl.dot``), so the M = 1
 #: configurations trade tile size against programs per SM (capped at what is co-resident) to keep
-#: ~32-64 KiB in flight per SM; the last of each row class is one program per SM.
+#: ~32-64 KiB in flight per SM.  The M = 1 list holds the three that won at least one of the 28
+#: site shapes measured on the H200 (Llama-3-8B SVD-LLM and ASVD allocations,
+#: ``benchmarks/results/h200/speed-fused/lowrank_fused_dispatch.json``); two more that never won
+#: (``(16, 512, 16, 512, 8, 1, 2)``, ``(8, 512, 8, 512, 4, 1, 1)``) were dropped to shorten the
+#: first-use measurement.
 CONFIGS = {
     1: (
         (4, 1024, 4, 1024, 4, 1, 8),
         (8, 1024, 8, 1024, 4, 1, 4),
         (2, 2048, 4, 2048, 4, 1, 8),
-        (16, 512, 16, 512, 8, 1, 2),
-        (8, 512, 8, 512, 4, 1, 1),
     ),
     16: (
         (16, 256, 16, 256, 4, 3, 2),
@@ -78,7 +84,6 @@ CONFIGS = {
         (16, 256, 16, 256, 4, 3, 1),
     ),
 }
-_LOCK = threading.Lock()
 _PROGRAMS: dict[tuple, int] = {}  # (device, specialisation) -> programs that are co-resident
 
 if HAVE_TRITON:
@@ -723,28 +728,17 @@ CACHE = "lowrank_fused_dispatch.json"
 
 
 def decisions(
-    sites: list[tuple[int, tuple[int, ...], tuple[int | None, ...]]], dtype: torch.dtype, device: torch.device
+    sites: list[tuple[int, tuple[int, ...], tuple[int | None, ...]]],
+    dtype: torch.dtype,
+    device: torch.device,
+    row_classes: tuple[int, ...] = ROW_CLASSES,
 ) -> dict[str, dict[int, Any]]:
-    """Per site key: ``{1: config | None, 16: config | None}`` (None = the existing path), measured once."""
-    with _LOCK:
-        data = _gemv._load_cache(CACHE)
-        table = data.setdefault(_gemv._cache_key(device, dtype), {})
-        changed = False
-        out: dict[str, dict[int, Any]] = {}
-        for k, splits, outs in sites:
-            key = site_key(k, list(splits), list(outs))
-            row: dict[int, Any] = {}
-            for rows in (1, 16):
-                sk = f"{key}@{rows}"
-                if sk not in table:
-                    table[sk] = measure_site(k, list(splits), list(outs), rows, dtype, device)
-                    changed = True
-                d = table[sk]
-                row[rows] = d["config"] if d.get("use") else None
-            out[key] = row
-        if changed:
-            _gemv._save_cache(data, CACHE)
-        return out
+    """Per site key: ``{rows: config | None}`` (None = the existing path), measured once per machine."""
+    keys = {site_key(k, list(splits), list(outs)): (k, list(splits), list(outs)) for k, splits, outs in sites}
+    return _gemv.cached_decisions(
+        CACHE, device, dtype, list(keys),
+        lambda key, rows: measure_site(*keys[key], rows, dtype, device), row_classes, "fused low-rank dispatch",
+    )  # fmt: skip
 
 
 def measured(dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
@@ -796,15 +790,29 @@ def use_fused_lowrank_(model: nn.Module, skip: tuple[str, ...] = ()) -> dict[str
         return {"modules": 0, "of": 0, "reason": "Triton is not installed"}
     sites = [s for s in _sites(model) if not s[0].endswith(skip or ("\0",))]
     table = decisions(sorted({s[2] for s in sites}, key=str), p.dtype, p.device)
-    n = 0
-    for _, m, (k, splits, outs), members in sites:
-        row = table[site_key(k, list(splits), list(outs))]
-        if not any(v is not None for v in row.values()):
-            continue
-        switch_(m, row, members)
-        n += 1
+    n = _switch_sites(sites, table)
     used = {key: {str(r): c for r, c in row.items()} for key, row in table.items() if any(row.values())}
     return {"modules": n, "of": len(sites), "shapes": used}
+
+
+def _switch_sites(sites: list, rows_of: dict[str, dict[int, Any]]) -> int:
+    n = 0
+    for _, m, (k, splits, outs), members in sites:
+        row = rows_of.get(site_key(k, list(splits), list(outs))) or {}
+        if any(v is not None for v in row.values()):
+            switch_(m, row, members)
+            n += 1
+    return n
+
+
+def switch_recorded_(model: nn.Module, shapes: dict[str, dict[str, Any]]) -> int:
+    """Switch the sites a recorded :func:`use_fused_lowrank_` result switched (its ``"shapes"``).
+
+    For models rebuilt from a record, e.g. the meta-device skeletons the latency model prices
+    (:func:`gac.hardware.latency.cell_skeleton`): nothing is measured.  Returns the modules switched.
+    """
+    rows = {key: {int(r): c for r, c in row.items()} for key, row in (shapes or {}).items()}
+    return _switch_sites(_sites(model), rows)
 
 
 def switch_(m: nn.Module, table: dict[int, Any], members: list[FusedSlice] | None = None) -> nn.Module:
