@@ -244,3 +244,26 @@ def test_redistil_keeps_the_launch_constants_and_cpu_refuses_to_measure_them():
     )
     with pytest.raises(GacError, match="CUDA only"):
         measure_launch_constants(torch.device("cpu"), torch.bfloat16)
+
+
+def test_a_recorded_cell_is_priced_with_the_sites_its_infer_switched_to_the_fused_kernel():
+    from gac.hardware.latency import cell_skeleton
+    from gac.kernels.lowrank_fused import _sites, site_key
+
+    dims = {"model.layers.0.self_attn.q_proj": 8, "model.layers.0.mlp.down_proj": 16}
+    _, plain = _cell("tiny/svd", "svd", dims, {"p": 1.0, "d": 1.0})
+    _, switched = _cell("tiny/svd", "svd", dims, {"p": 1.0, "d": 1.0})
+    keys = [site_key(k, list(s), list(o)) for _, _, (k, s, o), _ in _sites(cell_skeleton(plain))]
+    assert len(keys) == 2  # layer 0's q/k/v group (q factorized) and its down_proj
+    # as use_fused_lowrank_ records it: JSON keys, the 16-row class not measured or not faster
+    switched["results"]["evals"]["infer"]["fused_lowrank"] = {
+        "modules": 1, "of": 2, "shapes": {keys[0]: {"1": [4, 1024, 4, 1024, 4, 1, 8]}},
+    }  # fmt: skip
+    dec, pre = Point("decode", 1, kv=128), Point("prefill", 1, seq=64)
+    a, b = predict(cell_skeleton(plain), _prof(), dec), predict(cell_skeleton(switched), _prof(), dec)
+    assert b["gemm_launches"] == a["gemm_launches"] - 1  # q's u joins its group's launch; down stays two
+    assert b["ms"] == pytest.approx(a["ms"] - 5.0e-3, rel=1e-9)
+    assert (
+        predict(cell_skeleton(switched), _prof(), pre)["ms"]
+        == predict(cell_skeleton(plain), _prof(), pre)["ms"]
+    )
