@@ -27,8 +27,8 @@ from __future__ import annotations
 import json
 import os
 import threading
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
