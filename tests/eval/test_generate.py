@@ -59,3 +59,24 @@ def test_bad_input():
         generate(m, tok, "", max_new_tokens=2)
     with pytest.raises(GacError, match="tokenizer"):
         generate(m, None, "Hello")
+
+
+@pytest.mark.slow
+def test_gac_generate_cli_on_the_embedded_model_with_every_kernel_flag():
+    """`gac generate smollm2 ... --json` with the fast-path flags off equals the API's greedy tokens."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from gac.cli import app
+    from gac.models import load_model
+
+    prompt = "The Encyclopaedia Britannica is"
+    flags = ["--no-fused-lowrank", "--no-gemv", "--no-gqa-decode", "--no-compile", "--no-graphs"]
+    r = CliRunner().invoke(app, ["generate", "smollm2", "-p", prompt, "-n", "4", "--json", *flags])
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout[r.stdout.index("{") :])
+    lm = load_model("smollm2")
+    want = generate(lm.model, lm.tokenizer, prompt, max_new_tokens=4, stop_at_eos=False)
+    assert got["model"] == "smollm2" and got["new_tokens"] == 4
+    assert got["token_ids"] == want.token_ids
