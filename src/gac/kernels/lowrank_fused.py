@@ -26,11 +26,12 @@ tensor (the members take column slices of it).
 stage only; ``2``: the second only.  Triton's CPU interpreter runs programs one after another, so a
 barrier would deadlock there: on CPU tensors the op runs phase 1 then phase 2 as two launches.
 
-Dispatch (:func:`use_fused_lowrank_`) is measured per site shape and row class like
-:mod:`gac.kernels.gemv`: the existing path (cuBLAS) and a few configurations of the fused kernel
-in a CUDA graph of 64 calls over weights rotated past L2, cached in
+Dispatch (:func:`use_fused_lowrank_`, on by default in the inference sweep and ``gac generate``) is
+measured per site shape like :mod:`gac.kernels.gemv`: the existing path (cuBLAS) and a few
+configurations of the fused kernel in a CUDA graph of 64 calls over weights rotated past L2, cached in
 ``$GAC_CACHE/lowrank_fused_dispatch.json``; the kernel is used only where it beat the existing path
-by ``margin``.  Inputs of more than 16 rows always keep the existing path.
+by ``margin``.  Only the one-row class is measured by default (:data:`ROW_CLASSES`); inputs of more
+rows keep the existing path.
 """
 
 from __future__ import annotations
@@ -54,9 +55,9 @@ except ImportError:  # pragma: no cover - depends on the install
 
 MAX_ROWS = 16
 #: row classes measured for dispatch: one token row only.  The kernel runs 2..16 rows
-#: (``CONFIGS[16]``, tested), but lost to the existing path at all 28 site shapes measured at 16
-#: rows on the H200 (0.44-0.92x of its speed, same file as below), so measuring it would only lengthen the
-#: first use; ``decisions(..., row_classes=(1, 16))`` measures both.
+#: (``CONFIGS[16]``, tested), but at 16 rows it ran at 0.44-0.92x of the existing path's speed at
+#: all 28 site shapes measured on the H200 (the file named below), so measuring that class would
+#: only lengthen the first use; ``decisions(..., row_classes=(1, 16))`` measures both.
 ROW_CLASSES = (1,)
 MAX_SEGMENTS = 3
 #: barrier reads before a program gives up (normal waits are a few hundred; ~0.1-1 s in all)
