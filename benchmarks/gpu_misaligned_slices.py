@@ -17,26 +17,15 @@ from __future__ import annotations
 import sys
 
 import torch
-from torch import nn
 
 import gac.kernels.fusion as F
-from gac.surgery.factorized import FactorizedLinear, replace_module
-from gac.testing import tiny_model
+from gac.testing import factorize_at_odd_ranks, tiny_model
 
 mode = sys.argv[1] if len(sys.argv) > 1 else "aligned"
 if mode == "plain":
     F.aligned_split = lambda y, sizes: list(y.split(sizes, dim=-1))
 torch.manual_seed(0)
-model = tiny_model("llama", dtype=torch.bfloat16).cuda()
-names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and "layers" in n]
-for i, n in enumerate(names):
-    lin = model.get_submodule(n)
-    if n.endswith("v_proj"):
-        continue
-    r = (7, 37, 13, 29)[i % 4]
-    u = torch.randn(lin.out_features, r, device="cuda") * r**-0.5
-    v = torch.randn(r, lin.in_features, device="cuda") * lin.in_features**-0.5
-    replace_module(model, n, FactorizedLinear.from_factors(u.bfloat16(), v.bfloat16(), lin.bias))
+model = factorize_at_odd_ranks(tiny_model("llama", dtype=torch.bfloat16).cuda())  # v_proj stays dense
 F.fuse_projections_(model)
 splits = [m.splits for m in model.modules() if isinstance(m, F.FusedInputProjection)][:2]
 print(mode, splits, model.config._attn_implementation, flush=True)

@@ -103,3 +103,28 @@ def char_tokenizer():
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="</s>"
     )
+
+
+def factorize_at_odd_ranks(
+    model: torch.nn.Module, ranks: tuple[int, ...] = (7, 37, 13, 29), keep: tuple[str, ...] = ("v_proj",)
+) -> torch.nn.Module:
+    """Factorize every decoder-layer projection of ``model`` in place at random factors of odd rank.
+
+    Projection ``i`` (in module order) gets rank ``ranks[i % len(ranks)]``; those whose name ends with
+    one of ``keep`` stay dense (a dense member in a fused group).  Factors are drawn on the model's
+    device and dtype, scaled to keep activations of order one.  For tests and diagnostics of
+    misaligned slices and kernels.
+    """
+    from gac.surgery.factorized import FactorizedLinear, replace_module
+
+    names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and "layers" in n]
+    for i, n in enumerate(names):
+        lin = model.get_submodule(n)
+        if n.endswith(keep):
+            continue
+        r = ranks[i % len(ranks)]
+        dev, dt = lin.weight.device, lin.weight.dtype
+        u = torch.randn(lin.out_features, r, device=dev) * r**-0.5
+        v = torch.randn(r, lin.in_features, device=dev) * lin.in_features**-0.5
+        replace_module(model, n, FactorizedLinear.from_factors(u.to(dt), v.to(dt), lin.bias))
+    return model

@@ -129,3 +129,29 @@ def test_aligned_split_copies_exactly_the_slices_off_a_16_byte_boundary(rows):
         p.data_ptr() == w.data_ptr()
         for p, w in zip(aligned_split(f32, [4, 8]), f32.split([4, 8], -1), strict=True)
     )
+
+
+def test_fusion_at_odd_ranks_hands_out_aligned_slices_and_stays_exact():
+    from gac.testing import factorize_at_odd_ranks
+
+    torch.manual_seed(0)
+    m = factorize_at_odd_ranks(tiny_model("llama", dtype=torch.bfloat16))
+    ids = torch.randint(0, 250, (3, 5))
+    with torch.no_grad():
+        want = m(ids, use_cache=False).logits
+        fuse_projections_(m)
+        seen = []
+        for mod in m.modules():
+            if isinstance(mod, FusedInputProjection):
+
+                def record(x, orig=mod._products):
+                    parts = orig(x)
+                    seen.append(list(parts))  # the group empties its own list as members take their slices
+                    return parts
+
+                mod._products = record
+        got = m(ids, use_cache=False).logits
+    assert torch.equal(got, want)
+    assert len(seen) == 4  # q/k/v and gate/up of two layers
+    for parts in seen:  # q at 0, k at 7, v at 44 elements: k and v are copies on 16-byte boundaries
+        assert all(p.data_ptr() % 16 == 0 for p in parts)

@@ -362,19 +362,10 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", [1, 4])
 def test_switched_tiny_model_under_compile_and_cuda_graph_equals_eager(rows):
-    from gac.surgery.factorized import replace_module
-    from gac.testing import tiny_model
+    from gac.testing import factorize_at_odd_ranks, tiny_model
 
-    model = tiny_model("llama", dtype=torch.bfloat16).cuda()
-    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and "layers" in n]
-    for i, n in enumerate(names):  # every layer projection factorized but one per layer (a dense member)
-        lin = model.get_submodule(n)
-        if n.endswith("v_proj"):
-            continue
-        r = (7, 37, 13, 29)[i % 4]
-        u = torch.randn(lin.out_features, r, device="cuda") * r**-0.5
-        v = torch.randn(r, lin.in_features, device="cuda") * lin.in_features**-0.5
-        replace_module(model, n, FactorizedLinear.from_factors(u.bfloat16(), v.bfloat16(), lin.bias))
+    # every layer projection factorized but v_proj (a dense member of the fused q/k/v)
+    model = factorize_at_odd_ranks(tiny_model("llama", dtype=torch.bfloat16).cuda())
     fuse_projections_(model)
     ids = torch.randint(0, 250, (rows, 1), device="cuda")
     with torch.no_grad():
