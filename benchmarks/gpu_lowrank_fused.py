@@ -29,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from gac.kernels.gemv import copies_past_l2, graph_timings
+
 # (name, in features, per member (rank, out)) at the ranks of
 # benchmarks/results/h200/speed/cells/shape-llama3-8b-8/svd-llm-r0.85-gac.json
 SITES = [
@@ -45,24 +47,7 @@ def bench(fn, wait, reps: int = 64, samples: int = 15) -> dict[str, float]:
 
     ``wait(what)`` waits for the GPU (under the deadline: never a blocking synchronize).
     """
-    for i in range(reps):
-        fn(i)
-    wait("warm-up calls")
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(reps):
-            fn(i)
-    g.replay()
-    wait("first graph replay")
-    ts = []
-    for _ in range(samples):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        wait("graph replay")
-        ts.append(a.elapsed_time(b) * 1e3 / reps)
-    ts.sort()
+    ts = graph_timings(fn, reps, samples, wait)
     q = lambda f: ts[min(len(ts) - 1, round(f * (len(ts) - 1)))]  # noqa: E731
     return {"q25": q(0.25), "median": q(0.5), "q75": q(0.75)}
 
@@ -123,7 +108,7 @@ def run_site(name, k, members, rows, dtype, dev, res, deadline, t_end, margin) -
     esize = torch.tensor([], dtype=dtype).element_size()
     nbytes = esize * (k * sum(splits) + sum(r * n for r, n in members))
     dense_bytes = esize * k * sum(outs)
-    copies = max(2, min(64, -(-(160 * 2**20) // nbytes)))
+    copies = copies_past_l2(nbytes, 160 * 2**20)
     ws = []
     for _ in range(copies):
         v = torch.randn(sum(splits), k, device=dev, dtype=dtype) * k**-0.5
@@ -143,7 +128,7 @@ def run_site(name, k, members, rows, dtype, dev, res, deadline, t_end, margin) -
                  "bytes_ideal_us": nbytes / COPY_GBPS / 1e3, "launches_existing": 1 + len(members)}  # fmt: skip
     rec["existing_us"] = bench(existing, deadline.wait)
     # the dense layers this site replaces (context): one GEMV per member, copies rotated past L2
-    dcopies = max(2, min(16, -(-(160 * 2**20) // dense_bytes)))
+    dcopies = copies_past_l2(dense_bytes, 160 * 2**20, most=16)
     dws = [[torch.randn(n, k, device=dev, dtype=dtype) for n in outs] for _ in range(dcopies)]
     rec["dense_us"] = bench(
         lambda i: [torch.mm(x, w.t(), out=ys[j]) for j, w in enumerate(dws[i % dcopies])], deadline.wait

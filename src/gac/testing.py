@@ -128,3 +128,31 @@ def factorize_at_odd_ranks(
         v = torch.randn(r, lin.in_features, device=dev) * lin.in_features**-0.5
         replace_module(model, n, FactorizedLinear.from_factors(u.to(dt), v.to(dt), lin.bias))
     return model
+
+
+def assert_compiled_grads_match(
+    module: torch.nn.Module, x: torch.Tensor, want: torch.Tensor, undo, atol: float = 1e-5
+) -> None:
+    """``torch.compile(fullgraph=True)`` of ``module`` with autograd on, against the eager module.
+
+    The compiled output must equal ``want``; its gradients (of the input and of every parameter
+    that gets one) must equal those of the eager ``module`` after ``undo(module)`` has put its
+    original path back.  For kernels registered as custom ops: Inductor traces a module whose
+    parameters require grad through the op's autograd formula.
+    """
+    with torch.enable_grad():
+        f = torch.compile(module, fullgraph=True)
+        xg = x.clone().requires_grad_(True)
+        out = f(xg)
+        assert torch.allclose(out, want, atol=atol)
+        out.sum().backward()
+        grads = {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
+        gx = xg.grad.clone()
+        module.zero_grad()
+        with torch.no_grad():
+            undo(module)
+        xr = x.clone().requires_grad_(True)
+        module(xr).sum().backward()
+        assert grads and torch.allclose(gx, xr.grad, atol=atol)
+        params = dict(module.named_parameters())
+        assert all(torch.allclose(g, params[n].grad, atol=atol) for n, g in grads.items())

@@ -66,6 +66,7 @@ INTERPRETED = textwrap.dedent(
     from torch import nn
     from gac.kernels import lowrank_fused as L
     from gac.kernels.fusion import fuse_projections_
+    from gac.testing import assert_compiled_grads_match
 
     torch.manual_seed(0)
 
@@ -151,21 +152,10 @@ INTERPRETED = textwrap.dedent(
         assert "lowrank_counters" not in blk.state_dict() and not any("lowrank" in k for k in blk.state_dict())
     # torch.compile(fullgraph) of the switched block with autograd on (parameters that require
     # grad, as a loaded model has them): the op's autograd formula gives the layers' gradients
-    with torch.enable_grad():
-        f = torch.compile(blk, fullgraph=True)
-        xg = x.clone().requires_grad_(True)
-        out = f(xg)
-        assert torch.allclose(out, want, atol=1e-5)
-        out.sum().backward()
-        grads = {n: p.grad.clone() for n, p in blk.named_parameters() if p.grad is not None}
-        gx = xg.grad.clone()
-        blk.zero_grad()
-        assert L.undo_fused_lowrank_(blk) == 4
-        xr = x.clone().requires_grad_(True)
-        blk(xr).sum().backward()
-        assert torch.allclose(gx, xr.grad, atol=1e-5)
-        assert grads and all(torch.allclose(g, dict(blk.named_parameters())[n].grad, atol=1e-5)
-                             for n, g in grads.items())
+    def undo(m):
+        assert L.undo_fused_lowrank_(m) == 4
+
+    assert_compiled_grads_match(blk, x, want, undo)
     print("ok", worst)
     """
 )

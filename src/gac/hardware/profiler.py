@@ -480,7 +480,7 @@ def measure_launch_constants(device: torch.device, dtype: torch.dtype) -> dict[s
     ``aux_us`` is the time of a small elementwise kernel (``x.mul_(1)`` on 4096 elements) in a graph.
     """
     from gac.hardware.latency import fit_launch
-    from gac.kernels.gemv import _bench_graph
+    from gac.kernels.gemv import _bench_graph, copies_past_l2
 
     if device.type != "cuda":
         raise GacError("the launch constants are measured on CUDA only")
@@ -488,7 +488,7 @@ def measure_launch_constants(device: torch.device, dtype: torch.dtype) -> dict[s
     nbytes, us = [], []
     for n, k in LAUNCH_SHAPES:
         w_bytes = n * k * elem
-        copies = max(2, min(64, -(-(128 * 2**20) // w_bytes)))
+        copies = copies_past_l2(w_bytes)
         try:
             ws = [torch.randn(n, k, device=device, dtype=dtype) for _ in range(copies)]
         except torch.OutOfMemoryError:

@@ -219,24 +219,47 @@ class GemvLinear(nn.Linear):
 # ------------------------------------------------------------------------------ measuring
 
 
-def _bench_graph(fn, reps: int = 64, samples: int = 15) -> float:
-    """Median µs per call of ``fn(i)`` captured ``reps`` times in a CUDA graph."""
+def copies_past_l2(nbytes: int, total: int = 128 * 2**20, most: int = 64) -> int:
+    """How many copies of ``nbytes`` of weights to rotate through so a timed loop reads them from DRAM."""
+    return max(2, min(most, -(-total // max(nbytes, 1))))
+
+
+def graph_timings(
+    fn: Callable[[int], Any], reps: int = 64, samples: int = 15, wait: Callable[[str], None] | None = None
+) -> list[float]:
+    """Sorted µs per call of ``fn(i)``, ``i`` = 0..reps-1 captured in one CUDA graph, over ``samples`` replays.
+
+    Eager warm-up calls and one warm-up replay come first.  ``wait(what)`` waits for the GPU
+    (default: synchronize); a caller that must not block forever passes one with a deadline.
+    """
+
+    def sync(_: str) -> None:
+        torch.cuda.synchronize()
+
+    wait = wait or sync
     for i in range(reps):
         fn(i)
-    torch.cuda.synchronize()
+    wait("warm-up calls")
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         for i in range(reps):
             fn(i)
+    g.replay()
+    wait("first graph replay")
     ts = []
     for _ in range(samples):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         g.replay()
         b.record()
-        b.synchronize()
+        wait("graph replay")
         ts.append(a.elapsed_time(b) * 1e3 / reps)
-    ts.sort()
+    return sorted(ts)
+
+
+def _bench_graph(fn: Callable[[int], Any], reps: int = 64, samples: int = 15) -> float:
+    """Median µs per call of ``fn(i)`` captured ``reps`` times in a CUDA graph (:func:`graph_timings`)."""
+    ts = graph_timings(fn, reps, samples)
     return ts[len(ts) // 2]
 
 
@@ -245,7 +268,7 @@ def measure_shape(
 ) -> dict[str, Any]:
     """Time cuBLAS and each Triton configuration at ``[rows, k] @ [n, k]ᵀ``; pick the winner."""
     w_bytes = n * k * torch.tensor([], dtype=dtype).element_size()
-    copies = max(2, min(64, -(-(128 * 2**20) // w_bytes)))
+    copies = copies_past_l2(w_bytes)
     ws = [torch.randn(n, k, device=device, dtype=dtype) for _ in range(copies)]
     x = torch.randn(rows, k, device=device, dtype=dtype)
     y = torch.empty(rows, n, device=device, dtype=dtype)

@@ -662,7 +662,7 @@ def measure_site(
     nbytes = esize * (
         k * sum(splits) + sum(r * n for r, n in zip(splits, outs, strict=True) if n is not None)
     )
-    copies = max(2, min(64, _cdiv(128 * 2**20, nbytes)))
+    copies = _gemv.copies_past_l2(nbytes)
     ws = [_weights(k, splits, outs, dtype, device) for _ in range(copies)]
     x = torch.randn(rows, k, device=device, dtype=dtype)
     t = torch.empty(rows, sum(splits), device=device, dtype=dtype)
