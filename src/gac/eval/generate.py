@@ -112,18 +112,9 @@ def generate(
             markup=False,
         )
         want_compile = want_graphs = False
-    if gqa_decode:
-        from gac.kernels.attention import use_gqa_decode_
+    from gac.eval.infer import use_decode_kernels_
 
-        use_gqa_decode_(model)
-    if gemv and on_cuda:
-        from gac.kernels.gemv import use_triton_gemv_
-
-        use_triton_gemv_(model)
-    if fused_lowrank and on_cuda:
-        from gac.kernels.lowrank_fused import use_fused_lowrank_
-
-        use_fused_lowrank_(model)
+    use_decode_kernels_(model, gqa_decode, gemv, fused_lowrank)
     ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(dev)
     if ids.numel() == 0:
         raise GacError("the prompt is empty after tokenization")

@@ -574,40 +574,56 @@ def _fast_or_eager(
         return rec
 
 
+def use_decode_kernels_(
+    model: nn.Module, gqa_decode: bool = True, gemv: bool = True, fused_lowrank: bool = True
+) -> dict[str, dict[str, Any]]:
+    """Switch ``model``, in place, to the decode kernels of the default path (the sweep's and
+    :func:`gac.eval.generate.generate`'s): decode attention on the KV heads
+    (:func:`gac.kernels.attention.use_gqa_decode_`), then on CUDA the Triton GEMV
+    (:func:`gac.kernels.gemv.use_triton_gemv_`) and the one-launch low-rank kernel
+    (:func:`gac.kernels.lowrank_fused.use_fused_lowrank_`) where measured faster.
+
+    Returns ``{"gemv": info, "fused_lowrank": info}``: what each switched, with its setup time
+    (first-use measurement included), or the reason it did not run.
+    """
+    from gac.kernels.attention import use_gqa_decode_
+    from gac.kernels.gemv import use_triton_gemv_
+    from gac.kernels.lowrank_fused import use_fused_lowrank_
+
+    on_cuda = model_device(model).type == "cuda"
+    if gqa_decode:
+        use_gqa_decode_(model)
+    out: dict[str, dict[str, Any]] = {}
+    for key, wanted, switch in (
+        ("gemv", gemv, use_triton_gemv_),
+        ("fused_lowrank", fused_lowrank, use_fused_lowrank_),
+    ):
+        if not (wanted and on_cuda):
+            out[key] = {"modules": 0, "reason": "off" if not wanted else "not on CUDA"}
+            continue
+        t0 = time.perf_counter()
+        out[key] = switch(model)
+        out[key]["setup_s"] = time.perf_counter() - t0
+    return out
+
+
 def sweep_model(
     model: nn.Module, cfg: SweepConfig, copy_gbps: float | None = None, label: str = "model"
 ) -> dict[str, Any]:
     """Run the prefill and decode grids on one model. OOM points are recorded, not raised."""
-    from gac.kernels.attention import use_gqa_decode_
     from gac.utils import progress
 
     dev = model_device(model)
     graphs, compile_ = resolve_fast_path(cfg, dev)
     model.eval()
-    if cfg.gqa_decode:
-        use_gqa_decode_(model)
-    gemv_info: dict[str, Any] = {"modules": 0, "reason": "off" if not cfg.gemv else "not on CUDA"}
-    if cfg.gemv and dev.type == "cuda":
-        from gac.kernels.gemv import use_triton_gemv_
-
-        t0 = time.perf_counter()
-        gemv_info = use_triton_gemv_(model)
-        gemv_info["setup_s"] = time.perf_counter() - t0
-    fused_info: dict[str, Any] = {"modules": 0, "reason": "off" if not cfg.fused_lowrank else "not on CUDA"}
-    if cfg.fused_lowrank and dev.type == "cuda":
-        from gac.kernels.lowrank_fused import use_fused_lowrank_
-
-        t0 = time.perf_counter()
-        fused_info = use_fused_lowrank_(model)
-        fused_info["setup_s"] = time.perf_counter() - t0
+    kernels = use_decode_kernels_(model, cfg.gqa_decode, cfg.gemv, cfg.fused_lowrank)
     wbytes = weight_bytes_per_step(model)
     out: dict[str, Any] = {
         "params": param_count(model),
         "weight_bytes_per_step": wbytes,
         "dtype": str(model_dtype(model)).removeprefix("torch."),
         "attn_implementation": getattr(model.config, "_attn_implementation", None),
-        "gemv": gemv_info,
-        "fused_lowrank": fused_info,
+        **kernels,
         "graphs": graphs,
         "prefill": [],
         "decode": [],
