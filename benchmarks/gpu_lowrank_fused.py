@@ -143,7 +143,7 @@ def run_site(name, k, members, rows, dtype, dev, res, deadline, t_end, margin) -
     counters = L.new_counters(dev)
     nones = [None] * len(members)
     rec["configs"] = []
-    for cfg in L.CONFIGS[1 if rows == 1 else 16]:
+    for cfg in L.CONFIGS[L.row_class(rows)]:
         c: dict = {"config": list(cfg)}
         rec["configs"].append(c)
         if time.perf_counter() > t_end:

@@ -201,3 +201,19 @@ def test_cached_decisions_measure_what_is_missing_once_and_keep_partial_work(tmp
     assert got == {"fast": {1: [1], 16: [16]}, "slow": {1: None, 16: None}}
     got = G.cached_decisions(*args, ["fast", "new"], measure, (1,), "test")
     assert calls == [("new", 1)] and got == {"fast": {1: [1]}, "new": {1: None}}
+    # a record measured with another set of configurations is measured again (and replaced)
+    calls.clear()
+    fresh = lambda rec, rows: rec["config"] == [rows] and rows != 16  # noqa: E731 - 16 is stale
+    got = G.cached_decisions(*args, ["fast", "slow"], measure, (1, 16), "test", fresh)
+    assert sorted(calls) == [("fast", 16), ("slow", 16)]
+    assert got == {"fast": {1: [1], 16: [16]}, "slow": {1: None, 16: None}}
+
+
+def test_fused_lowrank_dispatch_remeasures_records_without_the_current_configurations():
+    from gac.kernels import lowrank_fused as L
+
+    now = [list(c) for c in L.CONFIGS[16]]
+    assert L._tried_current({"tried": now + [[9] * 8]}, 16)
+    assert not L._tried_current({"tried": now[1:]}, 16)  # one current configuration never tried
+    assert not L._tried_current({"use": False, "config": None}, 16)  # recorded before "tried" existed
+    assert L._tried_current({"tried": [list(c) for c in L.CONFIGS[1]]}, 1)

@@ -21,7 +21,7 @@ from gac.surgery.factorized import FactorizedLinear
 
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
 
-# (rows, k, r, n): odd ranks, odd K and N, ragged tiles, both row classes
+# (rows, k, r, n): odd ranks, odd K and N, ragged tiles, every row class (K slices past K included)
 SHAPES = [
     (1, 37, 7, 29),
     (1, 300, 129, 64),
@@ -31,6 +31,8 @@ SHAPES = [
     (9, 100, 7, 130),
     (2, 16, 129, 17),
     (16, 48, 16, 16),
+    (40, 100, 37, 70),
+    (64, 33, 17, 129),
 ]
 # fused groups: in features and per member (rank, out | None for a dense member)
 GROUPS = [
@@ -83,7 +85,7 @@ INTERPRETED = textwrap.dedent(
             b = torch.randn(n, dtype=dt)
             ref = (x.double() @ v.double().t()) @ u.double().t() + b.double()
             counters = L.new_counters()
-            for cfg in L.CONFIGS[1 if rows == 1 else 16]:
+            for cfg in L.CONFIGS[L.row_class(rows)]:
                 for programs in (1, 3):
                     y = torch.empty(rows, n, dtype=dt)
                     L._launch(x, v, None, [u], [b], [r], [n], y, counters, cfg, programs=programs)
@@ -98,7 +100,7 @@ INTERPRETED = textwrap.dedent(
         for k, members in GROUPS:
             splits = [r for r, _ in members]
             outs = [n if n is not None else r for r, n in members]
-            for rows in (1, 5, 16):
+            for rows in (1, 5, 16, 33):
                 x = torch.randn(rows, k, dtype=dt)
                 v = (torch.randn(sum(splits), k) * k ** -0.5).to(dt)
                 b1 = torch.randn(sum(splits), dtype=dt)  # the dense members' bias (zero elsewhere)
@@ -116,7 +118,10 @@ INTERPRETED = textwrap.dedent(
                         refs.append(t @ us[-1].double().t() + (ubs[-1].double() if ubs[-1] is not None else 0))
                     off += r
                 ref = torch.cat(refs, -1)
-                for cfg in L.CONFIGS[1 if rows == 1 else 16][:2]:
+                # the first two, and the widest K split, of the row class
+                for cfg in sorted(L.CONFIGS[L.row_class(rows)], key=lambda c: -(c[7] if len(c) > 7 else 1))[:1] + list(
+                    L.CONFIGS[L.row_class(rows)][:2]
+                ):
                     y = torch.empty(rows, sum(outs), dtype=dt)
                     L._launch(x, v, b1, us, ubs, splits, outs, y, L.new_counters(), cfg, programs=3)
                     assert rel(y, ref) < tol, (dt, k, members, rows, cfg, rel(y, ref))
@@ -145,7 +150,7 @@ INTERPRETED = textwrap.dedent(
         assert len(calls) == 4, calls  # one launch per site
         calls.clear()
         L.lowrank_fused_op = lambda *a: calls.append(1) or real(*a)
-        long = torch.randn(2, 17, 48)  # 34 rows: prefill, the existing path
+        long = torch.randn(2, 17, 48)  # 34 rows: a row class the table has no configuration for
         blk(long)
         L.lowrank_fused_op = real
         assert calls == []
@@ -187,7 +192,23 @@ def test_config_only_for_decode_rows_with_a_table():
     assert L._config(torch.randn(1, 1, 8), None) is None
     assert L._config(torch.randn(1, 1, 8), table) == table[1]
     assert L._config(torch.randn(2, 3, 8), table) is None  # row class 16 measured slower
-    assert L._config(torch.randn(1, 17, 8), {1: [1], 16: [1]}) is None  # prefill
+    assert L._config(torch.randn(1, 17, 8), {1: [1], 16: [1]}) is None  # row class 64: not in the table
+    assert L._config(torch.randn(2, 20, 8), {1: [1], 64: [2]}) == [2]
+    assert L._config(torch.randn(1, 65, 8), {1: [1], 16: [1], 64: [1]}) is None  # prefill: past MAX_ROWS
+
+
+def test_row_classes_and_tiles():
+    assert [L.row_class(r) for r in (1, 2, 16, 17, 64)] == [1, 16, 16, 64, 64]
+    assert [L.block_m(r) for r in (1, 2, 16, 17, 33, 64)] == [1, 16, 16, 32, 64, 64]
+    with pytest.raises(ValueError, match="1 to 64 rows"):
+        L.row_class(65)
+    with pytest.raises(ValueError, match="1 to 64 rows"):
+        L.row_class(0)
+    # every configuration's tiles: tl.dot needs 16-wide tiles past one row, powers of two everywhere
+    for cls, cfgs in L.CONFIGS.items():
+        for c in cfgs:
+            assert len(c) in (7, 8) and all(v > 0 and v & (v - 1) == 0 for v in c[:4]), (cls, c)
+            assert cls == 1 or min(c[:4]) >= 16, (cls, c)
 
 
 def test_switched_modules_without_a_usable_config_take_the_existing_path_exactly():
@@ -238,7 +259,7 @@ def test_use_fused_lowrank_leaves_a_cpu_model_alone():
 
 def test_lowrank_fused_rejects_prefill_rows():
     with pytest.raises(ValueError, match="rows"):
-        L.lowrank_fused(torch.randn(17, 8), torch.randn(4, 8), None, [torch.randn(3, 4)], [None], [4], [3],
+        L.lowrank_fused(torch.randn(65, 8), torch.randn(4, 8), None, [torch.randn(3, 4)], [None], [4], [3],
                         L.new_counters())  # fmt: skip
 
 
@@ -292,7 +313,7 @@ def _gpu_ref(x, v, b1, us, ubs, splits):
 @pytest.mark.parametrize(
     "case",
     [(rows, k, [(r, n)]) for rows, k, r, n in GPU_SHAPES]
-    + [(m, k, g) for k, g in GPU_GROUPS for m in (1, 16)],
+    + [(m, k, g) for k, g in GPU_GROUPS for m in (1, 16, 64)],
 )
 def test_lowrank_fused_with_barrier_matches_float64_on_gpu(case, dtype):
     rows, k, members = case
@@ -300,7 +321,7 @@ def test_lowrank_fused_with_barrier_matches_float64_on_gpu(case, dtype):
     ref = _gpu_ref(x, v, b1, us, ubs, splits)
     counters = L.new_counters("cuda")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for cfg in L.CONFIGS[1 if rows == 1 else 16]:
+    for cfg in L.CONFIGS[L.row_class(rows)]:
         y = torch.empty(rows, sum(outs), device="cuda", dtype=dtype)
         p = L._launch(x, v, b1, us, ubs, splits, outs, y, counters, cfg)  # PHASE 0: one launch, the barrier
         torch.cuda.synchronize()
@@ -320,12 +341,12 @@ def test_lowrank_fused_with_barrier_matches_float64_on_gpu(case, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows", [1, 16])
+@pytest.mark.parametrize("rows", [1, 16, 64])
 def test_lowrank_fused_cuda_graph_replay_resets_the_barrier(rows):
     k, members = 4096, [(1736, 4096), (704, 1024), (704, 1024)]
     x, v, b1, us, ubs, splits, outs = _gpu_case(rows, k, members, torch.bfloat16, 3)
     counters = L.new_counters("cuda")
-    cfg = list(L.CONFIGS[1 if rows == 1 else 16][0])
+    cfg = list(L.CONFIGS[L.row_class(rows)][0])
     fn = lambda: L.lowrank_fused(x, v, b1, us, ubs, splits, outs, counters, cfg)  # noqa: E731
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -350,7 +371,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows", [1, 4])
+@pytest.mark.parametrize("rows", [1, 4, 40])
 def test_switched_tiny_model_under_compile_and_cuda_graph_equals_eager(rows):
     from gac.testing import factorize_at_odd_ranks, tiny_model
 
@@ -360,7 +381,7 @@ def test_switched_tiny_model_under_compile_and_cuda_graph_equals_eager(rows):
     ids = torch.randint(0, 250, (rows, 1), device="cuda")
     with torch.no_grad():
         want = model(ids, use_cache=False).logits.float()
-        table = {1: list(L.CONFIGS[1][0]), 16: list(L.CONFIGS[16][0])}
+        table = {c: list(cfgs[0]) for c, cfgs in L.CONFIGS.items()}
         sites = L._sites(model)
         assert len(sites) == 4 * 2  # per layer: q/k/v, gate/up, o_proj, down_proj
         for _, m, _, members in sites:

@@ -292,13 +292,16 @@ def _one_launch_sites(model: Any, rows: int) -> dict[int, str]:
     ``lowrank_table`` whose row class has a configuration) computes its factors, and a fused group
     its first stage and every member's second factor, in one launch.  Returns ``{id(module): site}``.
     """
+    from gac.kernels.lowrank_fused import MAX_ROWS, row_class
     from gac.surgery.factorized import FactorizedLinear
 
-    cls = 1 if rows == 1 else 16
     out: dict[int, str] = {}
+    if not 0 < rows <= MAX_ROWS:
+        return out
+    cls = row_class(rows)
     for name, m in model.named_modules():
         table = getattr(m, "lowrank_table", None)
-        if not table or not 0 < rows <= 16 or table.get(cls) is None:
+        if not table or table.get(cls) is None:
             continue
         if isinstance(m, FactorizedLinear):
             out[id(m.v)] = out[id(m.u)] = name

@@ -329,17 +329,24 @@ def cached_decisions(
     measure: Callable[[str, int], dict[str, Any]],
     row_classes: tuple[int, ...],
     what: str,
+    fresh: Callable[[dict[str, Any], int], bool] | None = None,
 ) -> dict[str, dict[int, Any]]:
     """Per key ``{rows: config | None}`` from the per-machine cache ``name`` (None = the existing path).
 
     What the cache lacks is measured (``measure(key, rows)``, a record with ``use`` and ``config``)
     under a progress bar, and saved after each measurement, so an interrupted run keeps what it
-    measured.
+    measured.  A cached record for which ``fresh(record, rows)`` is false (measured with another
+    set of configurations) is measured again.
     """
     with _LOCK:
         data = _load_cache(name)
         table = data.setdefault(_cache_key(device, dtype), {})
-        missing = [(k, r) for k in keys for r in row_classes if f"{k}@{r}" not in table]
+        missing = [
+            (k, r)
+            for k in keys
+            for r in row_classes
+            if f"{k}@{r}" not in table or (fresh is not None and not fresh(table[f"{k}@{r}"], r))
+        ]
         if missing:
             from gac.utils import track
 

@@ -53,24 +53,34 @@ try:  # Triton is optional: only the GPU path needs it (and the CPU interpreter 
 except ImportError:  # pragma: no cover - depends on the install
     HAVE_TRITON = False
 
-MAX_ROWS = 16
-#: row classes measured for dispatch: one token row only.  The kernel runs 2..16 rows
-#: (``CONFIGS[16]``, tested), but at 16 rows it ran at 0.44-0.92x of the existing path's speed at
-#: all 28 site shapes measured on the H200 (the file named below), so measuring that class would
-#: only lengthen the first use; ``decisions(..., row_classes=(1, 16))`` measures both.
+MAX_ROWS = 64
+#: row classes measured for dispatch: one token row only.  The kernel runs 2..64 rows
+#: (``CONFIGS[16]``, ``CONFIGS[64]``, tested) but lost to the existing path there on the H200 (see
+#: :data:`CONFIGS`); ``decisions(..., row_classes=(1, 16, 64))`` measures them.
 ROW_CLASSES = (1,)
 MAX_SEGMENTS = 3
 #: barrier reads before a program gives up (normal waits are a few hundred; ~0.1-1 s in all)
 MAX_SPIN = 1 << 21
-#: (BLOCK_R, BLOCK_K1, BLOCK_N, BLOCK_K2, num_warps, num_stages, programs per SM) tried per site,
-#: for M = 1 and for M in 2..16 (``tl.dot`` needs 16-wide tiles).  A program keeps one tile of
-#: loads in flight at a time (Triton pipelines only the loads that feed ``tl.dot``), so the M = 1
-#: configurations trade tile size against programs per SM (capped at what is co-resident) to keep
-#: ~32-64 KiB in flight per SM.  The M = 1 list holds the three that won at least one of the 28
-#: site shapes measured on the H200 (Llama-3-8B SVD-LLM and ASVD allocations,
-#: ``benchmarks/results/h200/speed-fused/lowrank_fused_dispatch.json``); two more that never won
-#: (``(16, 512, 16, 512, 8, 1, 2)``, ``(8, 512, 8, 512, 4, 1, 1)``) were dropped to shorten the
-#: first-use measurement.
+#: (BLOCK_R, BLOCK_K1, BLOCK_N, BLOCK_K2, num_warps, num_stages, programs per SM[, SPLIT]) tried
+#: per site, per row class: ``1`` (M = 1), ``16`` (M in 2..16) and ``64`` (M in 17..64; ``tl.dot``
+#: needs 16-wide tiles, the row tile is the next power of two).  ``SPLIT`` (default 1) cuts stage 1's
+#: K into that many slices, each its own work item writing fp32 partial sums that stage 2 adds up.
+#: A program keeps one tile of loads in flight at a time at M = 1 (Triton pipelines only the loads
+#: that feed ``tl.dot``), so the M = 1 configurations trade tile size against programs per SM
+#: (capped at what is co-resident) to keep ~32-64 KiB in flight per SM.  The M = 1 list holds the
+#: three that won at least one of the 28 site shapes measured on the H200 (Llama-3-8B SVD-LLM and
+#: ASVD allocations, ``benchmarks/results/h200/speed-fused/lowrank_fused_dispatch.json``); two more
+#: that never won (``(16, 512, 16, 512, 8, 1, 2)``, ``(8, 512, 8, 512, 4, 1, 1)``) were dropped to
+#: shorten the first-use measurement.
+#:
+#: With M > 1 every tile of stage 2 reloads its rows of ``t`` (fp32, from L2; once per K slice) and
+#: every tile of stage 1 its slice of ``x``: per weight byte that is ``2 M SPLIT / BLOCK_N`` bytes of
+#: ``t`` and ``M / BLOCK_R`` of ``x``.  The first 16-row configurations (16-wide tiles: twice the
+#: weight bytes again, through L2) ran at 0.44-0.92x of the existing path on the H200.  Wider tiles
+#: and K slices did better but did not win either: of 10 configurations at 16 rows the best (below,
+#: first) ran at 0.60-0.91x, and at 64 rows 0.29-0.66x (3 of 5 did not fit in shared memory), at the
+#: four Llama-3-8B SVD-LLM site shapes (``benchmarks/results/h200/lowrank_rows/``).  The lists below
+#: keep the best of those runs; the classes stay unmeasured by default (:data:`ROW_CLASSES`).
 CONFIGS = {
     1: (
         (4, 1024, 4, 1024, 4, 1, 8),
@@ -78,11 +88,13 @@ CONFIGS = {
         (2, 2048, 4, 2048, 4, 1, 8),
     ),
     16: (
-        (16, 256, 16, 256, 4, 3, 2),
-        (16, 512, 16, 256, 4, 3, 2),
-        (32, 128, 32, 128, 8, 3, 1),
-        (16, 128, 16, 128, 4, 4, 4),
-        (16, 256, 16, 256, 4, 3, 1),
+        (32, 128, 128, 64, 4, 4, 2, 2),
+        (64, 128, 128, 64, 8, 4, 1, 2),
+        (16, 256, 16, 256, 4, 3, 2, 1),
+    ),
+    64: (
+        (64, 64, 256, 32, 8, 4, 1, 2),
+        (128, 64, 128, 64, 8, 3, 1, 2),
     ),
 }
 _PROGRAMS: dict[tuple, int] = {}  # (device, specialisation) -> programs that are co-resident
@@ -97,14 +109,19 @@ if HAVE_TRITON:
         t_ptr,
         M,
         sxm,
-        blk,
+        item,
         K: tl.constexpr,
         RT: tl.constexpr,
         HAS_BIAS: tl.constexpr,
         BLOCK_M: tl.constexpr,
         BLOCK_R: tl.constexpr,
         BLOCK_K: tl.constexpr,
+        SPLIT: tl.constexpr,
+        KS: tl.constexpr,
     ):
+        # work item = (row block of V, slice of K): slice s writes its partial sums to t[s]
+        blk = item // SPLIT
+        s = item % SPLIT
         offs_r = blk * BLOCK_R + tl.arange(0, BLOCK_R)
         offs_m = tl.arange(0, BLOCK_M)
         mask_r = offs_r < RT
@@ -112,8 +129,8 @@ if HAVE_TRITON:
         # M = 1: an elementwise fp32 accumulator, reduced once after the loop (no shuffles per step)
         acc2 = tl.zeros((BLOCK_R, BLOCK_K), dtype=tl.float32)
         acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
+        for k0 in range(0, KS, BLOCK_K):
+            offs_k = s * KS + k0 + tl.arange(0, BLOCK_K)
             mask_k = offs_k < K
             w = tl.load(
                 v_ptr + offs_r[:, None] * K + offs_k[None, :],
@@ -131,9 +148,30 @@ if HAVE_TRITON:
                 acc += tl.dot(x, tl.trans(w))
         if BLOCK_M == 1:
             acc = tl.sum(acc2, axis=1)[None, :]
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + offs_r, mask=mask_r, other=0.0).to(tl.float32)[None, :]
-        tl.store(t_ptr + offs_m[:, None] * RT + offs_r[None, :], acc, mask=mask_m[:, None] & mask_r[None, :])
+        if HAS_BIAS:  # once: in slice 0's partial sums
+            bias = tl.load(b_ptr + offs_r, mask=mask_r, other=0.0).to(tl.float32)
+            acc += tl.where(s == 0, bias, 0.0)[None, :]
+        tl.store(
+            t_ptr + s * (BLOCK_M * RT) + offs_m[:, None] * RT + offs_r[None, :],
+            acc,
+            mask=mask_m[:, None] & mask_r[None, :],
+        )
+
+    @triton.jit
+    def _load_t(t_ptr, offs_m, offs_k, mask, RT: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT: tl.constexpr):
+        """``t``'s tile: the sum of the stage-1 slices' partial sums (fp32)."""
+        # .cg: t was written by other SMs in this launch; read it from L2, never a stale L1
+        tt = tl.load(
+            t_ptr + offs_m[:, None] * RT + offs_k[None, :], mask=mask, other=0.0, cache_modifier=".cg"
+        )
+        for s in tl.static_range(1, SPLIT):
+            tt += tl.load(
+                t_ptr + s * (BLOCK_M * RT) + offs_m[:, None] * RT + offs_k[None, :],
+                mask=mask,
+                other=0.0,
+                cache_modifier=".cg",
+            )
+        return tt
 
     @triton.jit
     def _stage2_block(
@@ -154,6 +192,7 @@ if HAVE_TRITON:
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
+        SPLIT: tl.constexpr,
     ):
         offs_n = blk * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_m = tl.arange(0, BLOCK_M)
@@ -170,12 +209,8 @@ if HAVE_TRITON:
                     mask=mask_n[:, None] & mask_k[None, :],
                     other=0.0,
                 )
-                # .cg: t was written by other SMs in this launch; read it from L2, never a stale L1
-                t = tl.load(
-                    t_ptr + offs_m[:, None] * RT + OFF + offs_k[None, :],
-                    mask=mask_m[:, None] & mask_k[None, :],
-                    other=0.0,
-                    cache_modifier=".cg",
+                t = _load_t(
+                    t_ptr + OFF, offs_m, offs_k, mask_m[:, None] & mask_k[None, :], RT, BLOCK_M, SPLIT
                 )
                 if BLOCK_M == 1:
                     acc2 += t * u.to(tl.float32)
@@ -186,12 +221,7 @@ if HAVE_TRITON:
             if HAS_BIAS:
                 acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
         else:  # dense member: its slice of t (bias included in stage 1) is its output
-            acc = tl.load(
-                t_ptr + offs_m[:, None] * RT + OFF + offs_n[None, :],
-                mask=mask_m[:, None] & mask_n[None, :],
-                other=0.0,
-                cache_modifier=".cg",
-            )
+            acc = _load_t(t_ptr + OFF, offs_m, offs_n, mask_m[:, None] & mask_n[None, :], RT, BLOCK_M, SPLIT)
         tl.store(
             y_ptr + offs_m[:, None] * NT + COL + offs_n[None, :],
             acc.to(y_ptr.dtype.element_ty),
@@ -250,15 +280,18 @@ if HAVE_TRITON:
         BLOCK_K1: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K2: tl.constexpr,
+        SPLIT: tl.constexpr,
+        KS: tl.constexpr,
     ):
         pid = tl.program_id(0)
-        if PHASE != 2:  # stage 1: row blocks of V, round robin over the P programs
+        if PHASE != 2:  # stage 1: (row block of V, K slice) items, round robin over the P programs
             for i in range(0, ITER1):
-                blk = pid + i * P
-                if blk < NB1:
+                item = pid + i * P
+                if item < NB1 * SPLIT:
                     _stage1_block(
-                        x_ptr, v_ptr, b1_ptr, t_ptr, M, sxm, blk, K, RT, HAS_B1, BLOCK_M, BLOCK_R, BLOCK_K1
-                    )
+                        x_ptr, v_ptr, b1_ptr, t_ptr, M, sxm, item, K, RT, HAS_B1, BLOCK_M, BLOCK_R, BLOCK_K1,
+                        SPLIT, KS,
+                    )  # fmt: skip
         if PHASE == 0:  # grid-wide barrier (all P programs are resident: see _programs)
             tl.debug_barrier()  # every thread's stores of t precede the release below
             tl.atomic_add(cnt_ptr, 1, sem="release", scope="gpu")
@@ -280,24 +313,36 @@ if HAVE_TRITON:
                 if g < NBA:
                     _stage2_block(
                         t_ptr, u0_ptr, c0_ptr, y_ptr, M, g, RT, NT, OFF0, R0, N0, COL0, KIND0, HB0,
-                        BLOCK_M, BLOCK_N, BLOCK_K2,
+                        BLOCK_M, BLOCK_N, BLOCK_K2, SPLIT,
                     )  # fmt: skip
                 elif g < NBA + NBB:  # noqa: SIM102
                     if KIND1 != 0:
                         _stage2_block(
                             t_ptr, u1_ptr, c1_ptr, y_ptr, M, g - NBA, RT, NT, OFF1, R1, N1, COL1, KIND1,
-                            HB1, BLOCK_M, BLOCK_N, BLOCK_K2,
+                            HB1, BLOCK_M, BLOCK_N, BLOCK_K2, SPLIT,
                         )  # fmt: skip
                 elif g < NBA + NBB + NBC:  # noqa: SIM102 - constexpr test inside a runtime one
                     if KIND2 != 0:
                         _stage2_block(
                             t_ptr, u2_ptr, c2_ptr, y_ptr, M, g - NBA - NBB, RT, NT, OFF2, R2, N2, COL2,
-                            KIND2, HB2, BLOCK_M, BLOCK_N, BLOCK_K2,
+                            KIND2, HB2, BLOCK_M, BLOCK_N, BLOCK_K2, SPLIT,
                         )  # fmt: skip
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def row_class(rows: int) -> int:
+    """The row class (a key of :data:`CONFIGS`) whose tiles serve an input of ``rows`` token rows."""
+    if not 0 < rows <= MAX_ROWS:
+        raise ValueError(f"lowrank_fused takes 1 to {MAX_ROWS} rows; got {rows}")
+    return next(c for c in sorted(CONFIGS) if c >= rows)
+
+
+def block_m(rows: int) -> int:
+    """The kernel's row tile: 1 for one row (elementwise), else a power of two >= 16 (``tl.dot``)."""
+    return 1 if rows == 1 else max(16, 1 << (rows - 1).bit_length())
 
 
 def _coresident(compiled: Any, warps: int, device: torch.device) -> int:
@@ -342,20 +387,21 @@ def _launch(
 ) -> int:
     """``y[:, col_i : col_i + outs_i] = (x vᵀ + b1)[:, segment i] u_iᵀ (+ ub_i)`` for each member ``i``.
 
-    ``x [M <= 16, K]`` (rows contiguous), ``v [Σ splits, K]``, ``u_i [outs_i, splits_i]`` (None for a
+    ``x [M <= MAX_ROWS, K]`` (rows contiguous), ``v [Σ splits, K]``, ``u_i [outs_i, splits_i]`` (None for a
     dense member: ``outs_i == splits_i``), ``y [M, Σ outs]``, ``counters``: int32, at least 3, zeroed.
     ``phases``: ``(0,)`` on CUDA (one launch with the barrier), ``(1, 2)`` elsewhere (the interpreter).
     ``programs`` overrides ``P`` (CPU tests; on CUDA it is capped at what is co-resident).
     Returns ``P``, the programs launched.
     """
-    block_r, block_k1, block_n, block_k2, warps, stages, per_sm = (int(c) for c in cfg)
+    block_r, block_k1, block_n, block_k2, warps, stages, per_sm = (int(c) for c in cfg[:7])
+    split = int(cfg[7]) if len(cfg) > 7 else 1
     m, k = x.shape
     rt, nt = int(v.shape[0]), int(y.shape[1])
     if not 1 <= len(splits) <= MAX_SEGMENTS or len(outs) != len(splits) or sum(splits) != rt:
         raise ValueError(f"bad segments: splits {splits}, outs {outs}, v rows {rt}")
     if sum(outs) != nt or m > MAX_ROWS or v.shape[1] != k:
         raise ValueError(f"shapes disagree: x {tuple(x.shape)}, v {tuple(v.shape)}, y {tuple(y.shape)}")
-    bm = 1 if m == 1 else 16
+    bm = block_m(m)
     seg: dict[str, Any] = {}
     ptrs: list[torch.Tensor] = []
     off = col = 0
@@ -383,19 +429,20 @@ def _launch(
     on_gpu = x.device.type == "cuda"
     if phases is None:
         phases = (0,) if on_gpu else (1, 2)
-    t = torch.empty((bm, rt), device=x.device, dtype=torch.float32)
+    ks = _cdiv(_cdiv(k, split), block_k1) * block_k1  # each K slice a whole number of tiles
+    t = torch.empty((split, bm, rt), device=x.device, dtype=torch.float32)
     args = (x, v, b1 if b1 is not None else v, t, counters, y, *ptrs, m, x.stride(0))
     meta = dict(
         K=k, RT=rt, NT=nt, HAS_B1=b1 is not None, **seg, NB1=nb1, NBA=nbs[0], NBB=nbs[1], NBC=nbs[2],
         SPIN=MAX_SPIN, BLOCK_M=bm, BLOCK_R=block_r, BLOCK_K1=block_k1, BLOCK_N=block_n, BLOCK_K2=block_k2,
-        num_warps=warps, num_stages=stages,
+        SPLIT=split, KS=ks, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     if on_gpu:  # never more programs than are resident together (the barrier waits for all of them)
         cap = _programs(args, meta, per_sm, x.device)
         p = min(programs, cap) if programs else cap
     else:
         p = programs or 4
-    meta.update(P=p, ITER1=_cdiv(nb1, p), ITER2=_cdiv(sum(nbs), p))
+    meta.update(P=p, ITER1=_cdiv(nb1 * split, p), ITER2=_cdiv(sum(nbs), p))
     for ph in phases:
         _lowrank_fused_kernel[(p,)](*args, PHASE=ph, **meta)
     return p
@@ -415,7 +462,7 @@ def _programs(args: tuple, meta: dict[str, Any], per_sm: int, device: torch.devi
             for _ in range(3):
                 p = want * sms
                 compiled = _lowrank_fused_kernel.warmup(
-                    *args, grid=(p,), P=p, ITER1=_cdiv(meta["NB1"], p),
+                    *args, grid=(p,), P=p, ITER1=_cdiv(meta["NB1"] * meta["SPLIT"], p),
                     ITER2=_cdiv(meta["NBA"] + meta["NBB"] + meta["NBC"], p), PHASE=0, **meta,
                 )  # fmt: skip
                 fit = _coresident(compiled, int(meta["num_warps"]), device)
@@ -510,7 +557,7 @@ def lowrank_fused(
     counters: torch.Tensor,
     cfg: tuple[int, ...] | list[int] | None = None,
 ) -> torch.Tensor:
-    """Every member's output side by side, ``[..., Σ outs]``, for inputs of at most 16 token rows.
+    """Every member's output side by side, ``[..., Σ outs]``, for inputs of at most MAX_ROWS (64) token rows.
 
     Args:
         x: ``[..., K]``.
@@ -522,7 +569,7 @@ def lowrank_fused(
         cfg: a tile configuration (a row of :data:`CONFIGS`); default the first of the row class.
 
     Raises:
-        ValueError: no Triton, more than 16 rows, or shapes that disagree.
+        ValueError: no Triton, more than MAX_ROWS rows, or shapes that disagree.
     """
     if not HAVE_TRITON:
         raise ValueError("the fused low-rank kernel needs Triton (pip install triton)")
@@ -530,7 +577,7 @@ def lowrank_fused(
     x2 = x.reshape(-1, k)
     if x2.shape[0] > MAX_ROWS or x2.shape[0] == 0:
         raise ValueError(f"lowrank_fused takes 1 to {MAX_ROWS} rows; got x {tuple(x.shape)}")
-    cfg = list(cfg or CONFIGS[1 if x2.shape[0] == 1 else 16][0])
+    cfg = list(cfg or CONFIGS[row_class(x2.shape[0])][0])
     n = len(splits)
     pad = [None] * (MAX_SEGMENTS - n)
     u0, u1, u2 = [u.contiguous() if u is not None else None for u in us] + pad
@@ -565,7 +612,7 @@ def _config(x: torch.Tensor, table: dict[int, Any] | None) -> list[int] | None:
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if not 0 < rows <= MAX_ROWS:
         return None
-    return table.get(1 if rows == 1 else 16)
+    return table.get(row_class(rows))
 
 
 # ------------------------------------------------------------------------------ modules
@@ -677,7 +724,9 @@ def measure_site(
             if u is not None:
                 torch.mm(t[:, offs[j] : offs[j] + splits[j]], u.t(), out=ys[j])
 
-    rec: dict[str, Any] = {"site": site_key(k, splits, outs), "rows": rows, "bytes": nbytes}
+    configs = configs or CONFIGS[row_class(rows)]
+    rec: dict[str, Any] = {"site": site_key(k, splits, outs), "rows": rows, "bytes": nbytes,
+                           "tried": [list(c) for c in configs]}  # fmt: skip
     rec["existing_us"] = _gemv._bench_graph(existing)
     v0, us0 = ws[0]
     t64 = x.double() @ v0.double().t()
@@ -689,7 +738,7 @@ def measure_site(
     counters = new_counters(device)
     nones = [None] * len(splits)
     best = None
-    for cfg in configs or CONFIGS[1 if rows == 1 else 16]:
+    for cfg in configs:
         try:
             _launch(x, v0, None, us0, nones, splits, real, y, counters, cfg)
             torch.cuda.synchronize(device)
@@ -739,7 +788,14 @@ def decisions(
     return _gemv.cached_decisions(
         CACHE, device, dtype, list(keys),
         lambda key, rows: measure_site(*keys[key], rows, dtype, device), row_classes, "fused low-rank dispatch",
+        _tried_current,
     )  # fmt: skip
+
+
+def _tried_current(rec: dict[str, Any], rows: int) -> bool:
+    """Whether a cached measurement tried every configuration :data:`CONFIGS` now lists for ``rows``."""
+    tried = {tuple(c) for c in rec.get("tried") or []}
+    return all(tuple(c) in tried for c in CONFIGS[row_class(rows)])
 
 
 def measured(dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
@@ -779,7 +835,7 @@ def use_fused_lowrank_(model: nn.Module, skip: tuple[str, ...] = ()) -> dict[str
     :class:`FusedLowRankLinear`; a :class:`FusedInputProjection` with its members (q/k/v, gate/up)
     becomes a :class:`FusedLowRankGroup` with :class:`FusedLowRankSlice` members.  Only the sites
     whose shape was measured faster with the kernel (:func:`decisions`, cached per machine) are
-    switched, and only inputs of at most 16 token rows take the kernel.  Modules whose qualified
+    switched, and only inputs of at most MAX_ROWS token rows (of a row class the site was measured faster at) take the kernel.  Modules whose qualified
     name ends with one of ``skip`` are left alone.  Returns ``{"modules": switched, "of": sites,
     "shapes": {..}}``; on a model not on CUDA, or without Triton, nothing is switched and
     ``"reason"`` says why.
