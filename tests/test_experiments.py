@@ -187,3 +187,39 @@ def test_star_axis_keeps_plan_identity_when_compressors_join(tmp_path, monkeypat
     assert "zz-new" in grown.compressors and grown.hash == plan.hash
     open_plan_dir(grown, d)  # same plan: its new cells are simply pending
     assert len(grown.cells()) == len(plan.cells()) + 2 * 3
+
+
+def test_last_cell_of_a_group_is_evaluated_without_the_plan_or_the_dense_model(tmp_path, monkeypatch):
+    """The calibrated plan (SVD-LLM's whitening state: tens of GiB on a GPU) and the dense model are
+    freed before the group's last cell is evaluated; earlier cells still share them."""
+    import gc
+    import weakref
+
+    import gac.api
+    import gac.experiments as E
+
+    refs: list[weakref.ref] = []
+    real_plan, real_eval = gac.api.plan, E._evaluate
+
+    def plan(model, *a, **k):  # noqa: ANN001, ANN202
+        p = real_plan(model, *a, **k)
+        refs.extend([weakref.ref(p), weakref.ref(model)])
+        return p
+
+    alive = []
+
+    def evaluate(plan_, cell, *a, **k):  # noqa: ANN001, ANN202
+        gc.collect()
+        if cell.compressor != "base":
+            alive.append((cell.align, [r() is not None for r in refs]))
+        return real_eval(plan_, cell, *a, **k)
+
+    monkeypatch.setattr(gac.api, "plan", plan)
+    monkeypatch.setattr(E, "_evaluate", evaluate)
+    text = TINY.replace("ratios = [0.8, 0.7]", "ratios = [0.8]").replace(
+        '"none", "knapsack", "gac"', '"none", "gac"'
+    )
+    plan_ = load_plan(_plan(tmp_path, text))
+    out = run_local(plan_, open_plan_dir(plan_, tmp_path / "out"))
+    assert set(out.values()) == {"ok"}
+    assert alive == [("none", [True, True]), ("gac", [False, False])]

@@ -721,6 +721,11 @@ def run_group(plan: ExperimentPlan, plan_dir: str | Path, group: str, force: boo
                 model = copy.deepcopy(base)
                 alloc = p.allocation(c.align)
                 report = apply_(model, p, alloc)
+                if (
+                    c is todo[-1]
+                ):  # the group's last cell: its evals need neither the plan nor the dense model
+                    p = base = None
+                    _release_memory()
                 a = report.allocation
                 results = {
                     "params": report.model_params_after,
@@ -744,6 +749,17 @@ def run_group(plan: ExperimentPlan, plan_dir: str | Path, group: str, force: boo
             out[c.id] = "failed"
             console.print(f"[red]failed[/red] {c.id}: {err}")
     return out
+
+
+def _release_memory() -> None:
+    """Free what the dropped references held (a calibrated plan holds GiB of state on the GPU)."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def run_bench_cell(plan: ExperimentPlan, plan_dir: Path, cell: Cell, force: bool = False) -> str:
