@@ -4,7 +4,9 @@
    diagnostic (``benchmarks/results/h200/issue9/diag.json``): ``launch_us`` and ``copy_gbps`` by
    least squares of ``t = launch_us + bytes / copy_gbps`` over the cuBLAS time of every GEMV shape
    at one row (``gemv_table``, timed in a CUDA graph), ``aux_us`` = the median time of the
-   non-GEMM kernels of the dense model's traced decode step; written into
+   non-GEMM kernels of the dense model's traced decode step; ``fused_lowrank`` (the fused low-rank
+   kernel's ``t = launch_us + bytes / gbps`` at one token row) from its dispatch measurements of 48
+   site shapes (``benchmarks/results/h200/speed-grid/lowrank_fused_dispatch.json``); written into
    ``src/gac/profiles/h200-{bfloat16,float16}.json`` with their provenance.
 2. The comparison: the latency model (:mod:`gac.hardware.latency`) at every measured grid point of
    (a) the diagnostic's decode grid (dense against SVD-LLM 15% gac, default path), (b) every plan
@@ -28,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DIAG = ROOT / "benchmarks/results/h200/issue9/diag.json"
 DIMS = ROOT / "benchmarks/results/h200/speed/cells/shape-llama3-8b-8/svd-llm-r0.85-gac.json"
+FUSED = ROOT / "benchmarks/results/h200/speed-grid/lowrank_fused_dispatch.json"
 PROFILES = [ROOT / "src/gac/profiles/h200-bfloat16.json", ROOT / "src/gac/profiles/h200-float16.json"]
 GEMM = re.compile(r"nvjet|gemm|gemv|splitK|cutlass|xmma", re.I)
 TOL = 0.15
@@ -59,18 +62,50 @@ def fit_from_diag(diag: dict) -> dict:
     }
 
 
+def fit_fused_lowrank(dispatch: dict) -> dict:
+    """``fused_lowrank`` of the profile: ``t = launch_us + bytes / gbps`` over the kernel's best time
+    per site shape at one token row (the dispatch measurements), dispatched at one row."""
+    from gac.hardware.latency import fit_launch
+
+    (key, table), *rest = dispatch.items()
+    if rest:
+        raise SystemExit(f"{FUSED}: one machine's table expected, found {len(rest) + 1}")
+    recs = [r for k, r in table.items() if k.endswith("@1") and r.get("fused_us") and r.get("use")]
+    t0, gbps = fit_launch([r["bytes"] for r in recs], [r["fused_us"] for r in recs])
+    return {
+        "launch_us": t0,
+        "gbps": gbps,
+        "rows": [1],
+        "fit": {
+            "source": f"{FUSED.relative_to(ROOT)} ({key})",
+            "method": "least squares t = launch_us + weight bytes / gbps over the fused low-rank kernel's best "
+            "time per site shape at 1 token row (64 calls per CUDA graph over weights rotated past L2); rows: "
+            "the row classes the dispatch measures (gac.kernels.lowrank_fused.ROW_CLASSES)",
+            "points": len(recs),
+            "bytes_range": [min(r["bytes"] for r in recs), max(r["bytes"] for r in recs)],
+            "won": sum(bool(r.get("use")) for r in recs),
+            "command": "PYTHONPATH=src python3 benchmarks/latency_model.py --fit-profiles",
+        },
+    }
+
+
 def write_profiles(fit: dict) -> None:
     for p in PROFILES:
         d = json.loads(p.read_text())
         ops = d.pop("ops")
         d.update(fit)
         if d.get("dtype") != "bfloat16":
-            d["latency_fit"] = {**fit["latency_fit"], "note": "measured in bfloat16 on the same GPU; "
-                                "float16 moves the same bytes per element"}  # fmt: skip
+            note = "measured in bfloat16 on the same GPU; float16 moves the same bytes per element"
+            d["latency_fit"] = {**fit["latency_fit"], "note": note}
+            d["fused_lowrank"] = {
+                **fit["fused_lowrank"],
+                "fit": {**fit["fused_lowrank"]["fit"], "note": note},
+            }
         d["ops"] = ops
         p.write_text(json.dumps(d, indent=1) + "\n")
+        fl = fit["fused_lowrank"]
         print(f"wrote {p.relative_to(ROOT)}: launch_us={fit['launch_us']} copy_gbps={fit['copy_gbps']} "
-              f"aux_us={fit['aux_us']}")  # fmt: skip
+              f"aux_us={fit['aux_us']}; fused_lowrank launch_us={fl['launch_us']} gbps={fl['gbps']}")  # fmt: skip
 
 
 def diag_rows(diag: dict, profile) -> list[dict]:
@@ -119,6 +154,7 @@ def main() -> int:
 
     diag = json.loads(DIAG.read_text())
     fit = fit_from_diag(diag)
+    fit["fused_lowrank"] = fit_fused_lowrank(json.loads(FUSED.read_text()))
     if a.fit_profiles:
         write_profiles(fit)
     prof = load_profile("h200-bfloat16")
@@ -134,6 +170,7 @@ def main() -> int:
             "launch_us": prof.launch_us_or_default,
             "copy_gbps": prof.copy_gbps_or_default,
             "aux_us": prof.aux_us_or_default,
+            "fused_lowrank": prof.fused_lowrank,
         },  # fmt: skip
         "tolerance": TOL,
         "groups": {},
@@ -161,6 +198,15 @@ def main() -> int:
         f"Profile `{prof.id}`: launch_us = {prof.launch_us_or_default}, copy_gbps = {prof.copy_gbps_or_default:g}, "
         f"aux_us = {prof.aux_us_or_default} (fitted from `diag.json`: {fit['latency_fit']['gemv_points']} GEMV "
         f"shapes, {fit['latency_fit']['aux_kernels']} traced non-GEMM kernels). Model: `gac.hardware.latency`.",
+        "",
+        "Fused low-rank kernel (one launch per switched site at its rows): "
+        + (
+            f"launch_us = {prof.fused_lowrank['launch_us']}, gbps = {prof.fused_lowrank['gbps']:g}, rows "
+            f"{prof.fused_lowrank['rows']} (fitted from {prof.fused_lowrank['fit']['points']} site shapes of "
+            f"`{prof.fused_lowrank['fit']['source'].split(' ')[0]}`)."
+            if prof.fused_lowrank
+            else "not in the profile: priced as one GEMM launch (launch_us, copy_gbps)."
+        ),
         "",
         f"{len(allrows) - len(bad)} of {len(allrows)} points within {TOL:.0%}; worst: "
         + ("–" if w is None else f"{w[0]} {w[1]['point']} (predicted / measured = {w[1]['ratio']:.3f})"),

@@ -251,6 +251,28 @@ def test_site_ms_decode_regime_pays_the_second_launch():
     assert site_ms(prof, s, 2040, tokens=1) < site_ms(prof, s, s.max_dim, tokens=1)
 
 
+def test_site_ms_decode_takes_the_fused_kernel_where_the_profile_has_it():
+    """At the fused kernel's rows a factorized site costs the cheaper of two launches and the kernel's
+    one (its own fixed time and bandwidth); elsewhere, and for dense sites, nothing changes."""
+    s = lowrank_site("x", 4096, 4096)
+    prof = _profile(64)
+    prof.launch_us, prof.copy_gbps = 5.0, 4500.0
+    before = {(d, t): site_ms(prof, s, d, tokens=t) for d in (2040, 512, s.max_dim) for t in (1, 16)}
+    prof.fused_lowrank = {"launch_us": 6.5, "gbps": 4000.0, "rows": [1]}
+    nbytes = (2040 * 8192 + 8192 + 2 * 2040) * 2
+    assert site_ms(prof, s, 2040, tokens=1) == pytest.approx(6.5e-3 + nbytes / 4000e9 * 1e3)
+    assert site_ms(prof, s, 2040, tokens=1) < before[(2040, 1)]  # one launch instead of two
+    # a near-native rank still loses to dense (the kernel streams slower than copy bandwidth); a deep
+    # cut wins by more than before
+    assert site_ms(prof, s, 2040, tokens=1) > site_ms(prof, s, s.max_dim, tokens=1)
+    dense = site_ms(prof, s, s.max_dim, tokens=1)
+    assert dense - site_ms(prof, s, 512, tokens=1) > dense - before[(512, 1)] > 0
+    for d, t in ((2040, 16), (512, 16), (s.max_dim, 1), (s.max_dim, 16)):
+        assert site_ms(prof, s, d, tokens=t) == before[(d, t)]
+    prof.fused_lowrank = {"launch_us": 50.0, "gbps": 4000.0, "rows": [1]}  # a kernel slower than two launches
+    assert site_ms(prof, s, 512, tokens=1) == before[(512, 1)]
+
+
 def test_bad_inputs():
     sites, curves, native = _sites_and_curves(1, TINY)
     prof = default_profile()

@@ -74,6 +74,14 @@ def test_sites_on_the_fused_low_rank_kernel_are_one_launch_where_their_row_class
     assert after["ms"] == pytest.approx(before["ms"] - 2 * 4 * 5.0e-3, rel=1e-9)
     assert _gemms(m, Point("decode", 16, kv=64)) == 2 * 8 + 1  # 16 rows: the existing path
     assert _gemms(m, Point("prefill", 1, seq=32)) == 2 * 8 + 1
+    # a profile that knows the kernel prices its launches with the kernel's own fit
+    p = _prof()
+    p.fused_lowrank = {"launch_us": 7.0, "gbps": 2000.0, "rows": [1]}
+    own = [x for x in launches(m, p, dec) if x.kind == "gemm" and x.fixed_us == 7.0]
+    assert len(own) == 2 * 3  # the three switched sites of each layer (q/k/v, o, down)
+    assert all(x.byte_ms == pytest.approx(x.bytes / 2000e9 * 1e3) for x in own)
+    assert predict(m, p, dec)["ms"] > after["ms"]  # a slower kernel than one GEMM launch at copy bandwidth
+    assert not [x for x in launches(m, p, Point("decode", 16, kv=64)) if x.fixed_us == 7.0]
 
 
 def test_fused_launch_costs_the_concatenated_gemm():
@@ -186,6 +194,38 @@ def test_profile_round_trip_with_and_without_launch_constants(tmp_path):
     assert (got.launch_us, got.copy_gbps, got.aux_us) == (4.0, 3000.0, 1.5)
     assert got.latency_fit == {"source": "test"} and got.latency_note() is None
     assert got.ops.keys() == new.ops.keys()
+    assert (
+        got.fused_lowrank == {} and got.fused_lowrank_at(1) is None and "fused_lowrank" not in got.to_dict()
+    )
+    new.fused_lowrank = {"launch_us": 6.5, "gbps": 4000.0, "rows": [1], "fit": {"points": 3}}
+    new.save(f)
+    got = load_profile(f)
+    assert got.fused_lowrank == new.fused_lowrank
+    assert got.fused_lowrank_at(1) == (6.5, 4000.0) and got.fused_lowrank_at(16) is None
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [{"launch_us": 6.5, "rows": [1]}, {"launch_us": 6.5, "gbps": 0, "rows": [1]},
+     {"launch_us": 6.5, "gbps": 4000.0, "rows": []}, {"launch_us": "x", "gbps": 4000.0, "rows": [1]}],
+)  # fmt: skip
+def test_profile_with_a_bad_fused_lowrank_entry_is_refused_in_one_line(entry):
+    d = default_profile().to_dict()
+    d["fused_lowrank"] = entry
+    with pytest.raises(GacError, match="fused_lowrank") as e:
+        Profile.from_dict(d)
+    assert "\n" not in str(e.value)
+
+
+def test_committed_h200_profiles_know_the_fused_low_rank_kernel_at_one_row():
+    for name in ("h200-bfloat16", "h200-float16"):
+        fl = load_profile(name).fused_lowrank
+        assert (
+            fl["rows"] == [1]
+            and fl["fit"]["points"] >= 20
+            and "lowrank_fused_dispatch" in fl["fit"]["source"]
+        )
+        assert 3.0 < fl["launch_us"] < 10.0 and 3000.0 < fl["gbps"] < 5000.0
 
 
 def _cell(cid: str, compressor: str, dims: dict | None, ms: dict[str, float]) -> tuple:

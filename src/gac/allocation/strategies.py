@@ -187,10 +187,13 @@ def site_ms(profile: Profile, site: Site, d: int, tokens: int = DEFAULT_TOKENS) 
     * bytes: the weights (2 bytes per parameter) plus the activations in and out (and the rank-``d``
       intermediate of a factorized pair).
     * launches: one GEMM per member weight (``site.members``), two for a factorized low-rank site.
+      Where the profile knows a fused low-rank kernel at ``tokens`` rows (``Profile.fused_lowrank``:
+      both factors in one launch, its own fixed time and bandwidth), a factorized site costs the
+      cheaper of the two, as the inference path's dispatch picks the faster.
 
     ``tokens`` is the rows of every GEMM: the prompt tokens of a prefill, or the batch of a decode
     step (``tokens=1``: one sequence), where the bytes and the launches dominate and a factorized
-    site pays its second launch.
+    site pays its second launch (or the fused kernel's one).
     """
     elem = 2
     members = max(len(site.members), 1)
@@ -209,6 +212,12 @@ def site_ms(profile: Profile, site: Site, d: int, tokens: int = DEFAULT_TOKENS) 
         factorized = site.op == "lowrank_r" and d < site.max_dim
         nbytes = (params + act + (2 * tokens * d * members if factorized else 0)) * elem
         launches = members * (2 if factorized else 1)
+        fused = profile.fused_lowrank_at(tokens) if factorized else None
+        if fused is not None:  # one fused launch per member, where that beats two launches
+            byte_ms = nbytes / (profile.copy_gbps_or_default * 1e9) * 1e3
+            two = launches * profile.launch_us_or_default * 1e-3 + max(flop_ms, byte_ms)
+            one = members * fused[0] * 1e-3 + max(flop_ms, nbytes / (fused[1] * 1e9) * 1e3)
+            return min(two, one)
     byte_ms = nbytes / (profile.copy_gbps_or_default * 1e9) * 1e3
     return launches * profile.launch_us_or_default * 1e-3 + max(flop_ms, byte_ms)
 

@@ -21,7 +21,8 @@ The formula (every term below is one line of :func:`launches`)::
   one launch, a factorized layer two, a :class:`~gac.kernels.fusion.FusedSlice` of a factorized
   member one (its ``u``), a dense slice none; a site switched to the fused low-rank kernel
   (:mod:`gac.kernels.lowrank_fused`, at the row classes its table names) is one launch for all
-  its factors (:func:`_one_launch_sites`). FLOPs ``2·rows·k·n`` at the profile's peak
+  its factors (:func:`_one_launch_sites`), priced with the kernel's own fit
+  (``Profile.fused_lowrank``: fixed time and bandwidth) where the profile has one. FLOPs ``2·rows·k·n`` at the profile's peak
   slowed by :meth:`Profile.efficiency` of N (``lowrank_r`` for the first factor of a low-rank
   pair, else ``gemm_n``) and of K (``gemm_k``), as :meth:`Profile.gemm_ms` does; bytes: the
   weight plus the activations in and out.
@@ -247,6 +248,12 @@ def launches(
                           flop_ms, nbytes / bw * 1e3))  # fmt: skip
         keys.append(merged.get(id(mod)))
     out = _merge(out, keys)
+    fused = profile.fused_lowrank_at(t)
+    if fused is not None:  # the kernel's own fit for its launches, where the profile has one
+        names = set(merged.values())
+        for x in out:
+            if x.name in names:
+                x.fixed_us, x.byte_ms = fused[0], x.bytes / (fused[1] * 1e9) * 1e3
     cfg = getattr(model, "config", None)
     hidden = int(emb.weight.shape[1]) if emb is not None else int(getattr(cfg, "hidden_size", 0) or 0)
     layers = _layers(model)

@@ -125,6 +125,11 @@ class Profile:
     aux_us: float | None = None
     #: where the launch constants come from (source file, method, points)
     latency_fit: dict[str, Any] = field(default_factory=dict)
+    #: the fused low-rank kernel (:mod:`gac.kernels.lowrank_fused`) on this GPU, ``{}`` if unknown:
+    #: ``launch_us`` and ``gbps`` of its fit ``t = launch_us + bytes / gbps`` (both stages of a
+    #: factorized site in one launch), ``rows``: the token-row counts it is dispatched at, ``fit``:
+    #: provenance
+    fused_lowrank: dict[str, Any] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ rules
     def rule(self, op: str) -> OpRule:
@@ -212,6 +217,16 @@ class Profile:
             "(re-run gac profile on the GPU to measure them)"
         )
 
+    def fused_lowrank_at(self, rows: int) -> tuple[float, float] | None:
+        """``(launch_us, gbps)`` of the fused low-rank kernel at ``rows`` token rows.
+
+        None where the profile knows no fused kernel, or the kernel is not dispatched at ``rows``.
+        """
+        fl = self.fused_lowrank
+        if not fl or int(rows) not in fl["rows"]:
+            return None
+        return float(fl["launch_us"]), float(fl["gbps"])
+
     # ------------------------------------------------------------------- I/O
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -227,6 +242,8 @@ class Profile:
                 d[k] = getattr(self, k)
         if self.latency_fit:
             d["latency_fit"] = self.latency_fit
+        if self.fused_lowrank:
+            d["fused_lowrank"] = self.fused_lowrank
         d["ops"] = {k: v.to_dict() for k, v in self.ops.items()}
         return d
 
@@ -245,6 +262,7 @@ class Profile:
             copy_gbps=_opt_float(d.get("copy_gbps")),
             aux_us=_opt_float(d.get("aux_us")),
             latency_fit=dict(d.get("latency_fit") or {}),
+            fused_lowrank=_fused_lowrank(d.get("fused_lowrank"), str(d["id"])),
         )
 
     def save(self, path: str | Path) -> None:
@@ -255,6 +273,20 @@ class Profile:
 
 def _opt_float(x: Any) -> float | None:
     return None if x is None else float(x)
+
+
+def _fused_lowrank(x: Any, pid: str) -> dict[str, Any]:
+    """A profile's ``fused_lowrank`` entry, checked (``{}`` when absent)."""
+    if not x:
+        return {}
+    try:
+        out = {**x, "launch_us": float(x["launch_us"]), "gbps": float(x["gbps"]),
+               "rows": sorted({int(r) for r in x["rows"]})}  # fmt: skip
+    except (KeyError, TypeError, ValueError) as e:
+        raise GacError(f"profile {pid!r}: fused_lowrank needs launch_us, gbps and rows ({e})") from None
+    if not (out["launch_us"] >= 0 and out["gbps"] > 0 and out["rows"] and min(out["rows"]) >= 1):
+        raise GacError(f"profile {pid!r}: fused_lowrank has a negative time, no bandwidth or no rows: {x}")
+    return out
 
 
 def default_profile(dtype: str = "float16") -> Profile:
