@@ -62,31 +62,17 @@ def fit_from_diag(diag: dict) -> dict:
     }
 
 
-def fit_fused_lowrank(dispatch: dict) -> dict:
-    """``fused_lowrank`` of the profile: ``t = launch_us + bytes / gbps`` over the kernel's best time
-    per site shape at one token row (the dispatch measurements), dispatched at one row."""
-    from gac.hardware.latency import fit_launch
+def fused_from_dispatch(dispatch: dict) -> dict:
+    """``fused_lowrank`` of the profile from the committed dispatch table of one machine."""
+    from gac.hardware.latency import fit_fused_lowrank
 
     (key, table), *rest = dispatch.items()
     if rest:
         raise SystemExit(f"{FUSED}: one machine's table expected, found {len(rest) + 1}")
-    recs = [r for k, r in table.items() if k.endswith("@1") and r.get("fused_us") and r.get("use")]
-    t0, gbps = fit_launch([r["bytes"] for r in recs], [r["fused_us"] for r in recs])
-    return {
-        "launch_us": t0,
-        "gbps": gbps,
-        "rows": [1],
-        "fit": {
-            "source": f"{FUSED.relative_to(ROOT)} ({key})",
-            "method": "least squares t = launch_us + weight bytes / gbps over the fused low-rank kernel's best "
-            "time per site shape at 1 token row (64 calls per CUDA graph over weights rotated past L2); rows: "
-            "the row classes the dispatch measures (gac.kernels.lowrank_fused.ROW_CLASSES)",
-            "points": len(recs),
-            "bytes_range": [min(r["bytes"] for r in recs), max(r["bytes"] for r in recs)],
-            "won": sum(bool(r.get("use")) for r in recs),
-            "command": "PYTHONPATH=src python3 benchmarks/latency_model.py --fit-profiles",
-        },
-    }
+    recs = [r for k, r in table.items() if k.endswith("@1")]
+    fit = fit_fused_lowrank(recs, f"{FUSED.relative_to(ROOT)} ({key})")
+    fit["fit"]["command"] = "PYTHONPATH=src python3 benchmarks/latency_model.py --fit-profiles"
+    return fit
 
 
 def write_profiles(fit: dict) -> None:
@@ -154,7 +140,7 @@ def main() -> int:
 
     diag = json.loads(DIAG.read_text())
     fit = fit_from_diag(diag)
-    fit["fused_lowrank"] = fit_fused_lowrank(json.loads(FUSED.read_text()))
+    fit["fused_lowrank"] = fused_from_dispatch(json.loads(FUSED.read_text()))
     if a.fit_profiles:
         write_profiles(fit)
     prof = load_profile("h200-bfloat16")

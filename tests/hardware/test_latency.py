@@ -282,8 +282,49 @@ def test_redistil_keeps_the_launch_constants_and_cpu_refuses_to_measure_them():
         p.aux_us,
         p.latency_fit,
     )
+    assert q.fused_lowrank == p.fused_lowrank and q.fused_lowrank_at(1) is not None
     with pytest.raises(GacError, match="CUDA only"):
         measure_launch_constants(torch.device("cpu"), torch.bfloat16)
+
+
+def test_fused_lowrank_fit_uses_the_winning_shapes_only():
+    from gac.hardware.latency import fit_fused_lowrank
+
+    line = lambda b: 6.5 + b / 4.0e6  # noqa: E731 - us at 4000 GB/s (4e6 bytes per us)
+    recs = [{"bytes": b, "fused_us": line(b), "use": True, "rows": 1} for b in (1.7e7, 1e8, 2.7e8)]
+    recs.append({"bytes": 5e7, "fused_us": 400.0, "use": False, "rows": 1})  # lost: not what runs
+    fit = fit_fused_lowrank(recs, "test")
+    assert (fit["launch_us"], fit["gbps"], fit["rows"]) == (6.5, 4000.0, [1])
+    assert fit["fit"]["points"] == 3 and fit["fit"]["of"] == 4 and fit["fit"]["source"] == "test"
+    assert fit_fused_lowrank(recs[:1] + recs[3:], "test") == {}  # one winner: nothing assumed
+    p = default_profile()
+    p.fused_lowrank = fit
+    assert Profile.from_dict(json.loads(json.dumps(p.to_dict()))).fused_lowrank_at(1) == (6.5, 4000.0)
+
+
+def test_fused_lowrank_is_measured_on_cuda_only():
+    from gac.hardware.profiler import measure_fused_lowrank
+
+    with pytest.raises(GacError, match="CUDA only"):
+        measure_fused_lowrank(torch.device("cpu"), torch.bfloat16)
+
+
+@pytest.mark.gpu
+def test_fused_lowrank_measured_on_the_gpu_fits_its_winning_shapes(tmp_path, monkeypatch):
+    from gac.hardware.profiler import FUSED_SHAPES, measure_fused_lowrank
+
+    monkeypatch.setenv("GAC_CACHE", str(tmp_path))
+    fit = measure_fused_lowrank(torch.device("cuda"), torch.bfloat16)
+    if not fit:  # the kernel won at fewer than two shapes on this GPU: nothing may be assumed
+        return
+    sites = fit["fit"]["sites"]
+    assert len(sites) == len(FUSED_SHAPES) and fit["fit"]["points"] == sum(s["use"] for s in sites)
+    assert fit["rows"] == [1] and fit["launch_us"] > 0 and fit["gbps"] > 500
+    for s in sites:  # every winning shape within 25% of the fitted line
+        if s["use"]:
+            assert (
+                abs(fit["launch_us"] + s["bytes"] / fit["gbps"] / 1e3 - s["fused_us"]) < 0.25 * s["fused_us"]
+            )
 
 
 def test_a_recorded_cell_is_priced_with_the_sites_its_infer_switched_to_the_fused_kernel():

@@ -125,7 +125,7 @@ class Launch:
 def fit_launch(nbytes: list[float] | np.ndarray, us: list[float] | np.ndarray) -> tuple[float, float]:
     """Least-squares fit of ``t_us = t0_us + bytes / BW`` over GEMV timings; returns ``(t0_us, BW GB/s)``.
 
-    >>> fit_launch([1e6, 1e7, 1e8], [5.0 + 1e6 / 4e3, 5.0 + 1e7 / 4e3, 5.0 + 1e8 / 4e3])
+    >>> fit_launch([1e6, 1e7, 1e8], [5.0 + 1e6 / 4e6, 5.0 + 1e7 / 4e6, 5.0 + 1e8 / 4e6])
     (5.0, 4000.0)
     """
     x = np.asarray(nbytes, dtype=np.float64)
@@ -137,6 +137,34 @@ def fit_launch(nbytes: list[float] | np.ndarray, us: list[float] | np.ndarray) -
         raise GacError("the launch fit found no positive bandwidth (time does not grow with bytes)")
     gbps = 1.0 / slope / 1e3  # bytes per us -> GB/s
     return round(float(t0), 4), round(float(gbps), 1)
+
+
+def fit_fused_lowrank(records: list[dict[str, Any]], source: str) -> dict[str, Any]:
+    """A profile's ``fused_lowrank`` entry from fused low-rank dispatch measurements at one token row.
+
+    ``records`` are :func:`gac.kernels.lowrank_fused.measure_site` results (``bytes``, ``fused_us``,
+    ``use``); ``t = launch_us + bytes / gbps`` is fitted (:func:`fit_launch`) over the shapes where
+    the kernel won its dispatch, the only ones the inference path runs it at.  Fewer than two
+    winners: ``{}`` (the kernel is not faster on this GPU; nothing is assumed).
+    """
+    won = [r for r in records if r.get("rows", 1) == 1 and r.get("use") and r.get("fused_us")]
+    if len(won) < 2 or len({r["bytes"] for r in won}) < 2:
+        return {}
+    t0, gbps = fit_launch([r["bytes"] for r in won], [r["fused_us"] for r in won])
+    return {
+        "launch_us": t0,
+        "gbps": gbps,
+        "rows": [1],
+        "fit": {
+            "source": source,
+            "method": "least squares t = launch_us + weight bytes / gbps over the fused low-rank kernel's best "
+            "time at 1 token row (64 calls per CUDA graph over weights rotated past L2), over the site shapes "
+            "where it beat the two-launch path (the ones the dispatch runs it at)",
+            "points": len(won),
+            "of": len(records),
+            "bytes_range": [min(r["bytes"] for r in won), max(r["bytes"] for r in won)],
+        },
+    }
 
 
 # ------------------------------------------------------------------------------- structure

@@ -55,7 +55,7 @@ from gac.errors import GacError
 from gac.hardware.experiments import Config, _append_jsonl, _op_pt, measure_point
 from gac.hardware.profile import OPS, SCHEMA, OpRule, Profile
 from gac.hardware.timing import dtype_name, environment, gpu_slug, resolve_device, resolve_dtype
-from gac.utils import atomic_write_text, console, progress
+from gac.utils import atomic_write_text, console, progress, track
 
 MODULI: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
 CLASSES: tuple[int, ...] = MODULI
@@ -462,6 +462,7 @@ def build_profile(
         lc = measure_launch_constants(dev, dt)
         prof.launch_us, prof.copy_gbps, prof.aux_us = lc["launch_us"], lc["copy_gbps"], lc["aux_us"]
         prof.latency_fit = lc["latency_fit"]
+        prof.fused_lowrank = measure_fused_lowrank(dev, dt)
     return prof
 
 
@@ -513,6 +514,47 @@ def measure_launch_constants(device: torch.device, dtype: torch.dtype) -> dict[s
             "points": [{"bytes": b, "us": round(t, 3)} for b, t in zip(nbytes, us, strict=True)],
         },
     }
+
+
+#: site shapes ``(in, ranks, outs)`` timed for the fused low-rank kernel's fit: Llama-3-8B-sized
+#: factorized layers and fused groups at 15% (17 to 270 MB of 2-byte weights)
+FUSED_SHAPES: tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...] = (
+    (4096, (1024,), (4096,)),
+    (4096, (1736,), (4096,)),
+    (14336, (2712,), (4096,)),
+    (4096, (1736, 704, 704), (4096, 1024, 1024)),
+    (4096, (2704, 2704), (14336, 14336)),
+    (14336, (3584,), (4096,)),
+)
+
+
+def measure_fused_lowrank(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    """The profile's ``fused_lowrank`` entry on this GPU: the fused low-rank kernel's launch fit.
+
+    Each site of :data:`FUSED_SHAPES` is measured as the dispatch measures it
+    (:func:`gac.kernels.lowrank_fused.measure_site`: the two-launch path and each one-row
+    configuration, checked, in CUDA graphs), and :func:`gac.hardware.latency.fit_fused_lowrank` fits
+    the shapes where the kernel won.  ``{}`` without Triton, or where it won at fewer than two shapes.
+    """
+    from gac.hardware.latency import fit_fused_lowrank
+    from gac.kernels import lowrank_fused as L
+
+    if device.type != "cuda":
+        raise GacError("the fused low-rank kernel is measured on CUDA only")
+    if not L.HAVE_TRITON:
+        console.print("[yellow]note:[/yellow] no Triton: the profile gets no fused low-rank entry")
+        return {}
+    recs = []
+    for k, splits, outs in track(FUSED_SHAPES, "fused low-rank kernel: launch fit"):
+        try:
+            recs.append(L.measure_site(k, list(splits), list(outs), 1, dtype, device))
+        except torch.OutOfMemoryError:
+            torch.cuda.empty_cache()
+    fit = fit_fused_lowrank(recs, "gac profile (gac.hardware.profiler.measure_fused_lowrank)")
+    if fit:
+        fit["fit"]["sites"] = [{k: r.get(k) for k in ("site", "bytes", "existing_us", "fused_us", "use")}
+                               for r in recs]  # fmt: skip
+    return fit
 
 
 def _flops_fn(plan: OpPlan) -> Callable[[int], float]:
@@ -637,4 +679,5 @@ def redistil(profile: Profile, tolerance: float | None = None, lookahead: int | 
         copy_gbps=profile.copy_gbps,
         aux_us=profile.aux_us,
         latency_fit=dict(profile.latency_fit),
+        fused_lowrank=dict(profile.fused_lowrank),
     )
