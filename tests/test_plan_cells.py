@@ -151,6 +151,9 @@ def test_benches_infer_only_and_report(tmp_path):
     text = report(d).read_text()
     assert "## Kernel-level experiments" in text and "### padding_rescue" in text
     assert "| shape-llama3-8b-1-8/base | 1.000 (1.000) | 1.000 (1.000) |" in text
+    # the speed plot of the shape model (the only model with compressed infer cells)
+    assert [p.name for p in d.glob("speedup_*.png")] == ["speedup_shape-llama3-8b-1-8.png"]
+    assert "![speedup_shape-llama3-8b-1-8.png](speedup_shape-llama3-8b-1-8.png)" in text
     rows = {r.split(" | ")[1]: r for r in text.splitlines() if r.startswith("| rescue |")}
     assert rows["gemm pad"].split(" | ")[3] == "1"  # the original variant's speedup is 1 by definition
     assert rows["gac prefill speedup"].split(" | ")[3] not in ("not run", "no such value")

@@ -1,8 +1,10 @@
 """``gac report PLAN_DIR`` for an experiment plan: per-model tables and speed-vs-quality frontiers.
 
-Reads ``plan.json`` and ``cells/**.json`` (written by ``gac run``); writes ``report.md`` and one
+Reads ``plan.json`` and ``cells/**.json`` (written by ``gac run``); writes ``report.md``, one
 ``frontier_<model>_<profile>.png`` per model and GPU profile: quality (perplexity) against the
-speedup predicted from that GPU's profile, the Pareto frontier drawn through the best cells.
+speedup predicted from that GPU's profile, the Pareto frontier drawn through the best cells; and one
+``speedup_<model>.png`` per model with ``infer`` results: each compressed cell's measured speedup over
+dense at every grid point, its ideal and the latency model's prediction beside it, 1.0 marked.
 """
 
 from __future__ import annotations
@@ -153,6 +155,46 @@ def prediction_lines(model: str, pred: dict[str, Any]) -> list[str]:
     return lines
 
 
+def speed_plot(
+    plt: Any, model: str, mspeed: list[tuple[Any, dict[str, Any]]], pred: dict[str, Any] | None, path: Path
+) -> bool:
+    """``speedup_<model>.png``: measured speedup (bars), ideal (–) and predicted (x) per grid point.
+
+    One bar per compressed cell at every point of the ``infer`` grid; the dense base (1.0 everywhere)
+    is the horizontal line. Returns False (nothing written) when no compressed cell was measured.
+    """
+    cells = [(c, sp) for c, sp in mspeed if c.compressor != BASE]
+    if not cells:
+        return False
+    pts = [k for k in cells[0][1] if not k.startswith("ideal_")]
+    n = len(cells)
+    width = 0.8 / n
+    fig, ax = plt.subplots(figsize=(max(6.4, 0.75 * len(pts) + 1.5), 4.2))
+    for i, (c, sp) in enumerate(cells):
+        xs = [j - 0.4 + width * (i + 0.5) for j in range(len(pts))]
+        ax.bar(xs, [sp.get(k) or 0.0 for k in pts], width * 0.9, color=f"C{i}", label=c.id.split("/")[-1])
+        ideal = [(x, sp.get(f"ideal_{k}")) for x, k in zip(xs, pts, strict=True) if sp.get(f"ideal_{k}")]
+        ax.scatter([x for x, _ in ideal], [y for _, y in ideal], marker="_", s=120, color="k", zorder=3,
+                   label="ideal" if i == 0 else None)  # fmt: skip
+        rows = {r["point"]: r for r in ((pred or {}).get(c.id) or {}).get("rows") or []}
+        got = [(x, rows[k]["predicted_speedup"]) for x, k in zip(xs, pts, strict=True) if k in rows]
+        ax.scatter([x for x, _ in got], [y for _, y in got], marker="x", s=30, color="0.3", zorder=4,
+                   label="predicted" if i == 0 and got else None)  # fmt: skip
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks(range(len(pts)))
+    ax.set_xticklabels([k.replace("prefill_", "pre ").replace("decode_", "dec ") for k in pts], rotation=45,
+                       ha="right", fontsize=8)  # fmt: skip
+    lo = min([sp.get(k) or 1.0 for _, sp in cells for k in pts] + [1.0])
+    ax.set_ylim(max(0.0, lo - 0.1), None)
+    ax.set_ylabel("speedup over dense (x)")
+    ax.set_title(f"{model}: measured speedup (infer eval), ideal and predicted", fontsize=10)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def lookup(results: dict[str, Any], field: str, where: dict[str, Any] | None = None) -> Any:
     """A value of a cell's results by dotted ``field``; a list on the way is filtered by ``where``.
 
@@ -295,6 +337,10 @@ def render_plan(root: Path, out: Path | None = None) -> Path:
             lines.append("")
         if model in preds:
             lines += prediction_lines(model, preds[model])
+        name = f"speedup_{slug(model)}.png"
+        if mspeed and speed_plot(plt, model, mspeed, preds.get(model), out / name):
+            plots.append(name)
+            lines += [f"![{name}]({name})", ""]
         for prof, pts in profiles.items():
             fig, ax = plt.subplots(figsize=(6.4, 4.2))
             comps = sorted({p[0] for p in pts})
