@@ -517,7 +517,7 @@ def measure_launch_constants(device: torch.device, dtype: torch.dtype) -> dict[s
 
 
 #: site shapes ``(in, ranks, outs)`` timed for the fused low-rank kernel's fit: Llama-3-8B-sized
-#: factorized layers and fused groups at 15% (17 to 270 MB of 2-byte weights)
+#: factorized layers and fused groups at 15% (17 to 200 MB of 2-byte weights)
 FUSED_SHAPES: tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...] = (
     (4096, (1024,), (4096,)),
     (4096, (1736,), (4096,)),
