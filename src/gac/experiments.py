@@ -721,9 +721,8 @@ def run_group(plan: ExperimentPlan, plan_dir: str | Path, group: str, force: boo
                 model = copy.deepcopy(base)
                 alloc = p.allocation(c.align)
                 report = apply_(model, p, alloc)
-                if (
-                    c is todo[-1]
-                ):  # the group's last cell: its evals need neither the plan nor the dense model
+                # the group's last cell: its evals need neither the plan nor the dense model
+                if c is todo[-1]:
                     p = base = None
                     _release_memory()
                 a = report.allocation

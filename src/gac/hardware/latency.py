@@ -22,10 +22,10 @@ The formula (every term below is one line of :func:`launches`)::
   member one (its ``u``), a dense slice none; a site switched to the fused low-rank kernel
   (:mod:`gac.kernels.lowrank_fused`, at the row classes its table names) is one launch for all
   its factors (:func:`_one_launch_sites`), priced with the kernel's own fit
-  (``Profile.fused_lowrank``: fixed time and bandwidth) where the profile has one. FLOPs ``2·rows·k·n`` at the profile's peak
-  slowed by :meth:`Profile.efficiency` of N (``lowrank_r`` for the first factor of a low-rank
-  pair, else ``gemm_n``) and of K (``gemm_k``), as :meth:`Profile.gemm_ms` does; bytes: the
-  weight plus the activations in and out.
+  (``Profile.fused_lowrank``: fixed time and bandwidth) where the profile has one. FLOPs
+  ``2·rows·k·n`` at the profile's peak slowed by :meth:`Profile.efficiency` of N (``lowrank_r``
+  for the first factor of a low-rank pair, else ``gemm_n``) and of K (``gemm_k``), as
+  :meth:`Profile.gemm_ms` does; bytes: the weight plus the activations in and out.
 * **Attention**, per decoder layer (q/k widths read from the layer, so pruned heads count):
   prefill is one launch of ``2·B·S²·q`` FLOPs (causal; ``sdpa_head_dim`` efficiency) reading
   Q, K, V and writing O; decode is three launches (``QKᵀ``, softmax, ``PV``: the grouped
