@@ -32,7 +32,10 @@ profiles measured before them, which then load with the documented defaults
       "launch_us": 5.05,      # fixed time of one GEMM/GEMV launch in a CUDA graph (fit intercept)
       "copy_gbps": 4494.9,    # weight-streaming bandwidth, GB/s (fit slope: bytes read per second)
       "aux_us": 2.14,         # fixed time of one non-GEMM kernel (norm, rotary, activation...)
-      "latency_fit": {...}    # provenance: source, method, points
+      "latency_fit": {...},   # provenance: source, method, points
+      "fused_lowrank": {      # the fused low-rank kernel (gac.kernels.lowrank_fused), if measured
+        "launch_us": 6.56, "gbps": 4072.3, "rows": [1], "fit": {...}
+      }
 
 ``rule.modulus`` is the smallest modulus m such that dims = 0 (mod m) run within
 ``tolerance`` of the best nearby dim; ``rule.prefer`` is the modulus that reaches the best
