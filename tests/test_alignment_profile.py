@@ -1,17 +1,9 @@
-import doctest
 import json
 
 import pytest
 
-import gac.alignment
-import gac.sites
 from gac.errors import GacError
 from gac.hardware.profile import OPS, Profile, default_profile, load_profile
-
-
-def test_doctests():
-    for mod in (gac.alignment, gac.sites):
-        assert doctest.testmod(mod).failed == 0
 
 
 def test_default_profile_rules():

@@ -109,7 +109,7 @@ def _read(path: Path) -> str:
 def printable_fraction(text: str, sample: int = 100_000) -> float:
     """Fraction of the first ``sample`` characters that are printable or whitespace.
 
-    >>> printable_fraction("Hello, world\n")
+    >>> printable_fraction("Hello, world\\n")
     1.0
     """
     head = text[:sample]

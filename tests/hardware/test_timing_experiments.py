@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import doctest
 import json
 
 import pytest
 import torch
 
 import gac.hardware.experiments as ex
-import gac.hardware.profiler as pr
 import gac.hardware.timing as tm
 from gac.cli import main
 from gac.errors import GacError
-
-
-def test_doctests():
-    for mod in (tm, ex, pr):
-        assert doctest.testmod(mod).failed == 0
 
 
 def test_slug_and_env_cpu():
