@@ -105,24 +105,11 @@ def run_site(name, k, members, rows, dtype, dev, res, deadline, t_end, margin) -
 
     splits = [r for r, _ in members]
     outs = [n for _, n in members]
+    su = L.site_setup(k, splits, outs, rows, dtype, dev, l2_bytes=160 * 2**20)
+    ws, copies, x, nbytes, existing = su.ws, su.copies, su.x, su.nbytes, su.existing
     esize = torch.tensor([], dtype=dtype).element_size()
-    nbytes = esize * (k * sum(splits) + sum(r * n for r, n in members))
     dense_bytes = esize * k * sum(outs)
-    copies = copies_past_l2(nbytes, 160 * 2**20)
-    ws = []
-    for _ in range(copies):
-        v = torch.randn(sum(splits), k, device=dev, dtype=dtype) * k**-0.5
-        ws.append((v, [torch.randn(n, r, device=dev, dtype=dtype) * r**-0.5 for r, n in members]))
-    x = torch.randn(rows, k, device=dev, dtype=dtype)
-    t = torch.empty(rows, sum(splits), device=dev, dtype=dtype)
     ys = [torch.empty(rows, n, device=dev, dtype=dtype) for n in outs]
-    offs = [sum(splits[:i]) for i in range(len(splits))]
-
-    def existing(i: int) -> None:
-        v, us = ws[i % copies]
-        torch.mm(x, v.t(), out=t)
-        for j, u in enumerate(us):
-            torch.mm(t[:, offs[j] : offs[j] + splits[j]], u.t(), out=ys[j])
 
     rec: dict = {"site": name, "rows": rows, "k": k, "members": members, "bytes": nbytes,
                  "bytes_ideal_us": nbytes / COPY_GBPS / 1e3, "launches_existing": 1 + len(members)}  # fmt: skip
@@ -135,10 +122,7 @@ def run_site(name, k, members, rows, dtype, dev, res, deadline, t_end, margin) -
     )
     dws.clear()
     v0, us0 = ws[0]
-    t64 = x.double() @ v0.double().t()
-    ref = torch.cat(
-        [t64[:, o : o + r] @ u.double().t() for o, r, u in zip(offs, splits, us0, strict=True)], -1
-    )
+    ref = su.ref
     y = torch.empty(rows, sum(outs), device=dev, dtype=dtype)
     counters = L.new_counters(dev)
     nones = [None] * len(members)

@@ -257,6 +257,24 @@ def test_use_fused_lowrank_leaves_a_cpu_model_alone():
     assert L.undo_fused_lowrank_(blk) == 0
 
 
+def test_site_setup_times_the_existing_path_against_its_float64_reference():
+    """The setup the dispatch and the benchmark share: copies past L2, the existing path, its reference."""
+    torch.manual_seed(0)
+    su = L.site_setup(48, [7, 13, 24], [40, 24, None], 3, torch.float32, torch.device("cpu"), l2_bytes=30_000)
+    assert su.nbytes == 4 * (48 * 44 + 7 * 40 + 13 * 24) and su.copies == 3 and len(su.ws) == 3
+    assert su.real == [40, 24, 24] and su.ws[0][1][2] is None and su.ref.shape == (3, 88)
+    outs = []
+    real_mm = torch.mm
+    try:  # record what the existing path writes (its outputs are internal buffers)
+        torch.mm = lambda a, b, out: outs.append(real_mm(a, b, out=out)) or out
+        su.existing(0)
+    finally:
+        torch.mm = real_mm
+    t, y_q, y_k = outs  # the first stage, then the two factorized members' u (the dense one: its slice)
+    got = torch.cat([y_q, y_k, t[:, 20:]], -1)
+    assert ((got.double() - su.ref).norm() / su.ref.norm()).item() < 1e-6
+
+
 def test_lowrank_fused_rejects_prefill_rows():
     with pytest.raises(ValueError, match="rows"):
         L.lowrank_fused(torch.randn(65, 8), torch.randn(4, 8), None, [torch.randn(3, 4)], [None], [4], [3],

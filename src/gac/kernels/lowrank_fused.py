@@ -36,6 +36,7 @@ rows keep the existing path.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -690,6 +691,50 @@ def _weights(k: int, splits: list[int], outs: list[int | None], dtype: torch.dty
     return v, us
 
 
+def site_setup(
+    k: int,
+    splits: list[int],
+    outs: list[int | None],
+    rows: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    l2_bytes: int = 128 * 2**20,
+) -> SimpleNamespace:
+    """One site's timing setup (the dispatch's, and ``benchmarks/gpu_lowrank_fused.py``'s).
+
+    Random weights in enough copies to rotate past ``l2_bytes`` of L2 (``ws``: ``(v, us)`` per copy),
+    an input ``x`` of ``rows`` rows, ``existing(i)``: the existing path (cuBLAS: first stage, then each
+    member's ``u``) over copy ``i``, ``ref``: its float64 result on copy 0, ``nbytes`` (weights of
+    one copy), ``real`` (each member's output features).  ``outs[i]`` None marks a dense member.
+    """
+    esize = torch.tensor([], dtype=dtype).element_size()
+    nbytes = esize * (
+        k * sum(splits) + sum(r * n for r, n in zip(splits, outs, strict=True) if n is not None)
+    )
+    copies = _gemv.copies_past_l2(nbytes, l2_bytes)
+    ws = [_weights(k, splits, outs, dtype, device) for _ in range(copies)]
+    x = torch.randn(rows, k, device=device, dtype=dtype)
+    t = torch.empty(rows, sum(splits), device=device, dtype=dtype)
+    real = [n if n is not None else r for r, n in zip(splits, outs, strict=True)]
+    ys = [torch.empty(rows, n, device=device, dtype=dtype) for n in real]
+    offs = [sum(splits[:i]) for i in range(len(splits))]
+
+    def existing(i: int) -> None:
+        v, us = ws[i % copies]
+        torch.mm(x, v.t(), out=t)
+        for j, u in enumerate(us):
+            if u is not None:
+                torch.mm(t[:, offs[j] : offs[j] + splits[j]], u.t(), out=ys[j])
+
+    v0, us0 = ws[0]
+    t64 = x.double() @ v0.double().t()
+    ref = torch.cat(
+        [(t64[:, o : o + r] @ u.double().t()) if u is not None else t64[:, o : o + r]
+         for o, r, u in zip(offs, splits, us0, strict=True)], -1,
+    )  # fmt: skip
+    return SimpleNamespace(nbytes=nbytes, copies=copies, ws=ws, x=x, real=real, existing=existing, ref=ref)
+
+
 def measure_site(
     k: int,
     splits: list[int],
@@ -705,35 +750,13 @@ def measure_site(
     ``outs[i]`` None marks a dense member.  Every configuration is first run once and checked: a
     barrier that timed out or counters left non-zero disqualify it, as does a wrong result.
     """
-    esize = torch.tensor([], dtype=dtype).element_size()
-    nbytes = esize * (
-        k * sum(splits) + sum(r * n for r, n in zip(splits, outs, strict=True) if n is not None)
-    )
-    copies = _gemv.copies_past_l2(nbytes)
-    ws = [_weights(k, splits, outs, dtype, device) for _ in range(copies)]
-    x = torch.randn(rows, k, device=device, dtype=dtype)
-    t = torch.empty(rows, sum(splits), device=device, dtype=dtype)
-    real = [n if n is not None else r for r, n in zip(splits, outs, strict=True)]
-    ys = [torch.empty(rows, n, device=device, dtype=dtype) for n in real]
-    offs = [sum(splits[:i]) for i in range(len(splits))]
-
-    def existing(i: int) -> None:
-        v, us = ws[i % copies]
-        torch.mm(x, v.t(), out=t)
-        for j, u in enumerate(us):
-            if u is not None:
-                torch.mm(t[:, offs[j] : offs[j] + splits[j]], u.t(), out=ys[j])
-
+    su = site_setup(k, splits, outs, rows, dtype, device)
+    ws, copies, x, real, ref = su.ws, su.copies, su.x, su.real, su.ref
     configs = configs or CONFIGS[row_class(rows)]
-    rec: dict[str, Any] = {"site": site_key(k, splits, outs), "rows": rows, "bytes": nbytes,
+    rec: dict[str, Any] = {"site": site_key(k, splits, outs), "rows": rows, "bytes": su.nbytes,
                            "tried": [list(c) for c in configs]}  # fmt: skip
-    rec["existing_us"] = _gemv._bench_graph(existing)
+    rec["existing_us"] = _gemv._bench_graph(su.existing)
     v0, us0 = ws[0]
-    t64 = x.double() @ v0.double().t()
-    ref = torch.cat(
-        [(t64[:, o : o + r] @ u.double().t()) if u is not None else t64[:, o : o + r]
-         for o, r, u in zip(offs, splits, us0, strict=True)], -1,
-    )  # fmt: skip
     y = torch.empty(rows, sum(real), device=device, dtype=dtype)
     counters = new_counters(device)
     nones = [None] * len(splits)
