@@ -203,7 +203,7 @@ def site_ms(profile: Profile, site: Site, d: int, tokens: int = DEFAULT_TOKENS) 
     if d >= site.max_dim and two_d and site.op == "lowrank_r":
         out_f, in_f = site.shape
         flop_ms = profile.gemm_ms(tokens, in_f, out_f)
-        nbytes, launches = (out_f * in_f + act) * elem, members
+        nbytes, launches, fused = (out_f * in_f + act) * elem, members, None
     else:
         params = d * per_dim if per_dim else site.cost(d)
         flop_ms = (
@@ -213,13 +213,11 @@ def site_ms(profile: Profile, site: Site, d: int, tokens: int = DEFAULT_TOKENS) 
         nbytes = (params + act + (2 * tokens * d * members if factorized else 0)) * elem
         launches = members * (2 if factorized else 1)
         fused = profile.fused_lowrank_at(tokens) if factorized else None
-        if fused is not None:  # one fused launch per member, where that beats two launches
-            byte_ms = nbytes / (profile.copy_gbps_or_default * 1e9) * 1e3
-            two = launches * profile.launch_us_or_default * 1e-3 + max(flop_ms, byte_ms)
-            one = members * fused[0] * 1e-3 + max(flop_ms, nbytes / (fused[1] * 1e9) * 1e3)
-            return min(two, one)
     byte_ms = nbytes / (profile.copy_gbps_or_default * 1e9) * 1e3
-    return launches * profile.launch_us_or_default * 1e-3 + max(flop_ms, byte_ms)
+    ms = launches * profile.launch_us_or_default * 1e-3 + max(flop_ms, byte_ms)
+    if fused is not None:  # one fused launch per member, where that beats two launches
+        ms = min(ms, members * fused[0] * 1e-3 + max(flop_ms, nbytes / (fused[1] * 1e9) * 1e3))
+    return ms
 
 
 # ------------------------------------------------------------------------------- helpers
