@@ -54,6 +54,7 @@ def run(
     gqa_decode: bool = True,
     gemv: bool = True,
     fused_lowrank: bool = True,
+    branches: bool = True,
     prefill_reps: int = 10,
     decode_reps: int = 30,
     device: str = "auto",
@@ -97,6 +98,7 @@ def run(
         gqa_decode=gqa_decode,
         gemv=gemv,
         fused_lowrank=fused_lowrank,
+        branches=branches,
     )
     if min(cfg.decode_kv) < cfg.decode_warmup + cfg.decode_reps:
         raise GacError(
@@ -134,6 +136,7 @@ def run(
         "gqa_decode": gqa_decode,
         "gemv": gemv,
         "fused_lowrank": fused_lowrank,
+        "branches": branches,
     }
     for name, info in infos.items():
         if name in res["variants"]:
@@ -214,6 +217,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="decode: keep each factorized site's two GEMVs (no one-launch Triton kernel where it was measured faster)",
     )
     ap.add_argument(
+        "--no-branches",
+        dest="branches",
+        action="store_false",
+        help="run the second stages of a fused group's factorized members one after the other "
+        "(no parallel CUDA-stream branches where they were measured faster)",
+    )
+    ap.add_argument(
         "--triton",
         action="store_true",
         help="the earlier fused low-rank GEMV (split over the rank, atomics; CUDA)",
@@ -247,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
             gqa_decode=a.gqa_decode,
             gemv=a.gemv,
             fused_lowrank=a.fused_lowrank,
+            branches=a.branches,
             triton=a.triton,
             prefill_reps=a.prefill_reps,
             decode_reps=a.decode_reps,

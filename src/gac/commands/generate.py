@@ -32,6 +32,11 @@ def register(app: typer.Typer) -> None:
             "--no-fused-lowrank",
             help="Keep each factorized site's two GEMVs (no one-launch Triton kernel where measured faster).",
         ),
+        no_branches: bool = typer.Option(
+            False,
+            "--no-branches",
+            help="Second stages of fused q/k/v and gate/up one after the other (no parallel CUDA streams).",
+        ),
         tokenizer: str | None = typer.Option(
             None, "--tokenizer", help="Take the tokenizer from this model spec."
         ),
@@ -63,6 +68,7 @@ def register(app: typer.Typer) -> None:
             gqa_decode=not no_gqa_decode,
             gemv=not no_gemv,
             fused_lowrank=not no_fused_lowrank,
+            branches=not no_branches,
         )
         if json_out:
             out_console.print_json(json.dumps({"model": model, **g.to_dict()}))

@@ -73,6 +73,7 @@ def generate(
     gqa_decode: bool = True,
     gemv: bool = True,
     fused_lowrank: bool = True,
+    branches: bool = True,
 ) -> Generation:
     """Greedy-decode ``max_new_tokens`` after ``prompt`` on the fast path (see the module docstring).
 
@@ -90,6 +91,8 @@ def generate(
             cuBLAS (:func:`gac.kernels.gemv.use_triton_gemv_`, in place).
         fused_lowrank: on CUDA, run each factorized site's two stages in one Triton launch where
             measured faster (:func:`gac.kernels.lowrank_fused.use_fused_lowrank_`, in place).
+        branches: on CUDA, run the second stages of fused q/k/v and gate/up groups on parallel
+            streams where measured faster (:func:`gac.kernels.branches.use_branches_`, in place).
 
     Raises:
         GacError: an empty prompt, a non-positive token count, or no tokenizer.
@@ -114,7 +117,7 @@ def generate(
         want_compile = want_graphs = False
     from gac.eval.infer import use_decode_kernels_
 
-    use_decode_kernels_(model, gqa_decode, gemv, fused_lowrank)
+    use_decode_kernels_(model, gqa_decode, gemv, fused_lowrank, branches)
     ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(dev)
     if ids.numel() == 0:
         raise GacError("the prompt is empty after tokenization")

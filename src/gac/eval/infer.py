@@ -82,6 +82,9 @@ class SweepConfig:
     #: persistent Triton launch (:mod:`gac.kernels.lowrank_fused`) at the shapes where it was
     #: measured faster than the existing path (cached per machine; CUDA only).
     fused_lowrank: bool = True
+    #: the second stages of a fused group's factorized members as parallel CUDA-stream branches
+    #: (:mod:`gac.kernels.branches`) at the row classes where measured faster (cached per machine).
+    branches: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -575,18 +578,21 @@ def _fast_or_eager(
 
 
 def use_decode_kernels_(
-    model: nn.Module, gqa_decode: bool = True, gemv: bool = True, fused_lowrank: bool = True
-) -> dict[str, dict[str, Any]]:
+    model: nn.Module, gqa_decode: bool = True, gemv: bool = True, fused_lowrank: bool = True,
+    branches: bool = True,
+) -> dict[str, dict[str, Any]]:  # fmt: skip
     """Switch ``model``, in place, to the decode kernels of the default path (the sweep's and
     :func:`gac.eval.generate.generate`'s): decode attention on the KV heads
     (:func:`gac.kernels.attention.use_gqa_decode_`), then on CUDA the Triton GEMV
     (:func:`gac.kernels.gemv.use_triton_gemv_`) and the one-launch low-rank kernel
-    (:func:`gac.kernels.lowrank_fused.use_fused_lowrank_`) where measured faster.
+    (:func:`gac.kernels.lowrank_fused.use_fused_lowrank_`) where measured faster, and the parallel
+    second stages of fused groups (:func:`gac.kernels.branches.use_branches_`) where measured faster.
 
-    Returns ``{"gemv": info, "fused_lowrank": info}``: what each switched, with its setup time
+    Returns ``{"gemv": info, "fused_lowrank": info, "branches": info}``: what each switched, with its setup time
     (first-use measurement included), or the reason it did not run.
     """
     from gac.kernels.attention import use_gqa_decode_
+    from gac.kernels.branches import use_branches_
     from gac.kernels.gemv import use_triton_gemv_
     from gac.kernels.lowrank_fused import use_fused_lowrank_
 
@@ -597,6 +603,7 @@ def use_decode_kernels_(
     for key, wanted, switch in (
         ("gemv", gemv, use_triton_gemv_),
         ("fused_lowrank", fused_lowrank, use_fused_lowrank_),
+        ("branches", branches, use_branches_),
     ):
         if not (wanted and on_cuda):
             out[key] = {"modules": 0, "reason": "off" if not wanted else "not on CUDA"}
@@ -616,7 +623,7 @@ def sweep_model(
     dev = model_device(model)
     graphs, compile_ = resolve_fast_path(cfg, dev)
     model.eval()
-    kernels = use_decode_kernels_(model, cfg.gqa_decode, cfg.gemv, cfg.fused_lowrank)
+    kernels = use_decode_kernels_(model, cfg.gqa_decode, cfg.gemv, cfg.fused_lowrank, cfg.branches)
     wbytes = weight_bytes_per_step(model)
     out: dict[str, Any] = {
         "params": param_count(model),

@@ -251,6 +251,8 @@ def launches(
             first_stage.add(id(m.down))
     t = point.tokens
     merged = _one_launch_sites(model, t)
+    fused_names = set(merged.values())
+    merged = {**_branch_sites(model, t), **merged}  # the fused kernel's sites take precedence
     out: list[Launch] = []
     keys: list[str | None] = []
     elem = 2
@@ -278,9 +280,8 @@ def launches(
     out = _merge(out, keys)
     fused = profile.fused_lowrank_at(t)
     if fused is not None:  # the kernel's own fit for its launches, where the profile has one
-        names = set(merged.values())
         for x in out:
-            if x.name in names:
+            if x.name in fused_names:
                 x.fixed_us, x.byte_ms = fused[0], x.bytes / (fused[1] * 1e9) * 1e3
     cfg = getattr(model, "config", None)
     hidden = int(emb.weight.shape[1]) if emb is not None else int(getattr(cfg, "hidden_size", 0) or 0)
@@ -345,6 +346,24 @@ def _one_launch_sites(model: Any, rows: int) -> dict[int, str]:
             for u in getattr(m, "lowrank_members", None) or []:
                 if u is not None:
                     out[id(u)] = name
+    return out
+
+
+def _branch_sites(model: Any, rows: int) -> dict[int, str]:
+    """Second factors of a fused group that run as parallel branches at ``rows`` rows
+    (:mod:`gac.kernels.branches`): priced as one launch, ``{id(u): "<group>.seconds"}``."""
+    from gac.kernels.branches import row_class
+
+    cls = row_class(rows)
+    out: dict[int, str] = {}
+    if cls is None:
+        return out
+    for name, m in model.named_modules():
+        table = getattr(m, "branch_table", None)
+        if table and table.get(cls):
+            for u in getattr(m, "seconds", None) or []:
+                if u is not None:
+                    out[id(u)] = f"{name}.seconds"
     return out
 
 
@@ -506,7 +525,8 @@ def infer_of(cell: dict[str, Any]) -> dict[str, Any] | None:
 
 def cell_skeleton(cell: dict[str, Any]) -> Any:
     """:func:`skeleton` of a recorded cell: its model spec, its kept dims, fused as its ``infer`` ran,
-    with the sites its ``infer`` switched to the fused low-rank kernel switched again."""
+    with the sites its ``infer`` switched to the fused low-rank kernel, and the groups it switched to
+    parallel second stages, switched again."""
     inf = infer_of(cell) or {}
     spec = str((cell.get("cell") or {}).get("model"))
     model = skeleton(spec, (cell.get("results") or {}).get("dims"), str(inf.get("dtype") or "bfloat16"),
@@ -516,6 +536,11 @@ def cell_skeleton(cell: dict[str, Any]) -> Any:
         from gac.kernels.lowrank_fused import switch_recorded_
 
         switch_recorded_(model, shapes)
+    branched = (inf.get("branches") or {}).get("shapes")
+    if branched:
+        from gac.kernels import branches
+
+        branches.switch_recorded_(model, branched)
     return model
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from gac.kernels import branches
 from gac.kernels.gemv import dispatch_linear
 from gac.surgery.factorized import FactorizedLinear
 
@@ -42,6 +43,10 @@ class FusedInputProjection(nn.Module):
 
     #: set by :func:`gac.kernels.gemv.use_triton_gemv_` where the Triton GEMV was measured faster
     gemv_table: dict[int, Any] | None = None
+    #: set by :func:`gac.kernels.branches.use_branches_` (with ``seconds``, the members' ``u``): the
+    #: row classes at which the members' second stages run as parallel branches, in the group
+    branch_table: dict[int, Any] | None = None
+    seconds: list[nn.Module | None]
 
     def __init__(self, members: list[nn.Module]) -> None:
         super().__init__()
@@ -100,10 +105,15 @@ class FusedInputProjection(nn.Module):
         assert out is not None
         return out
 
+    def applies_seconds(self, x: torch.Tensor) -> bool:
+        """Whether the group hands out finished outputs for ``x`` (its members' ``u`` applied)."""
+        return branches.applies(self.branch_table, x)
+
     def _products(self, x: torch.Tensor) -> list[torch.Tensor | None]:
-        """Every member's slice of ``x @ W_catᵀ (+ b)`` (overridden by the fused low-rank group)."""
+        """Every member's slice of ``x @ W_catᵀ (+ b)``, or its output where :meth:`applies_seconds`."""
         y = dispatch_linear(x, self.weight, self.bias, self.gemv_table)
-        return aligned_split(y, self.splits)
+        parts = aligned_split(y, self.splits)
+        return branches.apply_seconds(parts, self.seconds) if self.applies_seconds(x) else parts
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, splits={self.splits}, kinds={self.kinds}"
@@ -148,7 +158,7 @@ class FusedSlice(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.group.part(x, self.index)
-        return self.u(y) if self.u is not None else y
+        return self.u(y) if self.u is not None and not self.group.applies_seconds(x) else y
 
     def to_original(self) -> nn.Module:
         """The stand-alone ``nn.Linear`` / ``FactorizedLinear`` this slice came from."""

@@ -650,6 +650,9 @@ class FusedLowRankGroup(FusedInputProjection):
     lowrank_members: list[nn.Module | None]
     lowrank_counters: torch.Tensor
 
+    def applies_seconds(self, x: torch.Tensor) -> bool:
+        return _config(x, self.lowrank_table) is not None or super().applies_seconds(x)
+
     def _products(self, x: torch.Tensor) -> list[torch.Tensor | None]:
         cfg = _config(x, self.lowrank_table)
         if cfg is None:
@@ -664,13 +667,8 @@ class FusedLowRankGroup(FusedInputProjection):
 
 
 class FusedLowRankSlice(FusedSlice):
-    """A member of a :class:`FusedLowRankGroup`: its ``u`` only where the group did not apply it."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.group.part(x, self.index)
-        if self.u is None or _config(x, self.group.lowrank_table) is not None:
-            return y
-        return self.u(y)
+    """A member of a :class:`FusedLowRankGroup` (its ``u`` only where the group did not apply it:
+    :meth:`FusedLowRankGroup.applies_seconds`)."""
 
 
 # ------------------------------------------------------------------------------ measuring

@@ -1,0 +1,277 @@
+"""Second stages of a fused group on parallel CUDA streams, used only where measured faster.
+
+A fused q/k/v (or gate/up) group of factorized members (:mod:`gac.kernels.fusion`) runs one GEMM
+for the members' first factors, then one GEMM per member for its second factor ``u``.  Those are
+independent of each other, yet a captured decode step runs them one after the other, and at 2 to a
+few hundred token rows each is a small, latency-bound launch: the k and v ones (``rank x 1024``)
+fill a few of the GPU's SMs and each costs ≈ 5 µs beyond its bytes on an H200
+(``benchmarks/results/h200/issue9/``).  SVD-LLM's allocation factorizes every site, so a Llama
+decode step launches 89 GEMMs against dense's 33, and at 16 rows (where the one-launch kernel of
+:mod:`gac.kernels.lowrank_fused` loses to cuBLAS) that is what keeps it below dense.
+
+:func:`branch_linears` (the custom op ``gac::branch_linears``) runs the members' second factors as
+parallel branches: member 0 on the current stream, each other member on a side stream that waits
+for the first stage and is joined back before anything reads the outputs.  A CUDA graph captures
+them as parallel nodes, so their kernels overlap.  The products are cuBLAS's, the same calls as
+the sequential path (exact: nothing is reordered inside a GEMM).  On CPU the op runs them in turn.
+
+Dispatch (:func:`use_branches_`): every fused group with at least two factorized members is timed
+once per machine at each row class of :data:`ROW_CLASSES` (the whole group, first stage included,
+sequential against branched, 64 calls to a CUDA graph over weights rotated past L2) and branches
+only at the row classes where it was faster by ``margin``.  Decisions are cached in
+``$GAC_CACHE/branch_dispatch.json`` per GPU, torch, Triton and dtype.  An input of more rows than
+the largest class keeps the sequential path (compute-bound GEMMs gain nothing from overlap).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gac.kernels import gemv as _gemv
+
+#: row classes measured per group shape: an input of ``rows`` token rows takes the decision of the
+#: smallest class ``>= rows`` (decode batches 1/16/64; prefill of one short prompt: 128 to 2048).
+ROW_CLASSES = (1, 16, 64, 128, 512, 2048)
+CACHE = "branch_dispatch.json"
+_STREAMS: dict[tuple[str, int | None], list[torch.cuda.Stream]] = {}
+
+
+def row_class(rows: int) -> int | None:
+    """The row class whose decision serves ``rows`` token rows, or None (more rows than any class).
+
+    >>> row_class(1), row_class(16), row_class(17), row_class(128), row_class(2049)
+    (1, 16, 64, 128, None)
+    """
+    for c in ROW_CLASSES:
+        if 0 < rows <= c:
+            return c
+    return None
+
+
+def _side_streams(device: torch.device, n: int) -> list[torch.cuda.Stream]:
+    """``n`` side streams of ``device``, created once and reused (a graph replays the ones it captured)."""
+    key = (device.type, device.index if device.index is not None else torch.cuda.current_device())
+    got = _STREAMS.setdefault(key, [])
+    while len(got) < n:
+        got.append(torch.cuda.Stream(device))
+    return got[:n]
+
+
+@torch.library.custom_op("gac::branch_linears", mutates_args=())
+def branch_linears(
+    xs: list[torch.Tensor], ws: list[torch.Tensor], bs: list[torch.Tensor]
+) -> list[torch.Tensor]:
+    """``[F.linear(x, w, b) for ...]`` with each product after the first on its own CUDA stream.
+
+    ``xs[i]`` is 2-D ``[M, K_i]`` (any row stride), ``ws[i]`` ``[N_i, K_i]``, ``bs[i]`` ``[N_i]`` or
+    empty for no bias (a list of optional tensors does not survive the op's autograd).  The outputs are
+    allocated on the current stream before the fork, every side stream waits for the current one
+    and the current one waits for every side stream at the end: inputs and outputs are never used
+    or freed while a branch may still run.
+    """
+    outs = [
+        torch.empty((x.shape[0], w.shape[0]), device=x.device, dtype=x.dtype)
+        for x, w in zip(xs, ws, strict=True)
+    ]
+    if xs[0].device.type != "cuda":
+        for x, w, b, y in zip(xs, ws, bs, outs, strict=True):
+            y.copy_(F.linear(x, w, b if b.numel() else None))
+        return outs
+    main = torch.cuda.current_stream(xs[0].device)
+    side = _side_streams(xs[0].device, len(xs) - 1)
+    for s in side:
+        s.wait_stream(main)
+    for s, x, w, b, y in zip(side, xs[1:], ws[1:], bs[1:], outs[1:], strict=True):
+        with torch.cuda.stream(s):
+            _mm(x, w, b, y)
+    _mm(xs[0], ws[0], bs[0], outs[0])
+    for s in side:
+        main.wait_stream(s)
+    return outs
+
+
+def _mm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, y: torch.Tensor) -> None:
+    if not b.numel():
+        torch.mm(x, w.t(), out=y)
+    else:
+        torch.addmm(b, x, w.t(), out=y)
+
+
+@branch_linears.register_fake
+def _(xs, ws, bs):  # noqa: ANN001, ANN202 - shapes only
+    return [x.new_empty((x.shape[0], w.shape[0])) for x, w in zip(xs, ws, strict=True)]
+
+
+def _setup(ctx, inputs, output) -> None:  # noqa: ANN001 - torch.library's signature
+    xs, ws, bs = inputs
+    ctx.save_for_backward(*xs, *ws)
+    ctx.n = len(xs)
+    ctx.has_bias = [b.numel() > 0 for b in bs]
+
+
+def _backward(ctx, gys: list[torch.Tensor]):  # noqa: ANN001, ANN202
+    # an inference op, but a model whose parameters require grad is traced by torch.compile with
+    # autograd in view: the linear layers' gradients, computed in turn
+    saved = ctx.saved_tensors
+    xs, ws = saved[: ctx.n], saved[ctx.n :]
+    gxs = [gy @ w for gy, w in zip(gys, ws, strict=True)]
+    gws = [gy.t() @ x for gy, x in zip(gys, xs, strict=True)]
+    gbs = [gy.sum(0) if hb else None for gy, hb in zip(gys, ctx.has_bias, strict=True)]
+    return gxs, gws, gbs
+
+
+branch_linears.register_autograd(_backward, setup_context=_setup)
+
+
+def apply_seconds(
+    parts: list[torch.Tensor | None], seconds: list[nn.Module | None]
+) -> list[torch.Tensor | None]:
+    """Each factorized member's ``u`` applied to its slice, all as one :func:`branch_linears` call.
+
+    ``parts[i]`` is member ``i``'s slice of the fused first stage; ``seconds[i]`` its ``u`` (None:
+    a dense member, whose slice is its output already).
+    """
+    idx = [i for i, u in enumerate(seconds) if u is not None]
+    lead = parts[idx[0]].shape[:-1]  # type: ignore[union-attr]
+    xs = [parts[i].reshape(-1, parts[i].shape[-1]) for i in idx]  # type: ignore[union-attr]
+    ws = [seconds[i].weight for i in idx]  # type: ignore[union-attr]
+    bs = [
+        seconds[i].bias if seconds[i].bias is not None else w.new_empty(0)
+        for i, w in zip(idx, ws, strict=True)
+    ]  # type: ignore[union-attr]
+    ys = branch_linears(xs, ws, bs)
+    out = list(parts)
+    for i, y in zip(idx, ys, strict=True):
+        out[i] = y.reshape(*lead, y.shape[-1])
+    return out
+
+
+def applies(table: dict[int, Any] | None, x: torch.Tensor) -> bool:
+    """Whether an input ``x`` of a group with decision ``table`` (row class -> use) takes the branches."""
+    if not table:
+        return False
+    c = row_class(x.numel() // x.shape[-1] if x.shape[-1] else 0)
+    return c is not None and bool(table.get(c))
+
+
+# ------------------------------------------------------------------------------ measuring
+
+
+def measure_group(
+    k: int, splits: list[int], outs: list[int | None], rows: int, dtype: torch.dtype, device: torch.device,
+    margin: float = 0.97,
+) -> dict[str, Any]:  # fmt: skip
+    """Time one group's shape at ``rows`` rows: sequential second stages against branched ones."""
+    from gac.kernels.lowrank_fused import site_setup
+
+    s = site_setup(k, splits, outs, rows, dtype, device)
+    t = torch.empty(rows, sum(splits), device=device, dtype=dtype)
+    offs = [sum(splits[:i]) for i in range(len(splits))]
+
+    def branched(i: int) -> None:
+        v, us = s.ws[i % s.copies]
+        torch.mm(s.x, v.t(), out=t)
+        apply_seconds([t[:, o : o + r] for o, r in zip(offs, splits, strict=True)],
+                      [_Holder(u) if u is not None else None for u in us])  # fmt: skip
+
+    rec: dict[str, Any] = {"k": k, "splits": list(splits), "outs": list(outs), "rows": rows}
+    rec["sequential_us"] = _gemv._bench_graph(s.existing)
+    rec["branched_us"] = _gemv._bench_graph(branched)
+    rec["use"] = rec["branched_us"] < margin * rec["sequential_us"]
+    rec["config"] = True
+    s.ws.clear()
+    return rec
+
+
+class _Holder:
+    """A ``u`` stand-in for timing: a weight and no bias."""
+
+    def __init__(self, w: torch.Tensor) -> None:
+        self.weight, self.bias = w, None
+
+
+def decisions(
+    shapes: list[tuple[int, tuple[int, ...], tuple[int | None, ...]]],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> dict[str, dict[int, Any]]:
+    """Per group shape (``site_key``): ``{row class: True | None}``, measured once per machine."""
+    from gac.kernels.lowrank_fused import site_key
+
+    keys = {site_key(k, list(sp), list(o)): (k, list(sp), list(o)) for k, sp, o in shapes}
+    return _gemv.cached_decisions(
+        CACHE, device, dtype, list(keys), lambda key, rows: measure_group(*keys[key], rows, dtype, device),
+        ROW_CLASSES, "parallel second stages",
+    )  # fmt: skip
+
+
+def measured(dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
+    """The cached measurements of this GPU (for reports)."""
+    return dict(_gemv._load_cache(CACHE).get(_gemv._cache_key(device, dtype), {}))
+
+
+def _groups(model: nn.Module) -> list:
+    """``lowrank_fused._sites`` entries of fused groups with at least two factorized members."""
+    from gac.kernels.fusion import FusedInputProjection
+    from gac.kernels.lowrank_fused import _sites
+
+    return [
+        s
+        for s in _sites(model)
+        if isinstance(s[1], FusedInputProjection) and sum(o is not None for o in s[2][2]) >= 2
+    ]
+
+
+def _switch(groups: list, rows_of: dict[str, dict[int, Any]]) -> int:
+    from gac.kernels.lowrank_fused import site_key
+
+    n = 0
+    for _, m, (k, splits, outs), members in groups:
+        row = rows_of.get(site_key(k, list(splits), list(outs))) or {}
+        if any(row.values()):
+            m.branch_table = {int(r): bool(v) for r, v in row.items()}
+            m.seconds = [s.u for s in members]  # a plain list: not registered twice
+            n += 1
+    return n
+
+
+def use_branches_(model: nn.Module, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Run the second stages of each fused group on parallel streams at the row classes measured faster.
+
+    In place: a :class:`~gac.kernels.fusion.FusedInputProjection` with two or more factorized
+    members gets a ``branch_table`` (and its members' ``u`` in ``seconds``); its members then take
+    their finished outputs from the group.  Returns ``{"modules": switched, "of": groups, "shapes":
+    {key: {row class: true}}}``; a model not on CUDA switches nothing (``"reason"`` says why).
+    Groups whose qualified name ends with one of ``skip`` are left alone.
+    """
+    p = next(model.parameters(), None)
+    if p is None or p.device.type != "cuda":
+        return {"modules": 0, "of": 0, "reason": "not on CUDA"}
+    groups = [g for g in _groups(model) if not g[0].endswith(skip or ("\0",))]
+    table = decisions(sorted({g[2] for g in groups}, key=str), p.dtype, p.device)
+    n = _switch(groups, table)
+    used = {
+        key: {str(r): True for r, v in row.items() if v} for key, row in table.items() if any(row.values())
+    }
+    return {"modules": n, "of": len(groups), "shapes": used}
+
+
+def switch_recorded_(model: nn.Module, shapes: dict[str, dict[str, Any]]) -> int:
+    """Switch the groups a recorded :func:`use_branches_` result switched (its ``"shapes"``), measuring nothing."""
+    rows = {key: {int(r): bool(v) for r, v in row.items()} for key, row in (shapes or {}).items()}
+    return _switch(_groups(model), rows)
+
+
+def undo_branches_(model: nn.Module) -> int:
+    """Back to sequential second stages everywhere. Returns the groups changed."""
+    n = 0
+    for m in model.modules():
+        if getattr(m, "branch_table", None) is not None:
+            m.__dict__.pop("branch_table", None)
+            m.__dict__.pop("seconds", None)
+            n += 1
+    return n

@@ -1,0 +1,192 @@
+"""Parallel second stages of fused groups (gac.kernels.branches): the op against F.linear, a switched
+block against the unswitched one (eager, compiled, with gradients), dispatch by row class, the record
+round trip, the latency model's launch count, and on a GPU the streams inside a CUDA graph."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gac.kernels import branches as B
+from gac.kernels.fusion import FusedInputProjection, fuse_projections_
+from gac.kernels.lowrank_fused import site_key
+
+from .test_lowrank_fused import Block
+
+
+def _block(d: int = 48, seed: int = 0) -> Block:
+    torch.manual_seed(seed)
+    blk = Block(d).eval()
+    with torch.no_grad():
+        for p in blk.parameters():
+            p.normal_(0, 0.2)
+    return blk
+
+
+def test_branch_linears_equals_f_linear_on_strided_slices_with_and_without_bias():
+    torch.manual_seed(0)
+    t = torch.randn(5, 7 + 13 + 29)
+    xs = [t[:, :7], t[:, 7:20], t[:, 20:]]  # views with the fused row stride
+    ws = [torch.randn(40, 7), torch.randn(24, 13), torch.randn(70, 29)]
+    bs = [torch.empty(0), torch.randn(24), torch.randn(70)]  # empty: no bias
+    got = B.branch_linears(xs, ws, bs)
+    for g, x, w, b in zip(got, xs, ws, bs, strict=True):
+        assert g.shape == (5, w.shape[0])
+        assert torch.allclose(g, F.linear(x, w, b if b.numel() else None), atol=1e-6)
+
+
+def test_groups_need_two_factorized_members():
+    blk = _block()
+    fuse_projections_(blk)
+    groups = B._groups(blk)
+    # q/k factorized with v dense, and gate/up: both groups qualify; o_proj/down_proj are no groups
+    assert sorted(g[0] for g in groups) == ["fused_gate_up", "fused_q_k_v"]
+    assert [g[2] for g in groups if g[0] == "fused_q_k_v"] == [(48, (7, 13, 24), (40, 24, None))]
+
+
+def test_switched_block_equals_unswitched_only_at_the_row_classes_it_names():
+    blk = _block()
+    fuse_projections_(blk)
+    keys = {site_key(k, list(sp), list(o)): True for _, _, (k, sp, o), _ in B._groups(blk)}
+    x16 = torch.randn(4, 4, 48)  # 16 rows
+    x40 = torch.randn(5, 8, 48)  # 40 rows: class 64
+    with torch.no_grad():
+        want16, want40 = blk(x16), blk(x40)
+        assert B._switch(B._groups(blk), {k: {16: True, 64: None} for k in keys}) == 2
+        calls = []
+        real = B.branch_linears
+        B.branch_linears = lambda *a: calls.append(len(a[0])) or real(*a)
+        try:
+            got16 = blk(x16)
+            n16 = list(calls)
+            calls.clear()
+            got40 = blk(x40)
+        finally:
+            B.branch_linears = real
+    assert n16 == [2, 2]  # q and k of the q/k/v group (v is dense), gate and up
+    assert calls == []  # no decision at 64 rows: the sequential path
+    assert torch.allclose(got16, want16, atol=1e-6) and torch.equal(got40, want40)
+    # every fused group's state is empty again (nothing kept between forwards)
+    assert all(m._parts == [] for m in blk.modules() if isinstance(m, FusedInputProjection))
+
+
+def test_switched_block_compiles_whole_with_the_layers_gradients():
+    from gac.testing import assert_compiled_grads_match
+
+    blk = _block()
+    x = torch.randn(2, 8, 48)
+    with torch.no_grad():
+        want = blk(x)
+        fuse_projections_(blk)
+        table = {site_key(k, list(sp), list(o)): {16: True} for _, _, (k, sp, o), _ in B._groups(blk)}
+        B._switch(B._groups(blk), table)
+
+    def undo(m):
+        assert B.undo_branches_(m) == 2
+
+    assert_compiled_grads_match(blk, x, want, undo)
+
+
+def test_recorded_switch_round_trip_and_cpu_model_left_alone():
+    blk = _block()
+    fuse_projections_(blk)
+    assert B.use_branches_(blk) == {"modules": 0, "of": 0, "reason": "not on CUDA"}
+    assert all(getattr(m, "branch_table", None) is None for m in blk.modules())
+    shapes = {site_key(k, list(sp), list(o)): {"16": True} for _, _, (k, sp, o), _ in B._groups(blk)}
+    assert B.switch_recorded_(blk, shapes) == 2
+    assert {m.branch_table[16] for m in blk.modules() if getattr(m, "branch_table", None)} == {True}
+    assert B.undo_branches_(blk) == 2 and B.undo_branches_(blk) == 0
+
+
+def test_latency_model_prices_a_branched_group_as_one_second_stage_launch():
+    from gac.hardware.latency import Point, predict
+    from gac.hardware.profile import default_profile
+    from gac.testing import factorize_at_odd_ranks, tiny_model
+
+    model = factorize_at_odd_ranks(tiny_model("llama"))
+    fuse_projections_(model)
+    prof = default_profile()
+    point = Point("decode", batch=16, kv=64)
+    before = predict(model, prof, point)
+    groups = B._groups(model)
+    branched = sum(sum(o is not None for o in g[2][2]) - 1 for g in groups)
+    assert groups and branched > 0
+    B._switch(groups, {site_key(k, list(sp), list(o)): {16: True} for _, _, (k, sp, o), _ in groups})
+    after = predict(model, prof, point)
+    assert after["gemm_launches"] == before["gemm_launches"] - branched
+    assert after["ms"] < before["ms"]
+    # at a row class without a decision nothing changes
+    p64 = Point("decode", batch=64, kv=64)
+    B.undo_branches_(model)
+    ref64 = predict(model, prof, p64)
+    B._switch(groups, {site_key(k, list(sp), list(o)): {16: True} for _, _, (k, sp, o), _ in groups})
+    assert predict(model, prof, p64)["gemm_launches"] == ref64["gemm_launches"]
+
+
+def test_row_classes_cover_decode_and_short_prefill_only():
+    assert [B.row_class(r) for r in (1, 2, 16, 64, 65, 128, 300, 2048)] == [
+        1,
+        16,
+        16,
+        64,
+        128,
+        128,
+        512,
+        2048,
+    ]
+    assert B.row_class(0) is None and B.row_class(4096) is None
+
+
+# ------------------------------------------------------------------------------ GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 16, 128])
+def test_branches_in_a_cuda_graph_equal_the_sequential_path(rows):
+    from gac.testing import factorize_at_odd_ranks, tiny_model
+
+    torch.manual_seed(0)
+    model = factorize_at_odd_ranks(tiny_model("llama", dtype=torch.bfloat16).cuda())
+    fuse_projections_(model)
+    ids = torch.randint(0, 250, (rows, 1), device="cuda")
+    with torch.no_grad():
+        want = model(ids, use_cache=False).logits
+        groups = B._groups(model)
+        assert B._switch(groups, {site_key(k, list(sp), list(o)): {c: True for c in B.ROW_CLASSES}
+                                  for _, _, (k, sp, o), _ in groups}) == len(groups) > 0  # fmt: skip
+        assert torch.equal(model(ids, use_cache=False).logits, want)  # the same cuBLAS calls
+        f = torch.compile(model, dynamic=False)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                f(ids, use_cache=False)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = f(ids, use_cache=False).logits
+        for _ in range(10):
+            graph.replay()
+            torch.cuda.synchronize()
+            err = ((out.double() - want.double()).norm() / want.double().norm()).item()
+            assert err < 1e-2, err
+
+
+@pytest.mark.gpu
+def test_use_branches_on_gpu_is_measured_cached_and_exact(tmp_path, monkeypatch):
+    monkeypatch.setenv("GAC_CACHE", str(tmp_path))
+    blk = Block(d=256).cuda().half().eval()
+    fuse_projections_(blk)
+    x = torch.randn(4, 4, 256, device="cuda", dtype=torch.half)
+    with torch.no_grad():
+        want = blk(x)
+        info = B.use_branches_(blk)
+        got = blk(x)
+    assert (tmp_path / B.CACHE).exists() and info["of"] == 2
+    table = B.measured(torch.half, x.device)
+    assert len(table) == len(B.ROW_CLASSES) * 2
+    for rec in table.values():
+        assert rec["sequential_us"] > 0 and rec["branched_us"] > 0
+        assert rec["use"] == (rec["branched_us"] < 0.97 * rec["sequential_us"])
+    assert torch.equal(got, want)
