@@ -152,6 +152,11 @@ def test_branches_in_a_cuda_graph_equal_the_sequential_path(rows):
     ids = torch.randint(0, 250, (rows, 1), device="cuda")
     with torch.no_grad():
         want = model(ids, use_cache=False).logits
+        # the compiled model without branches: bf16 logits of a compiled step differ from eager ones
+        # (on the H200 by 1.01e-2 relative at 128 rows), not from each other with and without branches
+        torch._dynamo.reset()
+        want_c = torch.compile(model, dynamic=False)(ids, use_cache=False).logits.clone()
+        torch._dynamo.reset()
         groups = B._groups(model)
         assert B._switch(groups, {site_key(k, list(sp), list(o)): {c: True for c in B.ROW_CLASSES}
                                   for _, _, (k, sp, o), _ in groups}) == len(groups) > 0  # fmt: skip
@@ -169,8 +174,10 @@ def test_branches_in_a_cuda_graph_equal_the_sequential_path(rows):
         for _ in range(10):
             graph.replay()
             torch.cuda.synchronize()
+            err = ((out.double() - want_c.double()).norm() / want_c.double().norm()).item()
+            assert err < 1e-3, err
             err = ((out.double() - want.double()).norm() / want.double().norm()).item()
-            assert err < 1e-2, err
+            assert err < 2e-2, err
 
 
 @pytest.mark.gpu

@@ -1,0 +1,70 @@
+"""Same-machine A/B of the parallel second stages (gac.kernels.branches) on a recorded cell's model.
+
+The cell's structure (its spec and kept dims, ``gac.hardware.latency.skeleton``) is built on the GPU
+with random weights; the sweep of ``gac.eval.infer`` times a few points with branches on and off,
+alternating (on, off, on, off), CUDA graphs, and eager or compiled steps (``--compile``).
+
+    PYTHONPATH=src python3 benchmarks/gpu_branches_ab.py CELL.json [CELL.json ...] --out ab.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+
+def build(cell: dict) -> torch.nn.Module:
+    from gac.hardware.latency import infer_of, skeleton
+
+    inf = infer_of(cell) or {}
+    model = skeleton(str(cell["cell"]["model"]), cell["results"].get("dims"), "bfloat16", fused=True)
+    model = model.to_empty(device="cuda")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.02)
+    rot = model.model.rotary_emb
+    model.model.rotary_emb = type(rot)(config=model.config).to("cuda")
+    del inf
+    return model.eval()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("cells", nargs="+")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--rounds", type=int, default=2)
+    a = ap.parse_args()
+    from gac.eval.infer import SweepConfig, sweep_model
+    from gac.kernels import branches
+
+    res = {"command": " ".join(sys.argv), "torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "cells": {}}
+    for path in a.cells:
+        cell = json.load(open(path))
+        model = build(cell)
+        rows = []
+        for rnd in range(a.rounds):
+            for on in (True, False):
+                branches.undo_branches_(model)
+                cfg = SweepConfig(prefill_batches=(1,), prefill_seqs=(128, 512), decode_batches=(16, 64),
+                                  decode_kv=(512,), compile=a.compile, graphs=True, profile_kernels=False,
+                                  branches=on, decode_reps=50, prefill_reps=20)
+                t0 = time.time()
+                r = sweep_model(model, cfg, None, label=f"branches={on}")
+                rows.append({"round": rnd, "branches": on, "info": r.get("branches"), "s": time.time() - t0,
+                             "points": [{k: p.get(k) for k in ("phase", "batch", "seq", "kv", "median_ms", "q25_ms", "q75_ms", "status")}
+                                        for p in r["prefill"] + r["decode"]]})
+                print(path, rnd, on, [(p["phase"][0], p["batch"], p.get("seq") or p.get("kv"), round(p["median_ms"], 4)) for p in r["prefill"] + r["decode"]], flush=True)
+        res["cells"][path] = rows
+        del model
+        torch.cuda.empty_cache()
+    json.dump(res, open(a.out, "w"), indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
