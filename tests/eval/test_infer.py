@@ -212,19 +212,27 @@ def test_decode_kernel_options_are_plumbed_and_recorded_on_cpu():
     from gac.experiments import parse_plan
     from gac.llm_run import build_parser
 
-    a = build_parser().parse_args(["--variant", "baseline", "--out", "x", "--no-fused-lowrank", "--no-gemv"])
-    assert not a.fused_lowrank and not a.gemv and a.gqa_decode
+    a = build_parser().parse_args(
+        ["--variant", "baseline", "--out", "x", "--no-fused-lowrank", "--no-gemv", "--no-branches"]
+    )
+    assert not a.fused_lowrank and not a.gemv and not a.branches and a.gqa_decode
     d = build_parser().parse_args(["--variant", "baseline", "--out", "x"])
-    assert d.fused_lowrank and d.gemv  # defaults: GEMV dispatch and the fused low-rank kernel on
-    assert SweepConfig().fused_lowrank is True and SweepConfig().gemv is True
+    assert d.fused_lowrank and d.gemv and d.branches  # defaults: every measured decode kernel on
+    assert (
+        SweepConfig().fused_lowrank is True and SweepConfig().gemv is True and SweepConfig().branches is True
+    )
     cfg = SweepConfig(
         **{**TINY.to_dict(), "profile_kernels": False, "decode_batches": (1,), "fused_lowrank": True}
     )
     v = run_sweep([Variant("dense", tiny_model)], cfg, "cpu")["variants"]["dense"]
     assert v["fused_lowrank"] == {"modules": 0, "reason": "not on CUDA"}
     assert v["gemv"] == {"modules": 0, "reason": "not on CUDA"}
+    assert v["branches"] == {"modules": 0, "reason": "not on CUDA"}
     plan = {"axes": {"models": ["tiny:llama"], "compressors": ["svd"], "ratios": [0.5]}}
     ok = parse_plan({**plan, "evals": [{"kind": "infer", "fused_lowrank": True, "gemv": False}]})
     assert ok.evals[0]["fused_lowrank"] is True
     with pytest.raises(GacError, match="fused_lowrank must be true or false"):
         parse_plan({**plan, "evals": [{"kind": "infer", "fused_lowrank": "yes"}]})
+    assert parse_plan({**plan, "evals": [{"kind": "infer", "branches": False}]}).evals[0]["branches"] is False
+    with pytest.raises(GacError, match="branches must be true or false"):
+        parse_plan({**plan, "evals": [{"kind": "infer", "branches": 1}]})
