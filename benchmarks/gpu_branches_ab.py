@@ -13,14 +13,14 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 
 
 def build(cell: dict) -> torch.nn.Module:
-    from gac.hardware.latency import infer_of, skeleton
+    from gac.hardware.latency import skeleton
 
-    inf = infer_of(cell) or {}
     model = skeleton(str(cell["cell"]["model"]), cell["results"].get("dims"), "bfloat16", fused=True)
     model = model.to_empty(device="cuda")
     with torch.no_grad():
@@ -28,7 +28,6 @@ def build(cell: dict) -> torch.nn.Module:
             p.normal_(0, 0.02)
     rot = model.model.rotary_emb
     model.model.rotary_emb = type(rot)(config=model.config).to("cuda")
-    del inf
     return model.eval()
 
 
@@ -42,27 +41,73 @@ def main() -> int:
     from gac.eval.infer import SweepConfig, sweep_model
     from gac.kernels import branches
 
-    res = {"command": " ".join(sys.argv), "torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "cells": {}}
+    res = {
+        "command": " ".join(sys.argv),
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name(),
+        "cells": {},
+    }
     for path in a.cells:
-        cell = json.load(open(path))
+        cell = json.loads(Path(path).read_text())
         model = build(cell)
         rows = []
         for rnd in range(a.rounds):
             for on in (True, False):
                 branches.undo_branches_(model)
-                cfg = SweepConfig(prefill_batches=(1,), prefill_seqs=(128, 512), decode_batches=(16, 64),
-                                  decode_kv=(512,), compile=a.compile, graphs=True, profile_kernels=False,
-                                  branches=on, decode_reps=50, prefill_reps=20)
+                cfg = SweepConfig(
+                    prefill_batches=(1,),
+                    prefill_seqs=(128, 512),
+                    decode_batches=(16, 64),
+                    decode_kv=(512,),
+                    compile=a.compile,
+                    graphs=True,
+                    profile_kernels=False,
+                    branches=on,
+                    decode_reps=50,
+                    prefill_reps=20,
+                )
                 t0 = time.time()
                 r = sweep_model(model, cfg, None, label=f"branches={on}")
-                rows.append({"round": rnd, "branches": on, "info": r.get("branches"), "s": time.time() - t0,
-                             "points": [{k: p.get(k) for k in ("phase", "batch", "seq", "kv", "median_ms", "q25_ms", "q75_ms", "status")}
-                                        for p in r["prefill"] + r["decode"]]})
-                print(path, rnd, on, [(p["phase"][0], p["batch"], p.get("seq") or p.get("kv"), round(p["median_ms"], 4)) for p in r["prefill"] + r["decode"]], flush=True)
+                rows.append(
+                    {
+                        "round": rnd,
+                        "branches": on,
+                        "info": r.get("branches"),
+                        "s": time.time() - t0,
+                        "points": [
+                            {
+                                k: p.get(k)
+                                for k in (
+                                    "phase",
+                                    "batch",
+                                    "seq",
+                                    "kv",
+                                    "median_ms",
+                                    "q25_ms",
+                                    "q75_ms",
+                                    "status",
+                                )
+                            }
+                            for p in r["prefill"] + r["decode"]
+                        ],
+                    }
+                )
+                print(
+                    path,
+                    rnd,
+                    on,
+                    [
+                        (p["phase"][0], p["batch"], p.get("seq") or p.get("kv"), round(p["median_ms"], 4))
+                        for p in r["prefill"] + r["decode"]
+                    ],
+                    flush=True,
+                )
         res["cells"][path] = rows
         del model
         torch.cuda.empty_cache()
-    json.dump(res, open(a.out, "w"), indent=1)
+    tmp = Path(a.out).with_suffix(".tmp")
+    tmp.write_text(json.dumps(res, indent=1))
+    tmp.replace(a.out)  # whole or not at all
     return 0
 
 
