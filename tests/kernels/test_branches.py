@@ -8,11 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gac.eval.infer import _capture
 from gac.kernels import branches as B
 from gac.kernels.fusion import FusedInputProjection, fuse_projections_
 from gac.kernels.lowrank_fused import site_key
 
-from .test_lowrank_fused import Block
+from .test_lowrank_fused import Block, switched_on_gpu
 
 
 def _block(d: int = 48, seed: int = 0) -> Block:
@@ -162,17 +163,9 @@ def test_branches_in_a_cuda_graph_equal_the_sequential_path(rows):
                                   for _, _, (k, sp, o), _ in groups}) == len(groups) > 0  # fmt: skip
         assert torch.equal(model(ids, use_cache=False).logits, want)  # the same cuBLAS calls
         f = torch.compile(model, dynamic=False)
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(2):
-                f(ids, use_cache=False)
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = f(ids, use_cache=False).logits
+        replay, _ = _capture(lambda: f(ids, use_cache=False).logits, ids.device)  # the sweep's capture
         for _ in range(10):
-            graph.replay()
+            out = replay()
             torch.cuda.synchronize()
             err = ((out.double() - want_c.double()).norm() / want_c.double().norm()).item()
             assert err < 1e-3, err
@@ -182,16 +175,9 @@ def test_branches_in_a_cuda_graph_equal_the_sequential_path(rows):
 
 @pytest.mark.gpu
 def test_use_branches_on_gpu_is_measured_cached_and_exact(tmp_path, monkeypatch):
-    monkeypatch.setenv("GAC_CACHE", str(tmp_path))
-    blk = Block(d=256).cuda().half().eval()
-    fuse_projections_(blk)
-    x = torch.randn(4, 4, 256, device="cuda", dtype=torch.half)
-    with torch.no_grad():
-        want = blk(x)
-        info = B.use_branches_(blk)
-        got = blk(x)
+    _, info, want, got = switched_on_gpu(tmp_path, monkeypatch, B.use_branches_, (4, 4))
     assert (tmp_path / B.CACHE).exists() and info["of"] == 2
-    table = B.measured(torch.half, x.device)
+    table = B.measured(torch.half, want.device)
     assert len(table) == len(B.ROW_CLASSES) * 2
     for rec in table.values():
         assert rec["sequential_us"] > 0 and rec["branched_us"] > 0

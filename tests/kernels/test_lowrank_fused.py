@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch import nn
 
+from gac.eval.infer import _capture
 from gac.kernels import lowrank_fused as L
 from gac.kernels.fusion import FusedInputProjection, FusedSlice, fuse_projections_
 from gac.surgery.factorized import FactorizedLinear
@@ -409,31 +410,33 @@ def test_switched_tiny_model_under_compile_and_cuda_graph_equals_eager(rows):
         # H200, single logits near zero differ by up to 0.023 while the relative error is ~1e-3)
         assert _rel(eager, want) < 1e-2
         f = torch.compile(model, dynamic=False)
-        for _ in range(2):
-            f(ids, use_cache=False)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = f(ids, use_cache=False).logits
+        replay, _ = _capture(lambda: f(ids, use_cache=False).logits, ids.device)  # the sweep's capture
         for _ in range(10):
-            graph.replay()
+            out = replay()
             torch.cuda.synchronize()
             assert _rel(out.float(), want) < 1e-2
     assert L.barrier_timeouts(model) == []
 
 
-@pytest.mark.gpu
-def test_use_fused_lowrank_on_gpu_is_measured_cached_and_exact(tmp_path, monkeypatch):
+def switched_on_gpu(tmp_path, monkeypatch, use, lead: tuple[int, ...]):  # noqa: ANN001, ANN201
+    """A fused fp16 :class:`Block` on the GPU, switched by ``use`` (measuring into ``tmp_path``):
+    ``(blk, info, output before, output after)`` for an input of ``lead`` leading dims."""
     monkeypatch.setenv("GAC_CACHE", str(tmp_path))
     blk = Block(d=256).cuda().half().eval()
     fuse_projections_(blk)
-    x = torch.randn(1, 1, 256, device="cuda", dtype=torch.half)
+    x = torch.randn(*lead, 256, device="cuda", dtype=torch.half)
     with torch.no_grad():
         want = blk(x)
-        info = L.use_fused_lowrank_(blk)
+        info = use(blk)
         got = blk(x)
+    return blk, info, want, got
+
+
+@pytest.mark.gpu
+def test_use_fused_lowrank_on_gpu_is_measured_cached_and_exact(tmp_path, monkeypatch):
+    blk, info, want, got = switched_on_gpu(tmp_path, monkeypatch, L.use_fused_lowrank_, (1, 1))
     assert (tmp_path / "lowrank_fused_dispatch.json").exists()
-    table = L.measured(torch.half, x.device)
+    table = L.measured(torch.half, want.device)
     assert len(table) == len(L.ROW_CLASSES) * 4 and info["of"] == 4
     for rec in table.values():
         assert rec["existing_us"] > 0

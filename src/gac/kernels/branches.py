@@ -13,7 +13,14 @@ decode step launches 89 GEMMs against dense's 33, and at 16 rows (where the one-
 parallel branches: member 0 on the current stream, each other member on a side stream that waits
 for the first stage and is joined back before anything reads the outputs.  A CUDA graph captures
 them as parallel nodes, so their kernels overlap.  The products are cuBLAS's, the same calls as
-the sequential path (exact: nothing is reordered inside a GEMM).  On CPU the op runs them in turn.
+the sequential path (exact: nothing is reordered inside a GEMM; a member that the sequential path
+would route to the Triton GEMV of :mod:`gac.kernels.gemv` takes cuBLAS in a branch, and the dispatch's
+sequential timing is cuBLAS throughout).  On CPU the op runs them in turn.
+
+Measured on the H200 (``benchmarks/results/h200/speed-branches/``): at 16 rows the SVD-LLM q/k/v
+groups of the Llama-3-8B shape took 22.5 instead of 28.5 µs, and whole decode steps at B16 gained
+2.8% (Llama) and 4.4% (Qwen2.5) in a same-machine A/B; at 64 and 128 rows the isolated measurement
+chose branches that cost the Llama step 0.9% and 1.6% (Qwen's gained).
 
 Dispatch (:func:`use_branches_`): every fused group with at least two factorized members is timed
 once per machine at each row class of :data:`ROW_CLASSES` (the whole group, first stage included,
