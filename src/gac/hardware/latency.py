@@ -22,7 +22,9 @@ The formula (every term below is one line of :func:`launches`)::
   member one (its ``u``), a dense slice none; a site switched to the fused low-rank kernel
   (:mod:`gac.kernels.lowrank_fused`, at the row classes its table names) is one launch for all
   its factors (:func:`_one_launch_sites`), priced with the kernel's own fit
-  (``Profile.fused_lowrank``: fixed time and bandwidth) where the profile has one. FLOPs
+  (``Profile.fused_lowrank``: fixed time and bandwidth) where the profile has one; the second
+  factors of a group that runs them as parallel stream branches at these rows
+  (:mod:`gac.kernels.branches`) are one launch, their bytes summed (:func:`_branch_sites`). FLOPs
   ``2·rows·k·n`` at the profile's peak slowed by :meth:`Profile.efficiency` of N (``lowrank_r``
   for the first factor of a low-rank pair, else ``gemm_n``) and of K (``gemm_k``), as
   :meth:`Profile.gemm_ms` does; bytes: the weight plus the activations in and out.
