@@ -72,7 +72,14 @@ def test_gac_generate_cli_on_the_embedded_model_with_every_kernel_flag():
     from gac.models import load_model
 
     prompt = "The Encyclopaedia Britannica is"
-    flags = ["--no-fused-lowrank", "--no-branches", "--no-gemv", "--no-gqa-decode", "--no-compile", "--no-graphs"]
+    flags = [
+        "--no-fused-lowrank",
+        "--no-branches",
+        "--no-gemv",
+        "--no-gqa-decode",
+        "--no-compile",
+        "--no-graphs",
+    ]
     r = CliRunner().invoke(app, ["generate", "smollm2", "-p", prompt, "-n", "4", "--json", *flags])
     assert r.exit_code == 0, r.output
     got = json.loads(r.stdout[r.stdout.index("{") :])

@@ -125,6 +125,20 @@ def test_latency_model_prices_a_branched_group_as_one_second_stage_launch():
     assert predict(model, prof, p64)["gemm_launches"] == ref64["gemm_launches"]
 
 
+def test_the_dispatch_times_a_branched_path_that_matches_the_float64_reference():
+    from gac.kernels.lowrank_fused import site_setup
+
+    torch.manual_seed(0)
+    su = site_setup(48, [7, 13, 24], [40, 24, None], 3, torch.float32, torch.device("cpu"), l2_bytes=30_000)
+    branched = B.branched_fn(su, [7, 13, 24], [40, 24, None])
+    for i in (0, su.copies):  # copy 0, and copy 0 again after a full rotation
+        y_q, y_k = branched(i)
+        got = torch.cat([y_q, y_k, su.t[:, 20:]], -1)  # the dense member's output is its slice
+        assert ((got.double() - su.ref).norm() / su.ref.norm()).item() < 1e-6
+    y_q1, _ = branched(1)  # another weight copy: another product
+    assert not torch.allclose(y_q1, y_q)
+
+
 def test_row_classes_cover_decode_and_short_prefill_only():
     assert [B.row_class(r) for r in (1, 2, 16, 64, 65, 128, 300, 2048)] == [
         1,

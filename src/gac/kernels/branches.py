@@ -176,15 +176,7 @@ def measure_group(
     from gac.kernels.lowrank_fused import site_setup
 
     s = site_setup(k, splits, outs, rows, dtype, device)
-    t = torch.empty(rows, sum(splits), device=device, dtype=dtype)
-    offs = [sum(splits[:i]) for i in range(len(splits))]
-
-    def branched(i: int) -> None:
-        v, us = s.ws[i % s.copies]
-        torch.mm(s.x, v.t(), out=t)
-        apply_seconds([t[:, o : o + r] for o, r in zip(offs, splits, strict=True)],
-                      [_Holder(u) if u is not None else None for u in us])  # fmt: skip
-
+    branched = branched_fn(s, splits, outs)
     rec: dict[str, Any] = {"k": k, "splits": list(splits), "outs": list(outs), "rows": rows}
     rec["sequential_us"] = _gemv._bench_graph(s.existing)
     rec["branched_us"] = _gemv._bench_graph(branched)
@@ -194,11 +186,20 @@ def measure_group(
     return rec
 
 
-class _Holder:
-    """A ``u`` stand-in for timing: a weight and no bias."""
+def branched_fn(s: Any, splits: list[int], outs: list[int | None]) -> Any:
+    """``branched(i)``: a :func:`~gac.kernels.lowrank_fused.site_setup` site's first stage over weight
+    copy ``i``, then its factorized members' second stages as one :func:`branch_linears` call (their
+    outputs returned, in member order)."""
+    factorized = [j for j, n in enumerate(outs) if n is not None]
+    slices = [s.t[:, s.offs[j] : s.offs[j] + splits[j]] for j in factorized]
+    no_bias = [s.x.new_empty(0)] * len(factorized)
 
-    def __init__(self, w: torch.Tensor) -> None:
-        self.weight, self.bias = w, None
+    def branched(i: int) -> list[torch.Tensor]:
+        v, us = s.ws[i % s.copies]
+        torch.mm(s.x, v.t(), out=s.t)
+        return branch_linears(slices, [us[j] for j in factorized], no_bias)
+
+    return branched
 
 
 def decisions(
@@ -218,7 +219,7 @@ def decisions(
 
 def measured(dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
     """The cached measurements of this GPU (for reports)."""
-    return dict(_gemv._load_cache(CACHE).get(_gemv._cache_key(device, dtype), {}))
+    return _gemv.measured(dtype, device, CACHE)
 
 
 def _groups(model: nn.Module) -> list:

@@ -372,9 +372,9 @@ def decisions(
     return {keys[k]: row for k, row in got.items()}
 
 
-def measured(dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
-    """The cached measurements of this GPU (for reports)."""
-    return dict(_load_cache().get(_cache_key(device, dtype), {}))
+def measured(dtype: torch.dtype, device: torch.device, name: str = "gemv_dispatch.json") -> dict[str, Any]:
+    """The cached measurements of this GPU in the dispatch cache ``name`` (for reports)."""
+    return dict(_load_cache(name).get(_cache_key(device, dtype), {}))
 
 
 def use_triton_gemv_(model: nn.Module, skip: tuple[str, ...] = ()) -> dict[str, Any]:

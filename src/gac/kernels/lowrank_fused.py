@@ -701,9 +701,10 @@ def site_setup(
     """One site's timing setup (the dispatch's, and ``benchmarks/gpu_lowrank_fused.py``'s).
 
     Random weights in enough copies to rotate past ``l2_bytes`` of L2 (``ws``: ``(v, us)`` per copy),
-    an input ``x`` of ``rows`` rows, ``existing(i)``: the existing path (cuBLAS: first stage, then each
-    member's ``u``) over copy ``i``, ``ref``: its float64 result on copy 0, ``nbytes`` (weights of
-    one copy), ``real`` (each member's output features).  ``outs[i]`` None marks a dense member.
+    an input ``x`` of ``rows`` rows, ``existing(i)``: the existing path (cuBLAS: first stage into ``t``,
+    then each member's ``u`` on its slice ``t[:, offs[j]:offs[j] + splits[j]]``) over copy ``i``, ``ref``:
+    its float64 result on copy 0, ``nbytes`` (weights of one copy), ``real`` (each member's output
+    features).  ``outs[i]`` None marks a dense member.
     """
     esize = torch.tensor([], dtype=dtype).element_size()
     nbytes = esize * (
@@ -730,7 +731,9 @@ def site_setup(
         [(t64[:, o : o + r] @ u.double().t()) if u is not None else t64[:, o : o + r]
          for o, r, u in zip(offs, splits, us0, strict=True)], -1,
     )  # fmt: skip
-    return SimpleNamespace(nbytes=nbytes, copies=copies, ws=ws, x=x, real=real, existing=existing, ref=ref)
+    return SimpleNamespace(
+        nbytes=nbytes, copies=copies, ws=ws, x=x, t=t, offs=offs, real=real, existing=existing, ref=ref
+    )
 
 
 def measure_site(
@@ -821,7 +824,7 @@ def _tried_current(rec: dict[str, Any], rows: int) -> bool:
 
 def measured(dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
     """The cached measurements of this GPU (for reports)."""
-    return dict(_gemv._load_cache(CACHE).get(_gemv._cache_key(device, dtype), {}))
+    return _gemv.measured(dtype, device, CACHE)
 
 
 # ------------------------------------------------------------------------------ switching
