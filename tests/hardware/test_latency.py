@@ -66,8 +66,8 @@ def test_sites_on_the_fused_low_rank_kernel_are_one_launch_where_their_row_class
     # per layer: q/k/v first stage + q's u + k's u, o (2), gate/up (1), down (2) = 8; + lm_head
     assert _gemms(m, dec) == 2 * 8 + 1
     before = predict(m, _prof(), dec)
-    for _, mod, _, members in _sites(m):  # the kernel measured faster at 1 row only
-        switch_(mod, {1: [4, 1024, 4, 1024, 4, 1, 8], 16: None}, members)
+    for _, mod, _, _ in _sites(m):  # the kernel measured faster at 1 row only
+        switch_(mod, {1: [4, 1024, 4, 1024, 4, 1, 8], 16: None})
     after = predict(m, _prof(), dec)
     assert after["gemm_launches"] == 2 * 4 + 1  # each site one launch, as many as dense
     # the same bytes, four fewer fixed costs per layer

@@ -345,7 +345,7 @@ def _one_launch_sites(model: Any, rows: int) -> dict[int, str]:
             out[id(m.v)] = out[id(m.u)] = name
         else:  # a fused group: its first stage and its members' second factors
             out[id(m)] = name
-            for u in getattr(m, "lowrank_members", None) or []:
+            for u in getattr(m, "seconds", None) or []:
                 if u is not None:
                     out[id(u)] = name
     return out

@@ -238,11 +238,10 @@ def _switch(groups: list, rows_of: dict[str, dict[int, Any]]) -> int:
     from gac.kernels.lowrank_fused import site_key
 
     n = 0
-    for _, m, (k, splits, outs), members in groups:
+    for _, m, (k, splits, outs), _ in groups:
         row = rows_of.get(site_key(k, list(splits), list(outs))) or {}
         if any(row.values()):
             m.branch_table = {int(r): bool(v) for r, v in row.items()}
-            m.seconds = [s.u for s in members]  # a plain list: not registered twice
             n += 1
     return n
 
@@ -251,8 +250,7 @@ def use_branches_(model: nn.Module, skip: tuple[str, ...] = ()) -> dict[str, Any
     """Run the second stages of each fused group on parallel streams at the row classes measured faster.
 
     In place: a :class:`~gac.kernels.fusion.FusedInputProjection` with two or more factorized
-    members gets a ``branch_table`` (and its members' ``u`` in ``seconds``); its members then take
-    their finished outputs from the group.  Returns ``{"modules": switched, "of": groups, "shapes":
+    members gets a ``branch_table``; its members then take their finished outputs from the group.  Returns ``{"modules": switched, "of": groups, "shapes":
     {key: {row class: true}}}``; a model not on CUDA switches nothing (``"reason"`` says why).
     Groups whose qualified name ends with one of ``skip`` are left alone.
     """
@@ -280,6 +278,5 @@ def undo_branches_(model: nn.Module) -> int:
     for m in model.modules():
         if getattr(m, "branch_table", None) is not None:
             m.__dict__.pop("branch_table", None)
-            m.__dict__.pop("seconds", None)
             n += 1
     return n

@@ -43,14 +43,17 @@ class FusedInputProjection(nn.Module):
 
     #: set by :func:`gac.kernels.gemv.use_triton_gemv_` where the Triton GEMV was measured faster
     gemv_table: dict[int, Any] | None = None
-    #: set by :func:`gac.kernels.branches.use_branches_` (with ``seconds``, the members' ``u``): the
-    #: row classes at which the members' second stages run as parallel branches, in the group
+    #: set by :func:`gac.kernels.branches.use_branches_`: the row classes at which the members'
+    #: second stages run as parallel branches, in the group
     branch_table: dict[int, Any] | None = None
+    #: each member's ``u`` (None for a dense member): a plain list, the modules are registered by
+    #: the members' :class:`FusedSlice`
     seconds: list[nn.Module | None]
 
     def __init__(self, members: list[nn.Module]) -> None:
         super().__init__()
         ws, bs, self.splits, self.kinds = [], [], [], []
+        self.seconds = [m.u if isinstance(m, FactorizedLinear) else None for m in members]
         any_bias = False
         for m in members:
             if isinstance(m, FactorizedLinear):

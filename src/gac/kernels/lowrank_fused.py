@@ -642,12 +642,11 @@ class FusedLowRankLinear(FactorizedLinear):
 class FusedLowRankGroup(FusedInputProjection):
     """A fused first stage whose decode-sized inputs compute every member's final output in one launch.
 
-    ``lowrank_members[i]`` is member ``i``'s ``u`` (None for a dense member); the members are
-    :class:`FusedLowRankSlice` and skip their ``u`` when the group has applied it.
+    ``seconds[i]`` is member ``i``'s ``u`` (None for a dense member); the members skip their ``u``
+    where the group has applied it (:meth:`applies_seconds`).
     """
 
     lowrank_table: dict[int, Any] | None = None
-    lowrank_members: list[nn.Module | None]
     lowrank_counters: torch.Tensor
 
     def applies_seconds(self, x: torch.Tensor) -> bool:
@@ -657,18 +656,13 @@ class FusedLowRankGroup(FusedInputProjection):
         cfg = _config(x, self.lowrank_table)
         if cfg is None:
             return super()._products(x)
-        us = self.lowrank_members
+        us = self.seconds
         outs = [int(u.out_features) if u is not None else s for u, s in zip(us, self.splits, strict=True)]
         y = lowrank_fused(
             x, self.weight, self.bias, [u.weight if u is not None else None for u in us],
             [u.bias if u is not None else None for u in us], self.splits, outs, self.lowrank_counters, cfg,
         )  # fmt: skip
         return aligned_split(y, outs)
-
-
-class FusedLowRankSlice(FusedSlice):
-    """A member of a :class:`FusedLowRankGroup` (its ``u`` only where the group did not apply it:
-    :meth:`FusedLowRankGroup.applies_seconds`)."""
 
 
 # ------------------------------------------------------------------------------ measuring
@@ -857,7 +851,7 @@ def use_fused_lowrank_(model: nn.Module, skip: tuple[str, ...] = ()) -> dict[str
 
     In place: a :class:`FactorizedLinear` (``o_proj``, ``down_proj``) becomes a
     :class:`FusedLowRankLinear`; a :class:`FusedInputProjection` with its members (q/k/v, gate/up)
-    becomes a :class:`FusedLowRankGroup` with :class:`FusedLowRankSlice` members.  Only the sites
+    becomes a :class:`FusedLowRankGroup`.  Only the sites
     whose shape was measured faster with the kernel (:func:`decisions`, cached per machine) are
     switched, and only inputs of at most MAX_ROWS token rows (of a row class the site was measured faster at) take the kernel.  Modules whose qualified
     name ends with one of ``skip`` are left alone.  Returns ``{"modules": switched, "of": sites,
@@ -878,10 +872,10 @@ def use_fused_lowrank_(model: nn.Module, skip: tuple[str, ...] = ()) -> dict[str
 
 def _switch_sites(sites: list, rows_of: dict[str, dict[int, Any]]) -> int:
     n = 0
-    for _, m, (k, splits, outs), members in sites:
+    for _, m, (k, splits, outs), _ in sites:
         row = rows_of.get(site_key(k, list(splits), list(outs))) or {}
         if any(v is not None for v in row.values()):
-            switch_(m, row, members)
+            switch_(m, row)
             n += 1
     return n
 
@@ -896,21 +890,13 @@ def switch_recorded_(model: nn.Module, shapes: dict[str, dict[str, Any]]) -> int
     return _switch_sites(_sites(model), rows)
 
 
-def switch_(m: nn.Module, table: dict[int, Any], members: list[FusedSlice] | None = None) -> nn.Module:
-    """Switch one factorized layer, or one fused group and its ``members``, to the kernel for ``table``."""
+def switch_(m: nn.Module, table: dict[int, Any]) -> nn.Module:
+    """Switch one factorized layer, or one fused group, to the kernel for ``table``."""
     dev = m.weight.device if isinstance(m, FusedInputProjection) else m.v.weight.device
     if "lowrank_counters" not in m._buffers:
         m.register_buffer("lowrank_counters", new_counters(dev), persistent=False)
     m.lowrank_table = {int(r): (list(c) if c is not None else None) for r, c in table.items()}
-    if isinstance(m, FusedInputProjection):
-        if members is None:
-            raise ValueError("a fused group needs its members")
-        m.lowrank_members = [s.u for s in members]  # a plain list: not registered twice
-        m.__class__ = FusedLowRankGroup
-        for s in members:
-            s.__class__ = FusedLowRankSlice
-    else:
-        m.__class__ = FusedLowRankLinear
+    m.__class__ = FusedLowRankGroup if isinstance(m, FusedInputProjection) else FusedLowRankLinear
     return m
 
 
@@ -921,11 +907,8 @@ def undo_fused_lowrank_(model: nn.Module) -> int:
         if isinstance(m, (FusedLowRankLinear, FusedLowRankGroup)):
             m.__class__ = FactorizedLinear if isinstance(m, FusedLowRankLinear) else FusedInputProjection
             del m._buffers["lowrank_counters"]
-            for attr in ("lowrank_table", "lowrank_members"):
-                m.__dict__.pop(attr, None)
+            m.__dict__.pop("lowrank_table", None)
             n += 1
-        elif isinstance(m, FusedLowRankSlice):
-            m.__class__ = FusedSlice
     return n
 
 
