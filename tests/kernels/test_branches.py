@@ -25,16 +25,41 @@ def _block(d: int = 48, seed: int = 0) -> Block:
     return blk
 
 
-def test_branch_linears_equals_f_linear_on_strided_slices_with_and_without_bias():
+def test_branch_linears_equals_f_linear_on_the_members_columns_with_and_without_bias():
     torch.manual_seed(0)
-    t = torch.randn(5, 7 + 13 + 29)
-    xs = [t[:, :7], t[:, 7:20], t[:, 20:]]  # views with the fused row stride
+    t = torch.randn(5, 7 + 5 + 13 + 29)  # columns 7..12 belong to a dense member: not read
+    offs = [0, 12, 25]
     ws = [torch.randn(40, 7), torch.randn(24, 13), torch.randn(70, 29)]
     bs = [torch.empty(0), torch.randn(24), torch.randn(70)]  # empty: no bias
-    got = B.branch_linears(xs, ws, bs)
-    for g, x, w, b in zip(got, xs, ws, bs, strict=True):
+    got = B.branch_linears(t, offs, ws, bs)
+    for g, o, w, b in zip(got, offs, ws, bs, strict=True):
         assert g.shape == (5, w.shape[0])
-        assert torch.allclose(g, F.linear(x, w, b if b.numel() else None), atol=1e-6)
+        want = F.linear(t[:, o : o + w.shape[1]], w, b if b.numel() else None)
+        assert torch.allclose(g, want, atol=1e-6)
+    with pytest.raises(ValueError, match="do not fit"):
+        B.branch_linears(t, [0, 12, 26], ws, bs)  # the last member would run past t
+    with pytest.raises(ValueError, match="2 offsets for 3 weights"):
+        B.branch_linears(t, [0, 12], ws, bs)
+
+
+def test_branch_linears_gradients_match_the_sequential_layers():
+    torch.manual_seed(1)
+    t = torch.randn(6, 30, dtype=torch.float64, requires_grad=True)
+    ws = [torch.randn(9, 10, dtype=torch.float64, requires_grad=True),
+          torch.randn(4, 12, dtype=torch.float64, requires_grad=True)]  # fmt: skip
+    bs = [torch.empty(0, dtype=torch.float64), torch.randn(4, dtype=torch.float64, requires_grad=True)]
+    offs = [0, 18]  # columns 10..17: a dense member's, gradient zero here
+    ys = B.branch_linears(t, offs, ws, bs)
+    (ys[0].sin().sum() + ys[1].pow(2).sum()).backward()
+    got = [t.grad, ws[0].grad, ws[1].grad, bs[1].grad]
+    for p in (t, *ws, bs[1]):
+        p.grad = None
+    y0 = F.linear(t[:, :10], ws[0])
+    y1 = F.linear(t[:, 18:30], ws[1], bs[1])
+    (y0.sin().sum() + y1.pow(2).sum()).backward()
+    for g, w in zip(got, [t.grad, ws[0].grad, ws[1].grad, bs[1].grad], strict=True):
+        assert torch.allclose(g, w, atol=1e-12)
+    assert torch.equal(got[0][:, 10:18], torch.zeros(6, 8, dtype=torch.float64))
 
 
 def test_groups_need_two_factorized_members():
@@ -57,7 +82,7 @@ def test_switched_block_equals_unswitched_only_at_the_row_classes_it_names():
         assert B._switch(B._groups(blk), {k: {16: True, 64: None} for k in keys}) == 2
         calls = []
         real = B.branch_linears
-        B.branch_linears = lambda *a: calls.append(len(a[0])) or real(*a)
+        B.branch_linears = lambda *a: calls.append(len(a[2])) or real(*a)
         try:
             got16 = blk(x16)
             n16 = list(calls)

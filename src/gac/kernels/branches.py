@@ -70,26 +70,28 @@ def _side_streams(device: torch.device, n: int) -> list[torch.cuda.Stream]:
 
 @torch.library.custom_op("gac::branch_linears", mutates_args=())
 def branch_linears(
-    xs: list[torch.Tensor], ws: list[torch.Tensor], bs: list[torch.Tensor]
+    t: torch.Tensor, offs: list[int], ws: list[torch.Tensor], bs: list[torch.Tensor]
 ) -> list[torch.Tensor]:
-    """``[F.linear(x, w, b) for ...]`` with each product after the first on its own CUDA stream.
+    """``[F.linear(t[:, o : o + w.shape[1]], w, b) for ...]`` with each product after the first on its own CUDA stream.
 
-    ``xs[i]`` is 2-D ``[M, K_i]`` (any row stride), ``ws[i]`` ``[N_i, K_i]``, ``bs[i]`` ``[N_i]`` or
-    empty for no bias (a list of optional tensors does not survive the op's autograd).  The outputs are
-    allocated on the current stream before the fork, every side stream waits for the current one
-    and the current one waits for every side stream at the end: inputs and outputs are never used
-    or freed while a branch may still run.
+    ``t`` is the group's first-stage output, 2-D ``[M, R]`` (any row stride); member ``i`` reads
+    the ``ws[i].shape[1]`` columns of ``t`` from ``offs[i]``.  The op takes ``t`` whole, not the
+    members' slices: ``torch.compile`` materialises each strided slice handed to a custom op as a
+    contiguous copy (one small kernel per member, on the H200 ~1.6 µs with its launch gap: more than
+    the branches saved at some row classes), while a slice taken inside the op is a free view.
+    ``ws[i]`` is ``[N_i, K_i]``, ``bs[i]`` ``[N_i]`` or empty for no bias (a list of optional tensors
+    does not survive the op's autograd).  The outputs are allocated on the current stream before the
+    fork, every side stream waits for the current one and the current one waits for every side
+    stream at the end: inputs and outputs are never used or freed while a branch may still run.
     """
-    outs = [
-        torch.empty((x.shape[0], w.shape[0]), device=x.device, dtype=x.dtype)
-        for x, w in zip(xs, ws, strict=True)
-    ]
-    if xs[0].device.type != "cuda":
+    xs = _slices(t, offs, ws)
+    outs = [torch.empty((t.shape[0], w.shape[0]), device=t.device, dtype=t.dtype) for w in ws]
+    if t.device.type != "cuda":
         for x, w, b, y in zip(xs, ws, bs, outs, strict=True):
             y.copy_(F.linear(x, w, b if b.numel() else None))
         return outs
-    main = torch.cuda.current_stream(xs[0].device)
-    side = _side_streams(xs[0].device, len(xs) - 1)
+    main = torch.cuda.current_stream(t.device)
+    side = _side_streams(t.device, len(xs) - 1)
     for s in side:
         s.wait_stream(main)
     for s, x, w, b, y in zip(side, xs[1:], ws[1:], bs[1:], outs[1:], strict=True):
@@ -101,6 +103,16 @@ def branch_linears(
     return outs
 
 
+def _slices(t: torch.Tensor, offs: list[int], ws: list[torch.Tensor]) -> list[torch.Tensor]:
+    if len(offs) != len(ws) or not ws:
+        raise ValueError(f"branch_linears: {len(offs)} offsets for {len(ws)} weights")
+    xs = [t[:, o : o + w.shape[1]] for o, w in zip(offs, ws, strict=True)]
+    for o, x, w in zip(offs, xs, ws, strict=True):
+        if o < 0 or x.shape[1] != w.shape[1]:
+            raise ValueError(f"branch_linears: columns {o}..{o + w.shape[1]} do not fit t of width {t.shape[1]}")
+    return xs
+
+
 def _mm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, y: torch.Tensor) -> None:
     if not b.numel():
         torch.mm(x, w.t(), out=y)
@@ -109,51 +121,54 @@ def _mm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, y: torch.Tensor) -> N
 
 
 @branch_linears.register_fake
-def _(xs, ws, bs):  # noqa: ANN001, ANN202 - shapes only
-    return [x.new_empty((x.shape[0], w.shape[0])) for x, w in zip(xs, ws, strict=True)]
+def _(t, offs, ws, bs):  # noqa: ANN001, ANN202 - shapes only
+    _slices(t, offs, ws)
+    return [t.new_empty((t.shape[0], w.shape[0])) for w in ws]
 
 
 def _setup(ctx, inputs, output) -> None:  # noqa: ANN001 - torch.library's signature
-    xs, ws, bs = inputs
-    ctx.save_for_backward(*xs, *ws)
-    ctx.n = len(xs)
+    t, offs, ws, bs = inputs
+    ctx.save_for_backward(t, *ws)
+    ctx.offs = list(offs)
     ctx.has_bias = [b.numel() > 0 for b in bs]
 
 
 def _backward(ctx, gys: list[torch.Tensor]):  # noqa: ANN001, ANN202
     # an inference op, but a model whose parameters require grad is traced by torch.compile with
     # autograd in view: the linear layers' gradients, computed in turn
-    saved = ctx.saved_tensors
-    xs, ws = saved[: ctx.n], saved[ctx.n :]
-    gxs = [gy @ w for gy, w in zip(gys, ws, strict=True)]
+    t, *ws = ctx.saved_tensors
+    xs = _slices(t, ctx.offs, ws)
+    gt = torch.zeros_like(t)
+    for o, gy, w in zip(ctx.offs, gys, ws, strict=True):
+        gt[:, o : o + w.shape[1]] += gy @ w
     gws = [gy.t() @ x for gy, x in zip(gys, xs, strict=True)]
     gbs = [gy.sum(0) if hb else None for gy, hb in zip(gys, ctx.has_bias, strict=True)]
-    return gxs, gws, gbs
+    return gt, None, gws, gbs
 
 
 branch_linears.register_autograd(_backward, setup_context=_setup)
 
 
 def apply_seconds(
-    parts: list[torch.Tensor | None], seconds: list[nn.Module | None]
+    y: torch.Tensor, splits: list[int], parts: list[torch.Tensor | None], seconds: list[nn.Module | None]
 ) -> list[torch.Tensor | None]:
-    """Each factorized member's ``u`` applied to its slice, all as one :func:`branch_linears` call.
+    """Each factorized member's ``u`` applied to its columns of ``y``, all as one :func:`branch_linears` call.
 
-    ``parts[i]`` is member ``i``'s slice of the fused first stage; ``seconds[i]`` its ``u`` (None:
-    a dense member, whose slice is its output already).
+    ``y`` is the fused first stage's output (members' widths ``splits``, in order), ``parts[i]``
+    member ``i``'s slice of it; ``seconds[i]`` its ``u`` (None: a dense member, whose slice is its
+    output already and is passed through).
     """
     idx = [i for i, u in enumerate(seconds) if u is not None]
-    lead = parts[idx[0]].shape[:-1]  # type: ignore[union-attr]
-    xs = [parts[i].reshape(-1, parts[i].shape[-1]) for i in idx]  # type: ignore[union-attr]
+    offs = [sum(splits[:i]) for i in idx]
     ws = [seconds[i].weight for i in idx]  # type: ignore[union-attr]
     bs = [
         seconds[i].bias if seconds[i].bias is not None else w.new_empty(0)
         for i, w in zip(idx, ws, strict=True)
     ]  # type: ignore[union-attr]
-    ys = branch_linears(xs, ws, bs)
+    ys = branch_linears(y.reshape(-1, y.shape[-1]), offs, ws, bs)
     out = list(parts)
-    for i, y in zip(idx, ys, strict=True):
-        out[i] = y.reshape(*lead, y.shape[-1])
+    for i, o in zip(idx, ys, strict=True):
+        out[i] = o.reshape(*y.shape[:-1], o.shape[-1])
     return out
 
 
@@ -191,13 +206,13 @@ def branched_fn(s: Any, splits: list[int], outs: list[int | None]) -> Any:
     copy ``i``, then its factorized members' second stages as one :func:`branch_linears` call (their
     outputs returned, in member order)."""
     factorized = [j for j, n in enumerate(outs) if n is not None]
-    slices = [s.t[:, s.offs[j] : s.offs[j] + splits[j]] for j in factorized]
+    offs = [int(s.offs[j]) for j in factorized]
     no_bias = [s.x.new_empty(0)] * len(factorized)
 
     def branched(i: int) -> list[torch.Tensor]:
         v, us = s.ws[i % s.copies]
         torch.mm(s.x, v.t(), out=s.t)
-        return branch_linears(slices, [us[j] for j in factorized], no_bias)
+        return branch_linears(s.t, offs, [us[j] for j in factorized], no_bias)
 
     return branched
 
