@@ -83,8 +83,14 @@ def main() -> int:
     a = ap.parse_args()
     from gpu_issue9 import build
 
-    from gac.eval.infer import DecodeStep, SweepConfig, _time_calls, copy_bandwidth, use_decode_kernels_
-    from gac.eval.infer import weight_bytes_per_step
+    from gac.eval.infer import (
+        DecodeStep,
+        SweepConfig,
+        _time_calls,
+        copy_bandwidth,
+        use_decode_kernels_,
+        weight_bytes_per_step,
+    )
     from gac.hardware.timing import environment
 
     t0 = time.time()

@@ -109,7 +109,9 @@ def _slices(t: torch.Tensor, offs: list[int], ws: list[torch.Tensor]) -> list[to
     xs = [t[:, o : o + w.shape[1]] for o, w in zip(offs, ws, strict=True)]
     for o, x, w in zip(offs, xs, ws, strict=True):
         if o < 0 or x.shape[1] != w.shape[1]:
-            raise ValueError(f"branch_linears: columns {o}..{o + w.shape[1]} do not fit t of width {t.shape[1]}")
+            raise ValueError(
+                f"branch_linears: columns {o}..{o + w.shape[1]} do not fit t of width {t.shape[1]}"
+            )
     return xs
 
 

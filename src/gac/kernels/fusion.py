@@ -116,7 +116,9 @@ class FusedInputProjection(nn.Module):
         """Every member's slice of ``x @ W_catᵀ (+ b)``, or its output where :meth:`applies_seconds`."""
         y = dispatch_linear(x, self.weight, self.bias, self.gemv_table)
         parts = aligned_split(y, self.splits)
-        return branches.apply_seconds(y, self.splits, parts, self.seconds) if self.applies_seconds(x) else parts
+        return (
+            branches.apply_seconds(y, self.splits, parts, self.seconds) if self.applies_seconds(x) else parts
+        )
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, splits={self.splits}, kinds={self.kinds}"
