@@ -19,8 +19,11 @@ sequential timing is cuBLAS throughout).  On CPU the op runs them in turn.
 
 Measured on the H200 (``benchmarks/results/h200/speed-branches/``): at 16 rows the SVD-LLM q/k/v
 groups of the Llama-3-8B shape took 22.5 instead of 28.5 µs, and whole decode steps at B16 gained
-2.8% (Llama) and 4.4% (Qwen2.5) in a same-machine A/B; at 64 and 128 rows the isolated measurement
-chose branches that cost the Llama step 0.9% and 1.6% (Qwen's gained).
+2.8% (Llama) and 4.4% (Qwen2.5) in a same-machine A/B of eager steps; at 64 and 128 rows the isolated
+measurement chose branches that cost the eager Llama step 0.9% and 1.6% (Qwen's gained).  The op takes
+the first stage whole (see :func:`branch_linears`); when it took the members' slices, the compiled step
+copied each first, and dropping those copies shortened the compiled SVD-LLM steps at B16/B64 by 2.3-4.4%
+(``benchmarks/results/h200/decode-trace/``, ``speed-branches-t/``).
 
 Dispatch (:func:`use_branches_`): every fused group with at least two factorized members is timed
 once per machine at each row class of :data:`ROW_CLASSES` (the whole group, first stage included,
