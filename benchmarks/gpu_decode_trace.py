@@ -1,10 +1,11 @@
-"""Where a decode step's time goes, on the default path, as a CUDA graph replays it.
+"""Where a decode (or prefill) step's time goes, on the default path, as a CUDA graph replays it.
 
 Both models of ``plans/speed.toml``'s Llama-3-8B cells (8 layers, bf16, random weights): dense, and
 factorized at the ranks of the committed SVD-LLM cell (``--cell``).  Each is switched to the default
 decode kernels (:func:`gac.eval.infer.use_decode_kernels_`: attention on the KV heads, Triton GEMV,
 one-launch low-rank kernel and parallel second stages where measured faster), compiled per static
-shape and captured per step, exactly as ``gac eval infer`` does.  For every point (``--points``):
+shape and captured per step, exactly as ``gac eval infer`` does.  For every point (``--points``:
+``BxKV`` a decode step, ``pBxS`` a prompt forward of ``B`` sequences of ``S`` tokens):
 
 * the step's median wall time over graph replays (CUDA events);
 * a kernel trace of a few replays (``torch.profiler``): every kernel and memcpy with its duration,
@@ -77,7 +78,7 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--spec", default="shape:llama3-8b:8")
     ap.add_argument("--cell", default=str(CELL))
-    ap.add_argument("--points", default="1x512,1x4096,16x512,64x512")
+    ap.add_argument("--points", default="1x512,1x4096,16x512,64x512", help="BxKV (decode), pBxS (prefill)")
     ap.add_argument("--models", default="dense,svd-llm")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the plumbing (no graphs, no trace)")
     a = ap.parse_args()
@@ -86,6 +87,7 @@ def main() -> int:
     from gac.eval.infer import (
         DecodeStep,
         SweepConfig,
+        _capture,
         _time_calls,
         copy_bandwidth,
         use_decode_kernels_,
@@ -108,7 +110,7 @@ def main() -> int:
         os.replace(tmp, out)
 
     cfg = SweepConfig()
-    pts = [tuple(int(v) for v in p.split("x")) for p in a.points.split(",")]
+    pts = [(p[0] == "p", *(int(v) for v in p.lstrip("p").split("x"))) for p in a.points.split(",")]
     for name in a.models.split(","):
         model = build(a.spec, dims if name != "dense" else None, a.device)
         kernels = use_decode_kernels_(model)
@@ -119,18 +121,40 @@ def main() -> int:
         fwd = torch.compile(model.forward, dynamic=False)
         rec = {"weight_bytes": weight_bytes_per_step(model), "kernels": kernels, "points": []}
         res["models"][name] = rec
-        for b, kv in pts:
-            print(f"[{time.time() - t0:6.1f}s] {name} B{b} KV{kv}", file=sys.stderr, flush=True)
-            print(f"=== GAC_MARK {name} B{b} KV{kv}", file=sys.stderr, flush=True)
+        for prefill, b, n in pts:
+            label = f"{name} {'prefill' if prefill else 'decode'} B{b} {'S' if prefill else 'KV'}{n}"
+            print(f"[{time.time() - t0:6.1f}s] {label}", file=sys.stderr, flush=True)
+            print(f"=== GAC_MARK {label}", file=sys.stderr, flush=True)
             with torch.no_grad():
-                step = DecodeStep(model, b, kv, cuda, forward=fwd if cuda else None)
-                step.set_position(kv - cfg.decode_warmup - cfg.decode_reps - 6)  # ends on the cache tail
-                st = _time_calls(step, dev, cfg.decode_warmup, cfg.decode_reps)
+                if prefill:
+                    g = torch.Generator(device="cpu").manual_seed(b * 100003 + n)
+                    ids = torch.randint(0, model.config.vocab_size, (b, n), generator=g).to(dev)
+                    f = fwd if cuda else model
+
+                    def call(f=f, ids=ids):  # noqa: ANN202
+                        return f(input_ids=ids, use_cache=False, logits_to_keep=1).logits
+
+                    step, close = _capture(call, dev) if cuda else (call, lambda: None)
+                    st = _time_calls(step, dev, cfg.prefill_warmup, cfg.prefill_reps)
+                else:
+                    dstep = DecodeStep(model, b, n, cuda, forward=fwd if cuda else None)
+                    dstep.set_position(n - cfg.decode_warmup - cfg.decode_reps - 6)  # ends on the cache tail
+                    step, close = dstep, dstep.close
+                    st = _time_calls(step, dev, cfg.decode_warmup, cfg.decode_reps)
                 tr = trace_replays(step) if cuda else {}
-                step.close()
-            rec["points"].append({"batch": b, "kv": kv, **st, "trace": tr})
-            print(f"  median {st['median_ms']:.3f} ms, busy {tr.get('busy_us_per_step', 0):.0f} us, span "
-                  f"{tr.get('span_us_per_step', 0):.0f} us, events {tr.get('events_per_step')}", file=sys.stderr, flush=True)  # fmt: skip
+                close()
+            key = (
+                {"phase": "prefill", "batch": b, "seq": n}
+                if prefill
+                else {"phase": "decode", "batch": b, "kv": n}
+            )
+            rec["points"].append({**key, **st, "trace": tr})
+            print(
+                f"  median {st['median_ms']:.3f} ms, busy {tr.get('busy_us_per_step', 0):.0f} us, span "
+                f"{tr.get('span_us_per_step', 0):.0f} us, events {tr.get('events_per_step')}",
+                file=sys.stderr,
+                flush=True,
+            )
             save()
         del model, fwd
         torch.cuda.empty_cache()
