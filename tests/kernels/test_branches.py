@@ -42,6 +42,19 @@ def test_branch_linears_equals_f_linear_on_the_members_columns_with_and_without_
         B.branch_linears(t, [0, 12], ws, bs)
 
 
+def test_members_at_odd_offsets_get_the_sequential_paths_aligned_copies():
+    from gac.kernels.fusion import aligned_split
+
+    t = torch.randn(3, 8 + 8 + 16, dtype=torch.bfloat16)  # rows of 64 bytes
+    assert B._aligned(t[:, 8:16]).data_ptr() == t[:, 8:16].data_ptr()  # 16-byte offset: a view
+    odd = B._aligned(t[:, 7:15])  # 14-byte offset: copied, as aligned_split copies it
+    assert odd.is_contiguous() and torch.equal(odd, t[:, 7:15])
+    parts = aligned_split(t, [7, 9, 16])
+    assert parts[1].is_contiguous() and parts[1].data_ptr() != t[:, 7:16].data_ptr()
+    u = torch.randn(3, 21 + 5, dtype=torch.bfloat16)  # rows of 52 bytes: every row but one misaligned
+    assert B._aligned(u[:, :8]).is_contiguous() and B._aligned(u[:1, :8]).data_ptr() == u.data_ptr()
+
+
 def test_branch_linears_gradients_match_the_sequential_layers():
     torch.manual_seed(1)
     t = torch.randn(6, 30, dtype=torch.float64, requires_grad=True)

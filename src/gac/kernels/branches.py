@@ -81,13 +81,14 @@ def branch_linears(
     the ``ws[i].shape[1]`` columns of ``t`` from ``offs[i]``.  The op takes ``t`` whole, not the
     members' slices: ``torch.compile`` materialises each strided slice handed to a custom op as a
     contiguous copy (one small kernel per member, on the H200 ~1.6 µs with its launch gap: more than
-    the branches saved at some row classes), while a slice taken inside the op is a free view.
+    the branches saved at some row classes), while a slice taken inside the op is a free view (a
+    member at an odd offset is copied there, as the sequential path copies it: :func:`_aligned`).
     ``ws[i]`` is ``[N_i, K_i]``, ``bs[i]`` ``[N_i]`` or empty for no bias (a list of optional tensors
     does not survive the op's autograd).  The outputs are allocated on the current stream before the
     fork, every side stream waits for the current one and the current one waits for every side
     stream at the end: inputs and outputs are never used or freed while a branch may still run.
     """
-    xs = _slices(t, offs, ws)
+    xs = [_aligned(x) for x in _slices(t, offs, ws)]
     outs = [torch.empty((t.shape[0], w.shape[0]), device=t.device, dtype=t.dtype) for w in ws]
     if t.device.type != "cuda":
         for x, w, b, y in zip(xs, ws, bs, outs, strict=True):
@@ -116,6 +117,17 @@ def _slices(t: torch.Tensor, offs: list[int], ws: list[torch.Tensor]) -> list[to
                 f"branch_linears: columns {o}..{o + w.shape[1]} do not fit t of width {t.shape[1]}"
             )
     return xs
+
+
+def _aligned(x: torch.Tensor) -> torch.Tensor:
+    """``x``, or a contiguous copy where its data or its rows do not start on 16-byte boundaries.
+
+    The rule of :func:`gac.kernels.fusion.aligned_split` for the sequential path's slices (a member at
+    an odd offset: ranks not multiples of 8), so both paths hand cuBLAS the same operands and give the
+    same bits; with ``--align gac`` ranks nothing is copied.
+    """
+    rows_aligned = x.shape[0] == 1 or (x.stride(0) * x.element_size()) % 16 == 0
+    return x if x.data_ptr() % 16 == 0 and rows_aligned else x.contiguous()
 
 
 def _mm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, y: torch.Tensor) -> None:
