@@ -235,3 +235,46 @@ def test_use_branches_on_gpu_is_measured_cached_and_exact(tmp_path, monkeypatch)
         assert rec["sequential_us"] > 0 and rec["branched_us"] > 0
         assert rec["use"] == (rec["branched_us"] < 0.97 * rec["sequential_us"])
     assert torch.equal(got, want)
+
+
+class _AlignedQKV(torch.nn.Module):
+    """A q/k/v group factorized at ranks that are multiples of 8 (what ``--align gac`` selects)."""
+
+    def __init__(self, d: int = 256) -> None:
+        super().__init__()
+        from gac.surgery.factorized import FactorizedLinear
+
+        self.q_proj = FactorizedLinear(d, 64, 256)
+        self.k_proj = FactorizedLinear(d, 32, 64)
+        self.v_proj = FactorizedLinear(d, 40, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], -1)
+
+
+@pytest.mark.gpu
+def test_compiled_branched_group_hands_the_first_stage_to_the_op_uncopied():
+    # On the H200 (torch 2.11) the op once took the members' slices, and Inductor copied each into a
+    # contiguous buffer by a kernel of its own (`triton_poi_fused__unsafe_view_branch_linears_split_...`,
+    # 40 a decode step of the Llama SVD-LLM cell): no kernel may feed the op now.
+    import re
+
+    from torch._inductor.utils import run_and_get_code
+
+    torch.manual_seed(0)
+    m = _AlignedQKV().to("cuda", torch.bfloat16).eval()
+    x = torch.randn(16, 256, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        want = m(x)
+        fuse_projections_(m)
+        groups = B._groups(m)
+        assert (
+            B._switch(groups, {site_key(k, list(sp), list(o)): {16: True} for _, _, (k, sp, o), _ in groups})
+            == 1
+        )
+        torch._dynamo.reset()
+        got, codes = run_and_get_code(torch.compile(m, dynamic=False), x)
+    torch.testing.assert_close(got, want)
+    code = "\n".join(codes)
+    assert "gac.branch_linears" in code
+    assert re.search(r"triton_\w*branch_linears\w*\s*=\s*async_compile", code) is None
