@@ -22,7 +22,7 @@ groups of the Llama-3-8B shape took 22.5 instead of 28.5 µs, and whole decode s
 2.8% (Llama) and 4.4% (Qwen2.5) in a same-machine A/B of eager steps; at 64 and 128 rows the isolated
 measurement chose branches that cost the eager Llama step 0.9% and 1.6% (Qwen's gained).  The op takes
 the first stage whole (see :func:`branch_linears`); when it took the members' slices, the compiled step
-copied each first, and dropping those copies shortened the compiled SVD-LLM steps at B16/B64 by 2.3-4.4%
+copied each first, and dropping those copies shortened the compiled SVD-LLM steps at B16/B64 by 1.4-4.4%
 (``benchmarks/results/h200/decode-trace/``, ``speed-branches-t/``).
 
 Dispatch (:func:`use_branches_`): every fused group with at least two factorized members is timed
