@@ -51,6 +51,9 @@ def test_members_at_odd_offsets_get_the_sequential_paths_aligned_copies():
     assert odd.is_contiguous() and torch.equal(odd, t[:, 7:15])
     parts = aligned_split(t, [7, 9, 16])
     assert parts[1].is_contiguous() and parts[1].data_ptr() != t[:, 7:16].data_ptr()
+    # the branched path leaves the factorized members' slices to the op: not sliced, not copied
+    kept = aligned_split(t, [7, 9, 16], keep=[True, False, True])
+    assert kept[1] is None and kept[0].data_ptr() == t.data_ptr() and torch.equal(kept[2], parts[2])
     u = torch.randn(3, 21 + 5, dtype=torch.bfloat16)  # rows of 52 bytes: every row but one misaligned
     assert B._aligned(u[:, :8]).is_contiguous() and B._aligned(u[:1, :8]).data_ptr() == u.data_ptr()
 
@@ -87,7 +90,7 @@ def test_groups_need_two_factorized_members():
 def test_switched_block_equals_unswitched_only_at_the_row_classes_it_names():
     blk = _block()
     fuse_projections_(blk)
-    keys = {site_key(k, list(sp), list(o)): True for _, _, (k, sp, o), _ in B._groups(blk)}
+    keys = {site_key(k, list(sp), list(o)): True for _, _, (k, sp, o) in B._groups(blk)}
     x16 = torch.randn(4, 4, 48)  # 16 rows
     x40 = torch.randn(5, 8, 48)  # 40 rows: class 64
     with torch.no_grad():
@@ -118,7 +121,7 @@ def test_switched_block_compiles_whole_with_the_layers_gradients():
     with torch.no_grad():
         want = blk(x)
         fuse_projections_(blk)
-        table = {site_key(k, list(sp), list(o)): {16: True} for _, _, (k, sp, o), _ in B._groups(blk)}
+        table = {site_key(k, list(sp), list(o)): {16: True} for _, _, (k, sp, o) in B._groups(blk)}
         B._switch(B._groups(blk), table)
 
     def undo(m):
@@ -132,7 +135,7 @@ def test_recorded_switch_round_trip_and_cpu_model_left_alone():
     fuse_projections_(blk)
     assert B.use_branches_(blk) == {"modules": 0, "of": 0, "reason": "not on CUDA"}
     assert all(getattr(m, "branch_table", None) is None for m in blk.modules())
-    shapes = {site_key(k, list(sp), list(o)): {"16": True} for _, _, (k, sp, o), _ in B._groups(blk)}
+    shapes = {site_key(k, list(sp), list(o)): {"16": True} for _, _, (k, sp, o) in B._groups(blk)}
     assert B.switch_recorded_(blk, shapes) == 2
     assert {m.branch_table[16] for m in blk.modules() if getattr(m, "branch_table", None)} == {True}
     assert B.undo_branches_(blk) == 2 and B.undo_branches_(blk) == 0
@@ -151,7 +154,7 @@ def test_latency_model_prices_a_branched_group_as_one_second_stage_launch():
     groups = B._groups(model)
     branched = sum(sum(o is not None for o in g[2][2]) - 1 for g in groups)
     assert groups and branched > 0
-    B._switch(groups, {site_key(k, list(sp), list(o)): {16: True} for _, _, (k, sp, o), _ in groups})
+    B._switch(groups, {site_key(k, list(sp), list(o)): {16: True} for _, _, (k, sp, o) in groups})
     after = predict(model, prof, point)
     assert after["gemm_launches"] == before["gemm_launches"] - branched
     assert after["ms"] < before["ms"]
@@ -159,7 +162,7 @@ def test_latency_model_prices_a_branched_group_as_one_second_stage_launch():
     p64 = Point("decode", batch=64, kv=64)
     B.undo_branches_(model)
     ref64 = predict(model, prof, p64)
-    B._switch(groups, {site_key(k, list(sp), list(o)): {16: True} for _, _, (k, sp, o), _ in groups})
+    B._switch(groups, {site_key(k, list(sp), list(o)): {16: True} for _, _, (k, sp, o) in groups})
     assert predict(model, prof, p64)["gemm_launches"] == ref64["gemm_launches"]
 
 
@@ -212,7 +215,7 @@ def test_branches_in_a_cuda_graph_equal_the_sequential_path(rows):
         torch._dynamo.reset()
         groups = B._groups(model)
         assert B._switch(groups, {site_key(k, list(sp), list(o)): {c: True for c in B.ROW_CLASSES}
-                                  for _, _, (k, sp, o), _ in groups}) == len(groups) > 0  # fmt: skip
+                                  for _, _, (k, sp, o) in groups}) == len(groups) > 0  # fmt: skip
         assert torch.equal(model(ids, use_cache=False).logits, want)  # the same cuBLAS calls
         f = torch.compile(model, dynamic=False)
         replay, _ = _capture(lambda: f(ids, use_cache=False).logits, ids.device)  # the sweep's capture
@@ -269,7 +272,7 @@ def test_compiled_branched_group_hands_the_first_stage_to_the_op_uncopied():
         fuse_projections_(m)
         groups = B._groups(m)
         assert (
-            B._switch(groups, {site_key(k, list(sp), list(o)): {16: True} for _, _, (k, sp, o), _ in groups})
+            B._switch(groups, {site_key(k, list(sp), list(o)): {16: True} for _, _, (k, sp, o) in groups})
             == 1
         )
         torch._dynamo.reset()

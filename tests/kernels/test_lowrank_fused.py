@@ -140,7 +140,7 @@ INTERPRETED = textwrap.dedent(
         table = {1: list(L.CONFIGS[1][1]), 16: list(L.CONFIGS[16][0])}
         sites = L._sites(blk)
         assert len(sites) == 4, [s[0] for s in sites]  # q/k/v group, gate/up group, o_proj, down_proj
-        for _, m, _, _ in sites:
+        for _, m, _ in sites:
             L.switch_(m, table)
         calls = []
         real = L.lowrank_fused_op
@@ -220,11 +220,11 @@ def test_switched_modules_without_a_usable_config_take_the_existing_path_exactly
         fuse_projections_(blk)
         want_x, want_long = blk(x), blk(long)
         sites = L._sites(blk)
-        for _, m, _, _ in sites:
+        for _, m, _ in sites:
             L.switch_(m, {1: None, 16: None})  # measured slower everywhere
         assert sum(isinstance(m, (L.FusedLowRankLinear, L.FusedLowRankGroup)) for m in blk.modules()) == 4
         assert torch.equal(blk(x), want_x)
-        for _, m, _, _ in sites:
+        for _, m, _ in sites:
             L.switch_(m, {1: [4, 512, 8, 512, 4, 2, 1], 16: [16, 256, 16, 256, 4, 3, 1]})
         assert torch.equal(blk(long), want_long)  # 17 rows: never the kernel, whatever the table says
         assert not any("lowrank" in k for k in blk.state_dict())
@@ -241,7 +241,7 @@ def test_switched_modules_without_a_usable_config_take_the_existing_path_exactly
 def test_sites_find_factorized_layers_and_groups_with_a_factorized_member():
     blk = Block()
     fuse_projections_(blk)
-    keys = {L.site_key(k, list(s), list(o)) for _, _, (k, s, o), _ in L._sites(blk)}
+    keys = {L.site_key(k, list(s), list(o)) for _, _, (k, s, o) in L._sites(blk)}
     assert keys == {"48:7x40+13x24+24d", "48:11x70+37x70", "40:9x48", "70:5x48"}
     dense = nn.Module()
     dense.q_proj, dense.k_proj, dense.v_proj = nn.Linear(8, 8), nn.Linear(8, 4), nn.Linear(8, 4)
@@ -403,7 +403,7 @@ def test_switched_tiny_model_under_compile_and_cuda_graph_equals_eager(rows):
         table = {c: list(cfgs[0]) for c, cfgs in L.CONFIGS.items()}
         sites = L._sites(model)
         assert len(sites) == 4 * 2  # per layer: q/k/v, gate/up, o_proj, down_proj
-        for _, m, _, _ in sites:
+        for _, m, _ in sites:
             L.switch_(m, table)
         eager = model(ids, use_cache=False).logits.float()
         # bf16 logits through a different summation order: compared as a whole (measured on the

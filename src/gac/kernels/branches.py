@@ -171,9 +171,9 @@ def apply_seconds(
 ) -> list[torch.Tensor | None]:
     """Each factorized member's ``u`` applied to its columns of ``y``, all as one :func:`branch_linears` call.
 
-    ``y`` is the fused first stage's output (members' widths ``splits``, in order), ``parts[i]``
-    member ``i``'s slice of it; ``seconds[i]`` its ``u`` (None: a dense member, whose slice is its
-    output already and is passed through).
+    ``y`` is the fused first stage's output (members' widths ``splits``, in order); ``seconds[i]``
+    member ``i``'s ``u``, or None for a dense member, whose slice ``parts[i]`` is its output already
+    and is passed through (a factorized member's entry of ``parts`` is replaced, and may be None).
     """
     idx = [i for i, u in enumerate(seconds) if u is not None]
     offs = [sum(splits[:i]) for i in idx]
@@ -270,7 +270,7 @@ def _switch(groups: list, rows_of: dict[str, dict[int, Any]]) -> int:
     from gac.kernels.lowrank_fused import site_key
 
     n = 0
-    for _, m, (k, splits, outs), _ in groups:
+    for _, m, (k, splits, outs) in groups:
         row = rows_of.get(site_key(k, list(splits), list(outs))) or {}
         if any(row.values()):
             m.branch_table = {int(r): bool(v) for r, v in row.items()}

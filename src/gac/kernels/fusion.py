@@ -115,17 +115,22 @@ class FusedInputProjection(nn.Module):
     def _products(self, x: torch.Tensor) -> list[torch.Tensor | None]:
         """Every member's slice of ``x @ W_catᵀ (+ b)``, or its output where :meth:`applies_seconds`."""
         y = dispatch_linear(x, self.weight, self.bias, self.gemv_table)
-        parts = aligned_split(y, self.splits)
-        return (
-            branches.apply_seconds(y, self.splits, parts, self.seconds) if self.applies_seconds(x) else parts
-        )
+        if not self.applies_seconds(x):
+            return aligned_split(y, self.splits)
+        # the factorized members' columns go to the branches whole (``y``): only the dense ones are sliced
+        parts = aligned_split(y, self.splits, keep=[u is None for u in self.seconds])
+        return branches.apply_seconds(y, self.splits, parts, self.seconds)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, splits={self.splits}, kinds={self.kinds}"
 
 
-def aligned_split(y: torch.Tensor, sizes: list[int]) -> list[torch.Tensor | None]:
+def aligned_split(
+    y: torch.Tensor, sizes: list[int], keep: list[bool] | None = None
+) -> list[torch.Tensor | None]:
     """``y.split(sizes, -1)``, with every slice that does not start on a 16-byte boundary copied.
+
+    ``keep[i]`` False leaves slice ``i`` out (None in its place: neither sliced nor copied).
 
     A slice at an odd offset of a bf16 row (a member of rank 37 after one of rank 7) is a view whose
     data pointer is only 2-byte aligned.  Some CUDA kernels assume 16-byte alignment of what they
@@ -139,9 +144,12 @@ def aligned_split(y: torch.Tensor, sizes: list[int]) -> list[torch.Tensor | None
     total = sum(sizes)
     parts: list[torch.Tensor | None] = []
     off = 0
-    for part, n in zip(y.split(sizes, dim=-1), sizes, strict=True):
+    for i, (part, n) in enumerate(zip(y.split(sizes, dim=-1), sizes, strict=True)):
         aligned = (off * esize) % 16 == 0 and (y.dim() < 2 or y.numel() == total or (total * esize) % 16 == 0)
-        parts.append(part if aligned else part.clone(memory_format=torch.contiguous_format))
+        if keep is not None and not keep[i]:
+            parts.append(None)
+        else:
+            parts.append(part if aligned else part.clone(memory_format=torch.contiguous_format))
         off += n
     return parts
 

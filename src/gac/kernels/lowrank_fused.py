@@ -43,7 +43,7 @@ import torch
 from torch import nn
 
 from gac.kernels import gemv as _gemv
-from gac.kernels.fusion import FusedInputProjection, FusedSlice, aligned_split
+from gac.kernels.fusion import FusedInputProjection, aligned_split
 from gac.surgery.factorized import FactorizedLinear
 
 try:  # Triton is optional: only the GPU path needs it (and the CPU interpreter in tests).
@@ -825,24 +825,16 @@ def measured(dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
 
 
 def _sites(model: nn.Module):  # noqa: ANN202
-    """``(name, module, (k, splits, outs), members)`` for every factorized layer and fused group."""
+    """``(name, module, (k, splits, outs))`` for every factorized layer and fused group with a factorized member."""
     found = []
-    slices: dict[int, dict[int, FusedSlice]] = {}
-    for _, m in model.named_modules():
-        if isinstance(m, FusedSlice):
-            slices.setdefault(id(m.group), {})[m.index] = m
     for name, m in model.named_modules():
         if isinstance(m, FactorizedLinear):
-            found.append((name, m, (m.in_features, (m.rank,), (m.out_features,)), None))
+            found.append((name, m, (m.in_features, (m.rank,), (m.out_features,))))
         elif isinstance(m, FusedInputProjection):
-            members = slices.get(id(m), {})
-            if sorted(members) != list(range(len(m.splits))) or len(m.splits) > MAX_SEGMENTS:
-                continue
-            ordered = [members[i] for i in range(len(m.splits))]
-            if all(s.u is None for s in ordered):
-                continue  # all dense: one GEMV already
-            outs = tuple(int(s.u.out_features) if s.u is not None else None for s in ordered)
-            found.append((name, m, (m.in_features, tuple(m.splits), outs), ordered))
+            if len(m.splits) > MAX_SEGMENTS or all(u is None for u in m.seconds):
+                continue  # too many members for the kernel, or all dense: one GEMV already
+            outs = tuple(int(u.out_features) if u is not None else None for u in m.seconds)
+            found.append((name, m, (m.in_features, tuple(m.splits), outs)))
     return found
 
 
@@ -872,7 +864,7 @@ def use_fused_lowrank_(model: nn.Module, skip: tuple[str, ...] = ()) -> dict[str
 
 def _switch_sites(sites: list, rows_of: dict[str, dict[int, Any]]) -> int:
     n = 0
-    for _, m, (k, splits, outs), _ in sites:
+    for _, m, (k, splits, outs) in sites:
         row = rows_of.get(site_key(k, list(splits), list(outs))) or {}
         if any(v is not None for v in row.values()):
             switch_(m, row)
