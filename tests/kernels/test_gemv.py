@@ -18,7 +18,7 @@ from gac.kernels.gemv import GemvLinear, dispatch_linear, undo_triton_gemv_, use
 
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
 
-# (rows, n, k): odd sizes, ragged tiles, K not a multiple of any BLOCK_K, both row classes
+# (rows, n, k): odd sizes, ragged tiles, K not a multiple of any BLOCK_K, every row class
 SHAPES = [(1, 37, 300), (1, 64, 128), (1, 5, 1000), (3, 50, 257), (16, 33, 129), (9, 100, 64), (2, 7, 16)]
 
 INTERPRETED = textwrap.dedent(
@@ -38,11 +38,13 @@ INTERPRETED = textwrap.dedent(
             w = torch.randn(n, k, dtype=dt) * k ** -0.5
             b = torch.randn(n, dtype=dt)
             ref = x.double() @ w.double().t() + b.double()
-            for cfg in G.CONFIGS[1 if rows == 1 else 16]:
+            counters = G.new_counters(n)
+            for cfg in G.CONFIGS[G.row_class(rows)]:
                 y = torch.empty(rows, n, dtype=dt)
-                G._launch(x, w, b, y, cfg)
+                G._launch(x, w, b, y, cfg, counters)
                 err = ((y.double() - ref).norm() / ref.norm()).item()
                 assert err < (1e-6 if dt == torch.float32 else 2e-3), (dt, rows, n, k, cfg, err)
+                assert not counters.any(), (cfg, counters)  # split-K tickets left zeroed
                 worst = max(worst, err) if dt == torch.float32 else worst
             y = G.gemv(x.reshape(rows, 1, k), w, None)  # leading dims kept, no bias
             assert y.shape == (rows, 1, n)
@@ -65,11 +67,13 @@ INTERPRETED = textwrap.dedent(
     with torch.no_grad():
         want = blk(x)
         fuse_projections_(blk)
-        table = {1: list(G.CONFIGS[1][1]), 16: list(G.CONFIGS[16][0])}
+        split = [c for c in G.CONFIGS[16] if len(c) > 4][0]  # split-K at 2..16 rows: counters per module
+        table = {1: list(G.CONFIGS[1][1]), 16: list(split)}
         n = 0
         for m in blk.modules():
             if isinstance(m, nn.Linear) or type(m).__name__ == "FusedInputProjection":
                 m.gemv_table = table
+                m.gemv_counters = G.new_counters(m.weight.shape[0])
                 if type(m) is nn.Linear:
                     m.__class__ = G.GemvLinear
                 n += 1
@@ -120,8 +124,24 @@ def test_dispatch_without_table_or_for_prefill_is_f_linear():
     w, b = torch.randn(8, 16), torch.randn(8)
     assert torch.equal(dispatch_linear(x, w, b, None), torch.nn.functional.linear(x, w, b))
     long = torch.randn(1, 17, 16)  # 17 rows > 16: never the kernel, whatever the table says
-    assert torch.equal(dispatch_linear(long, w, b, {1: [8, 256, 4, 3], 16: [16, 128, 4, 4]}),
+    assert torch.equal(dispatch_linear(long, w, b, {1: [8, 256, 4, 3], 16: [16, 128, 4, 4, 2]}),
                        torch.nn.functional.linear(long, w, b))  # fmt: skip
+
+
+def test_row_classes_and_split_k_needs_counters():
+    assert [G.row_class(r) for r in (1, 2, 16)] == [1, 16, 16]
+    for bad in (0, 17):
+        with pytest.raises(ValueError, match="1 to 16 rows"):
+            G.row_class(bad)
+    x, w = torch.randn(4, 32), torch.randn(40, 32)
+    split = next(c for c in G.CONFIGS[16] if len(c) > 4)
+    with pytest.raises(ValueError, match="zeroed counters"):
+        G._launch(x, w, None, torch.empty(4, 40), split)
+    with pytest.raises(ValueError, match="zeroed counters"):  # too few tickets for the blocks
+        G._launch(x, w, None, torch.empty(4, 40), split, torch.zeros(1, dtype=torch.int32))
+    assert all(c in G.CONFIGS for c in G.ROW_CLASSES)
+    # one ticket per block of the smallest tile any configuration uses
+    assert G.new_counters(1000).numel() == -(-1000 // min(c[0] for cs in G.CONFIGS.values() for c in cs))
 
 
 def test_use_triton_gemv_leaves_a_cpu_model_alone():
@@ -135,7 +155,8 @@ def test_use_triton_gemv_leaves_a_cpu_model_alone():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(
-    "shape", SHAPES + [(1, 4096, 1736), (16, 1736, 4096), (1, 14336, 2712), (4, 1024, 704)]
+    "shape",
+    SHAPES + [(1, 4096, 1736), (16, 1736, 4096), (1, 14336, 2712), (4, 1024, 704), (16, 3133, 4096)],
 )
 def test_gemv_matches_float64_on_gpu(shape, dtype):
     from gac.kernels import gemv as G
@@ -145,10 +166,16 @@ def test_gemv_matches_float64_on_gpu(shape, dtype):
     x = torch.randn(rows, k, device="cuda", generator=g).to(dtype)
     w = (torch.randn(n, k, device="cuda", generator=g) * k**-0.5).to(dtype)
     ref = x.double() @ w.double().t()
-    for cfg in G.CONFIGS[1 if rows == 1 else 16]:
+    counters = G.new_counters(n, "cuda")
+    for cfg in G.CONFIGS[G.row_class(rows)]:
         y = torch.empty(rows, n, device="cuda", dtype=dtype)
-        G._launch(x, w, None, y, cfg)
+        G._launch(x, w, None, y, cfg, counters)
         assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-2, cfg
+        assert not counters.any(), cfg
+        # split-K adds its slices in a fixed order: the same inputs give the same bits every launch
+        y2 = torch.empty_like(y)
+        G._launch(x, w, None, y2, cfg, counters)
+        assert torch.equal(y, y2), cfg
 
 
 @pytest.mark.gpu
@@ -162,19 +189,24 @@ def test_use_triton_gemv_on_gpu_is_measured_cached_and_exact_under_graphs(tmp_pa
     info = use_triton_gemv_(m)
     assert (tmp_path / "gemv_dispatch.json").exists()
     table = G.measured(torch.half, x.device)
-    assert {"4096x1736@1", "1736x4096@1", "4096x1736@16"} <= set(table)
+    assert {"4096x1736@1", "1736x4096@1", "4096x1736@16", "1736x4096@16"} <= set(table)
     for rec in table.values():
         assert rec["cublas_us"] > 0 and ("triton_us" not in rec or rec["triton_us"] > 0)
         assert rec["use"] == ("triton_us" in rec and rec["triton_us"] < 0.97 * rec["cublas_us"])
     assert info["modules"] == sum(type(x) is GemvLinear for x in m)
-    graph = torch.cuda.CUDAGraph()
-    m(x)
-    torch.cuda.synchronize()
-    with torch.cuda.graph(graph):
-        out = m(x)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.allclose(out.float(), want.float(), rtol=1e-2, atol=1e-2)
+    for rows in (1, 5, 16):
+        x = torch.randn(rows, 4096, device="cuda", dtype=torch.half)
+        with torch.no_grad():
+            want = torch.nn.functional.linear(torch.nn.functional.linear(x, m[0].weight), m[1].weight)
+            graph = torch.cuda.CUDAGraph()
+            m(x)
+            torch.cuda.synchronize()
+            with torch.cuda.graph(graph):
+                out = m(x)
+            for _ in range(3):  # replays reuse the split-K tickets: each must find them zeroed
+                graph.replay()
+            torch.cuda.synchronize()
+        assert torch.allclose(out.float(), want.float(), rtol=1e-2, atol=1e-2), rows
 
 
 def test_cached_decisions_measure_what_is_missing_once_and_keep_partial_work(tmp_path, monkeypatch):

@@ -44,15 +44,34 @@ except ImportError:  # pragma: no cover - depends on the install
     HAVE_TRITON = False
 
 MAX_ROWS = 16
-#: tile configurations tried per shape: (BLOCK_N, BLOCK_K, num_warps, num_stages) for M = 1 and
-#: for M in 2..16 (``tl.dot`` needs 16-wide tiles).
+#: row classes measured for dispatch: ``M = 1`` and ``2 <= M <= 16``.  At 64 and 128 rows the kernel
+#: beat cuBLAS at 2 and 0 of 49 shapes (``benchmarks/results/h200/gemv-splitk/``): prefill and
+#: larger decode batches keep cuBLAS.
+ROW_CLASSES = (1, 16)
+#: tile configurations tried per shape and row class: ``(BLOCK_N, BLOCK_K, num_warps, num_stages[,
+#: SPLIT])``.  ``M = 1`` multiplies and sums (an elementwise fp32 accumulator, reduced once after the
+#: loop), ``M > 1`` uses ``tl.dot`` on a 16-row tile.  ``SPLIT`` (default 1) cuts K into that many
+#: slices, each its own program (see the kernel).  Chosen from a sweep of 15 (M = 1) and 14 (M = 16)
+#: configurations over 49 shapes of the speed grid's models (``gemv-splitk/sweep.json``): these are
+#: the greedy picks that bring the mean of (best chosen / best of all) to within 0.01%.
 CONFIGS = {
-    1: ((4, 512, 4, 3), (8, 512, 4, 3), (8, 256, 4, 4), (16, 256, 4, 3), (16, 512, 8, 3), (32, 256, 8, 3)),
-    16: ((16, 128, 4, 4), (16, 256, 4, 3), (32, 128, 4, 4), (32, 256, 8, 3), (64, 128, 4, 3)),
-}
+    1: ((4, 512, 4, 3), (8, 512, 4, 3), (8, 512, 4, 3, 4), (8, 512, 4, 3, 2), (4, 512, 4, 3, 2)),
+    16: ((32, 128, 4, 4, 4), (16, 256, 4, 3), (64, 128, 4, 3), (32, 128, 4, 4, 2), (16, 128, 4, 4),
+         (64, 128, 4, 3, 4), (32, 256, 4, 3, 4)),
+}  # fmt: skip
 _LOCK = threading.Lock()
 
 if HAVE_TRITON:
+
+    @triton.jit
+    def _gemv_epilogue(acc, b_ptr, y_ptr, offs_m, offs_n, mask_m, mask_n, sym, HAS_BIAS: tl.constexpr):
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        tl.store(
+            y_ptr + offs_m[:, None] * sym + offs_n[None, :],
+            acc.to(y_ptr.dtype.element_ty),
+            mask=mask_m[:, None] & mask_n[None, :],
+        )
 
     @triton.jit
     def _gemv_kernel(
@@ -60,25 +79,32 @@ if HAVE_TRITON:
         w_ptr,
         b_ptr,
         y_ptr,
+        p_ptr,
+        c_ptr,
         M,
         N,
+        K,
         sxm,
         swn,
         sym,
-        K: tl.constexpr,
         HAS_BIAS: tl.constexpr,
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
+        SPLIT: tl.constexpr,
     ):
+        # program (n block, K slice): the slice's partial sums of y[:, block]
         pid = tl.program_id(0)
+        s = tl.program_id(1)
         offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_m = tl.arange(0, BLOCK_M)
         mask_n = offs_n < N
         mask_m = offs_m < M
+        ks = tl.cdiv(tl.cdiv(K, SPLIT), BLOCK_K) * BLOCK_K  # each slice a whole number of tiles
+        acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)  # M = 1: reduced once, after the loop
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
+        for k0 in range(0, ks, BLOCK_K):
+            offs_k = s * ks + k0 + tl.arange(0, BLOCK_K)
             mask_k = offs_k < K
             w = tl.load(
                 w_ptr + offs_n[:, None] * swn + offs_k[None, :],
@@ -91,39 +117,85 @@ if HAVE_TRITON:
                 other=0.0,
             )
             if BLOCK_M == 1:
-                acc += tl.sum(x.to(tl.float32) * w.to(tl.float32), axis=1)[None, :]
+                acc2 += x.to(tl.float32) * w.to(tl.float32)
             else:
                 acc += tl.dot(x, tl.trans(w))
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-        tl.store(
-            y_ptr + offs_m[:, None] * sym + offs_n[None, :],
-            acc.to(y_ptr.dtype.element_ty),
-            mask=mask_m[:, None] & mask_n[None, :],
-        )
+        if BLOCK_M == 1:
+            acc = tl.sum(acc2, axis=1)[None, :]
+        if SPLIT == 1:
+            _gemv_epilogue(acc, b_ptr, y_ptr, offs_m, offs_n, mask_m, mask_n, sym, HAS_BIAS)
+        else:
+            # split-K without a second launch: every slice stores its partial sums (fp32), the last
+            # slice of a block to arrive (a ticket counter per block) adds them up in slice order
+            # (deterministic) and writes y, then zeroes the counter for the next launch / replay
+            mask = mask_m[:, None] & mask_n[None, :]
+            part = p_ptr + offs_m[:, None] * N + offs_n[None, :]
+            tl.store(part + s * M * N, acc, mask=mask)
+            tl.debug_barrier()  # every thread's stores precede the release below
+            if tl.atomic_add(c_ptr + pid, 1, sem="acq_rel", scope="gpu") == SPLIT - 1:
+                tot = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for j in tl.static_range(SPLIT):
+                    # .cg: written by other SMs in this launch; read from L2, never a stale L1
+                    tot += tl.load(part + j * M * N, mask=mask, other=0.0, cache_modifier=".cg")
+                tl.atomic_xchg(c_ptr + pid, 0, sem="relaxed", scope="gpu")
+                _gemv_epilogue(tot, b_ptr, y_ptr, offs_m, offs_n, mask_m, mask_n, sym, HAS_BIAS)
+
+
+def row_class(rows: int) -> int:
+    """The row class (a key of :data:`CONFIGS`) that serves ``rows`` token rows: 1 or 16."""
+    if not 0 < rows <= MAX_ROWS:
+        raise ValueError(f"gemv takes 1 to {MAX_ROWS} rows; got {rows}")
+    return next(c for c in ROW_CLASSES if c >= rows)
+
+
+def _split(cfg: tuple[int, ...] | list[int]) -> int:
+    return int(cfg[4]) if len(cfg) > 4 else 1
+
+
+def new_counters(n: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """Zeroed split-K tickets for a weight of ``n`` output rows (one per block of the smallest tile)."""
+    return torch.zeros(
+        -(-n // min(c[0] for cs in CONFIGS.values() for c in cs)), dtype=torch.int32, device=device
+    )
 
 
 def _launch(
-    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, y: torch.Tensor, cfg: tuple[int, ...]
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    y: torch.Tensor,
+    cfg: tuple[int, ...],
+    counters: torch.Tensor | None = None,
 ) -> None:
-    block_n, block_k, warps, stages = cfg
+    block_n, block_k, warps, stages = cfg[:4]
+    split = _split(cfg)
     m, k = x.shape
     n = w.shape[0]
-    _gemv_kernel[(triton.cdiv(n, block_n),)](
+    blocks = -(-n // block_n)
+    if split > 1:
+        if counters is None or counters.numel() < blocks:
+            raise ValueError(f"split-K gemv needs {blocks} zeroed counters (new_counters); got {counters}")
+        part = torch.empty((split, m, n), device=x.device, dtype=torch.float32)
+    else:
+        part = counters = y  # unused
+    _gemv_kernel[(blocks, split)](
         x,
         w,
         b if b is not None else w,
         y,
+        part,
+        counters,
         m,
         n,
+        k,
         x.stride(0),
         w.stride(0),
         y.stride(0),
-        K=k,
         HAS_BIAS=b is not None,
-        BLOCK_M=1 if m == 1 else 16,
+        BLOCK_M=1 if m == 1 else max(16, 1 << (m - 1).bit_length()),
         BLOCK_N=block_n,
         BLOCK_K=block_k,
+        SPLIT=split,
         num_warps=warps,
         num_stages=stages,
     )
@@ -134,19 +206,25 @@ def gemv_op(
     x: torch.Tensor,
     w: torch.Tensor,
     b: torch.Tensor | None,
+    counters: torch.Tensor | None,
     block_n: int,
     block_k: int,
     warps: int,
     stages: int,
+    split: int,
 ) -> torch.Tensor:
-    """``x @ wᵀ (+ b)`` for ``x [M <= 16, K]`` (contiguous rows), ``w [N, K]``: one Triton launch."""
+    """``x @ wᵀ (+ b)`` for ``x [M <= 16, K]`` (unit column stride), ``w [N, K]``: one Triton launch.
+
+    With ``split > 1`` the launch updates ``counters`` and leaves them zeroed as it found them: its net
+    effect is nil, hence a functional op (as ``gac::lowrank_fused``'s barrier counters).
+    """
     y = torch.empty((x.shape[0], w.shape[0]), device=x.device, dtype=x.dtype)
-    _launch(x, w, b, y, (block_n, block_k, warps, stages))
+    _launch(x, w, b, y, (block_n, block_k, warps, stages, split), counters)
     return y
 
 
 @gemv_op.register_fake
-def _(x, w, b, block_n, block_k, warps, stages):  # noqa: ANN001, ANN202 - shapes only
+def _(x, w, b, counters, block_n, block_k, warps, stages, split):  # noqa: ANN001, ANN202 - shapes only
     return x.new_empty((x.shape[0], w.shape[0]))
 
 
@@ -163,43 +241,57 @@ def _gemv_backward(ctx, gy: torch.Tensor):  # noqa: ANN001, ANN202
     gx = gy @ w if ctx.needs_input_grad[0] else None
     gw = gy.t() @ x if ctx.needs_input_grad[1] else None
     gb = gy.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-    return gx, gw, gb, None, None, None, None
+    return gx, gw, gb, None, None, None, None, None, None
 
 
 gemv_op.register_autograd(_gemv_backward, setup_context=_gemv_setup)
 
 
 def gemv(
-    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, cfg: tuple[int, ...] | None = None
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None = None,
+    cfg: tuple[int, ...] | None = None,
+    counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``F.linear(x, w, b)`` through the Triton GEMV for inputs of at most 16 token rows.
 
+    ``cfg``: ``(BLOCK_N, BLOCK_K, num_warps, num_stages[, SPLIT])``; a split-K configuration needs
+    ``counters`` (:func:`new_counters`, one set per weight: two launches in flight at once must not
+    share them).
+
     Raises:
-        ValueError: no Triton, more than 16 rows, or shapes that disagree.
+        ValueError: no Triton, more than 16 rows, shapes that disagree, or a split without counters.
     """
     if not HAVE_TRITON:
         raise ValueError("the Triton GEMV needs Triton (pip install triton)")
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, k)
-    if x2.shape[0] > MAX_ROWS or w.shape[1] != k:
+    if not 0 < x2.shape[0] <= MAX_ROWS or w.shape[1] != k:
         raise ValueError(
-            f"gemv takes at most {MAX_ROWS} rows of w's in_features; got x {tuple(x.shape)}, w {tuple(w.shape)}"
+            f"gemv takes 1 to {MAX_ROWS} rows of w's in_features; got x {tuple(x.shape)}, w {tuple(w.shape)}"
         )
-    cfg = cfg or CONFIGS[1 if x2.shape[0] == 1 else 16][0]
-    y = gemv_op(x2.contiguous(), w.contiguous(), b, *cfg)
+    cfg = tuple(cfg or next(c for c in CONFIGS[row_class(x2.shape[0])] if _split(c) == 1))
+    y = gemv_op(
+        x2 if x2.stride(-1) == 1 else x2.contiguous(), w.contiguous(), b, counters, *cfg[:4], _split(cfg)
+    )
     return y.reshape(*lead, w.shape[0])
 
 
 def dispatch_linear(
-    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, table: dict[int, Any] | None
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    table: dict[int, Any] | None,
+    counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``F.linear``, or the Triton GEMV where ``table`` (row class -> config) says it was faster."""
     if table:
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
         if 0 < rows <= MAX_ROWS:
-            cfg = table.get(1 if rows == 1 else 16)
+            cfg = table.get(row_class(rows))
             if cfg is not None:
-                return gemv(x, w, b, tuple(cfg))
+                return gemv(x, w, b, tuple(cfg), counters)
     return F.linear(x, w, b)
 
 
@@ -211,9 +303,10 @@ class GemvLinear(nn.Linear):
     """
 
     gemv_table: dict[int, Any]
+    gemv_counters: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return dispatch_linear(x, self.weight, self.bias, self.gemv_table)
+        return dispatch_linear(x, self.weight, self.bias, self.gemv_table, self.gemv_counters)
 
 
 # ------------------------------------------------------------------------------ measuring
@@ -264,30 +357,49 @@ def _bench_graph(fn: Callable[[int], Any], reps: int = 64, samples: int = 15) ->
 
 
 def measure_shape(
-    n: int, k: int, rows: int, dtype: torch.dtype, device: torch.device, margin: float = 0.97
+    n: int,
+    k: int,
+    rows: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    margin: float = 0.97,
+    configs: tuple[tuple[int, ...], ...] | None = None,
 ) -> dict[str, Any]:
-    """Time cuBLAS and each Triton configuration at ``[rows, k] @ [n, k]ᵀ``; pick the winner."""
+    """Time cuBLAS and each Triton configuration at ``[rows, k] @ [n, k]ᵀ``; pick the winner.
+
+    The record lists every configuration ``tried`` with its µs (``None``: it did not compile or fit).
+    """
     w_bytes = n * k * torch.tensor([], dtype=dtype).element_size()
     copies = copies_past_l2(w_bytes)
     ws = [torch.randn(n, k, device=device, dtype=dtype) for _ in range(copies)]
     x = torch.randn(rows, k, device=device, dtype=dtype)
     y = torch.empty(rows, n, device=device, dtype=dtype)
-    rec: dict[str, Any] = {"n": n, "k": k, "rows": rows}
+    counters = new_counters(n, device)
+    rec: dict[str, Any] = {"n": n, "k": k, "rows": rows, "bytes": w_bytes}
     rec["cublas_us"] = _bench_graph(lambda i: torch.mm(x, ws[i % copies].t(), out=y))
-    best = None
-    for cfg in CONFIGS[1 if rows == 1 else 16]:
+    best, tried = None, []
+    for cfg in configs or CONFIGS[row_class(rows)]:
         try:
-            t = _bench_graph(lambda i, cfg=cfg: _launch(x, ws[i % copies], None, y, cfg))
+            t = _bench_graph(lambda i, cfg=cfg: _launch(x, ws[i % copies], None, y, cfg, counters))
         except Exception as e:  # noqa: BLE001 - a configuration that does not compile/fit is skipped
             rec.setdefault("failed", []).append(f"{cfg}: {type(e).__name__}")
+            tried.append([list(cfg), None])
             continue
+        tried.append([list(cfg), t])
         if best is None or t < best[0]:
             best = (t, cfg)
+    rec["tried"] = tried
     if best is not None:
         rec["triton_us"], rec["config"] = best[0], list(best[1])
     rec["use"] = best is not None and best[0] < margin * rec["cublas_us"]
     ws.clear()
     return rec
+
+
+def _tried_current(rec: dict[str, Any], rows: int) -> bool:
+    """Whether a cached measurement tried every configuration :data:`CONFIGS` now lists for ``rows``."""
+    tried = {tuple(c) for c, _ in rec.get("tried", [])}
+    return all(tuple(c) in tried for c in CONFIGS[row_class(rows)])
 
 
 def _cache_path(name: str = "gemv_dispatch.json") -> Path:
@@ -363,11 +475,12 @@ def cached_decisions(
 def decisions(
     shapes: list[tuple[int, int]], dtype: torch.dtype, device: torch.device
 ) -> dict[tuple[int, int], dict[int, Any]]:
-    """Per ``(n, k)``: ``{1: config | None, 16: config | None}`` (None = cuBLAS), measured once per machine."""
+    """Per ``(n, k)``: ``{row class: config | None}`` (None = cuBLAS), measured once per machine."""
     keys = {f"{n}x{k}": (n, k) for n, k in shapes}
     got = cached_decisions(
         "gemv_dispatch.json", device, dtype, list(keys),
-        lambda key, rows: measure_shape(*keys[key], rows, dtype, device), (1, 16), "Triton GEMV dispatch",
+        lambda key, rows: measure_shape(*keys[key], rows, dtype, device), ROW_CLASSES, "Triton GEMV dispatch",
+        _tried_current,
     )  # fmt: skip
     return {keys[k]: row for k, row in got.items()}
 
@@ -407,6 +520,8 @@ def use_triton_gemv_(model: nn.Module, skip: tuple[str, ...] = ()) -> dict[str, 
         if not any(v is not None for v in row.values()):
             continue
         m.gemv_table = row
+        split = any(v is not None and _split(v) > 1 for v in row.values())
+        m.gemv_counters = new_counters(m.weight.shape[0], p.device) if split else None
         if type(m) is nn.Linear:
             m.__class__ = GemvLinear
         n += 1
@@ -422,6 +537,7 @@ def undo_triton_gemv_(model: nn.Module) -> int:
     for m in model.modules():
         if getattr(m, "gemv_table", None) is not None:
             m.gemv_table = None
+            m.gemv_counters = None
             if type(m) is GemvLinear:
                 m.__class__ = nn.Linear
             n += 1
