@@ -1,10 +1,14 @@
-"""Same-machine A/B of the parallel second stages (gac.kernels.branches) on a recorded cell's model.
+"""Same-machine A/B of one default-path kernel switch on a recorded cell's model.
 
-The cell's structure (its spec and kept dims, ``gac.hardware.latency.skeleton``) is built on the GPU
-with random weights; the sweep of ``gac.eval.infer`` times a few points with branches on and off,
-alternating (on, off, on, off), CUDA graphs, and eager or compiled steps (``--compile``).
+``--switch branches`` (the default): the parallel second stages (gac.kernels.branches); ``--switch
+gemv``: the Triton GEMV (gac.kernels.gemv).  The cell's structure (its spec and kept dims,
+``gac.hardware.latency.skeleton``) is built on the GPU with random weights; the sweep of
+``gac.eval.infer`` times a few points with the switch on and off, alternating (on, off, on, off), CUDA
+graphs, and eager or compiled steps (``--compile``).
 
     PYTHONPATH=src python3 benchmarks/gpu_branches_ab.py CELL.json [CELL.json ...] --out ab.json
+    PYTHONPATH=src python3 benchmarks/gpu_branches_ab.py CELL.json --switch gemv --compile \
+        --prefill-seqs '' --decode-batches 1,16 --out ab.json
 """
 
 from __future__ import annotations
@@ -37,14 +41,22 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--switch", choices=("branches", "gemv"), default="branches")
+    ap.add_argument("--prefill-seqs", default="128,512", help="B1 prompt lengths ('' for none)")
+    ap.add_argument("--decode-batches", default="16,64")
+    ap.add_argument("--kv", default="512")
     a = ap.parse_args()
     from gac.eval.infer import SweepConfig, sweep_model
-    from gac.kernels import branches
+    from gac.kernels import branches, gemv
+
+    ints = lambda s: tuple(int(v) for v in s.split(",") if v)  # noqa: E731
+    undo = {"branches": branches.undo_branches_, "gemv": gemv.undo_triton_gemv_}[a.switch]
 
     res = {
         "command": " ".join(sys.argv),
         "torch": torch.__version__,
         "gpu": torch.cuda.get_device_name(),
+        "switch": a.switch,
         "cells": {},
     }
     for path in a.cells:
@@ -53,26 +65,26 @@ def main() -> int:
         rows = []
         for rnd in range(a.rounds):
             for on in (True, False):
-                branches.undo_branches_(model)
+                undo(model)
                 cfg = SweepConfig(
-                    prefill_batches=(1,),
-                    prefill_seqs=(128, 512),
-                    decode_batches=(16, 64),
-                    decode_kv=(512,),
+                    prefill_batches=(1,) if ints(a.prefill_seqs) else (),
+                    prefill_seqs=ints(a.prefill_seqs),
+                    decode_batches=ints(a.decode_batches),
+                    decode_kv=ints(a.kv),
                     compile=a.compile,
                     graphs=True,
                     profile_kernels=False,
-                    branches=on,
                     decode_reps=50,
                     prefill_reps=20,
+                    **{a.switch: on},
                 )
                 t0 = time.time()
-                r = sweep_model(model, cfg, None, label=f"branches={on}")
+                r = sweep_model(model, cfg, None, label=f"{a.switch}={on}")
                 rows.append(
                     {
                         "round": rnd,
-                        "branches": on,
-                        "info": r.get("branches"),
+                        a.switch: on,
+                        "info": r.get(a.switch),
                         "s": time.time() - t0,
                         "points": [
                             {

@@ -79,7 +79,9 @@ def main() -> int:
     ap.add_argument("--spec", default="shape:llama3-8b:8")
     ap.add_argument("--cell", default=str(CELL))
     ap.add_argument("--points", default="1x512,1x4096,16x512,64x512", help="BxKV (decode), pBxS (prefill)")
-    ap.add_argument("--models", default="dense,svd-llm")
+    ap.add_argument(
+        "--models", default="dense,svd-llm", help="dense, svd-llm; NAME:nogemv without the Triton GEMV"
+    )
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the plumbing (no graphs, no trace)")
     a = ap.parse_args()
     from gpu_issue9 import build
@@ -112,8 +114,10 @@ def main() -> int:
     cfg = SweepConfig()
     pts = [(p[0] == "p", *(int(v) for v in p.lstrip("p").split("x"))) for p in a.points.split(",")]
     for name in a.models.split(","):
-        model = build(a.spec, dims if name != "dense" else None, a.device)
-        kernels = use_decode_kernels_(model)
+        # "NAME:nogemv": the same model with the Triton GEMV off (cuBLAS for every projection)
+        kind, _, opt = name.partition(":")
+        model = build(a.spec, dims if kind != "dense" else None, a.device)
+        kernels = use_decode_kernels_(model, gemv=opt != "nogemv")
         torch._dynamo.reset()
         for knob in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit"):
             if hasattr(torch._dynamo.config, knob):
