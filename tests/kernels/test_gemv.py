@@ -249,3 +249,40 @@ def test_fused_lowrank_dispatch_remeasures_records_without_the_current_configura
     assert not L._tried_current({"tried": now[1:]}, 16)  # one current configuration never tried
     assert not L._tried_current({"use": False, "config": None}, 16)  # recorded before "tried" existed
     assert L._tried_current({"tried": [list(c) for c in L.CONFIGS[1]]}, 1)
+
+
+@pytest.mark.gpu
+def test_split_k_gemv_compiled_and_captured_matches_and_leaves_tickets_zeroed(tmp_path, monkeypatch):
+    """The inference path: modules switched to split-K configurations, torch.compile, a CUDA graph."""
+    from gac.kernels import gemv as G
+
+    monkeypatch.setenv("GAC_CACHE", str(tmp_path))
+    torch.manual_seed(0)
+    m = (
+        nn.Sequential(nn.Linear(4096, 1032, bias=True), nn.Linear(1032, 4096, bias=False))
+        .cuda()
+        .half()
+        .eval()
+    )
+    split = next(c for c in G.CONFIGS[16] if len(c) > 4)
+    for lin in m:  # force the split-K path whatever this GPU's dispatch would choose
+        lin.__class__ = G.GemvLinear
+        lin.gemv_table = {16: list(split)}
+        lin.gemv_counters = G.new_counters(lin.weight.shape[0], "cuda")
+    f = torch.compile(m, dynamic=False)
+    x = torch.randn(8, 4096, device="cuda", dtype=torch.half)
+    with torch.no_grad():
+        want = torch.nn.functional.linear(torch.nn.functional.linear(x, m[0].weight, m[0].bias), m[1].weight)
+        f(x)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = f(x)
+        outs = []
+        for _ in range(3):
+            graph.replay()
+            torch.cuda.synchronize()
+            outs.append(out.clone())
+    assert all(torch.equal(o, outs[0]) for o in outs)  # deterministic across replays
+    assert torch.allclose(outs[0].float(), want.float(), rtol=1e-2, atol=1e-2)
+    assert all(not lin.gemv_counters.any() for lin in m)

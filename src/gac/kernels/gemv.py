@@ -7,11 +7,23 @@ bytes of its weight.  cuBLAS runs the large ones near copy bandwidth (a 28672 x 
 the first factors of ``o_proj``) run at 36-47% (``benchmarks/results/h200/issue9/``): its
 kernels tile 64 output rows per CTA, so 1736 to 4096 rows fill fewer CTAs than the GPU has SMs.
 
-:func:`gemv` tiles ``BLOCK_N`` (4 to 32) rows per program and streams the whole ``K`` through
-each, accumulating in fp32 (one launch, no split-K workspace, no atomics).  ``M = 1`` reduces
-with a multiply-sum, ``2 <= M <= 16`` with ``tl.dot`` on a 16-row tile.  It is registered as the
-custom op ``gac::gemv`` so that ``torch.compile`` keeps it as one opaque call and CUDA graphs
-capture it.
+:func:`gemv` tiles ``BLOCK_N`` (4 to 64) rows per program.  ``M = 1`` multiplies and adds into an
+elementwise fp32 accumulator that is reduced once after the loop; ``2 <= M <= 16`` uses ``tl.dot`` on a
+16-row tile.  Where ``N / BLOCK_N`` programs are too few to keep the GPU's memory busy, a configuration
+may split ``K`` into ``SPLIT`` slices, each its own program, *in the same launch*: every slice stores its
+fp32 partial sums, takes a ticket from its block's counter, and the slice that draws the last ticket
+adds the partial sums in slice order (deterministic: the same inputs give the same bits whichever slice
+arrives last), writes the output and zeroes the counter for the next launch or CUDA-graph replay.  The
+counters (:func:`new_counters`) belong to a module, so two launches in flight never share them, and the
+op leaves them as it found them, hence it is declared functional.  It is registered as the custom op
+``gac::gemv`` so that ``torch.compile`` keeps it as one opaque call and CUDA graphs capture it.
+
+On the H200 (``benchmarks/results/h200/gemv-splitk/``, 49 shapes of the speed grid's models) the
+kernel beat cuBLAS at 33 shapes at one row (e.g. ``4088 x 4096``: 11.0 against 12.7 µs) and at 21 at 16
+rows (``3144 x 4096``: 10.1 against 11.8 µs, split four ways); at 64 and 128 rows at 2 and 0, so only
+the two decode row classes are dispatched.  In whole compiled steps (``speed-gemv/``) it made dense
+Qwen2.5-7B-shape decode 7.4% faster at B1 and cost dense Llama-3-8B 0.7% there: a cuBLAS GEMV that
+follows the Triton ones ran slower in the step, which the isolated timing cannot see.
 
 Dispatch (:func:`use_triton_gemv_`): for every linear layer of a model on CUDA (dense, each
 factor of a factorized layer, each fused first stage) and each row class (``M = 1`` and
