@@ -286,3 +286,34 @@ def test_split_k_gemv_compiled_and_captured_matches_and_leaves_tickets_zeroed(tm
     assert all(torch.equal(o, outs[0]) for o in outs)  # deterministic across replays
     assert torch.allclose(outs[0].float(), want.float(), rtol=1e-2, atol=1e-2)
     assert all(not lin.gemv_counters.any() for lin in m)
+
+
+def test_measure_shape_disqualifies_wrong_results_and_tickets_left_set(monkeypatch):
+    """A configuration is timed only after one checked run; a bad one never becomes the choice."""
+    good, wrong, stuck, stuck_in_replay = (4, 64, 4, 3), (8, 64, 4, 3), (16, 64, 4, 3, 2), (32, 64, 4, 3, 2)
+    us = {good: 9.0, wrong: 1.0, stuck: 2.0, stuck_in_replay: 3.0}  # cuBLAS: 10.0
+    last, made = {}, []
+
+    def launch(x, w, b, y, cfg, counters=None):
+        last["cfg"] = tuple(cfg)
+        y.copy_(torch.nn.functional.linear(x, w, b) * (2 if cfg == wrong else 1))
+        if cfg == stuck:
+            counters[0] = 1
+
+    def bench(fn, reps=64, samples=15):  # stands in for the CUDA-graph timing
+        fn(0)
+        if last.get("cfg") == stuck_in_replay:
+            made[0][1] = 1
+        return us.get(last.get("cfg"), 10.0)
+
+    real_new = G.new_counters
+    monkeypatch.setattr(G, "new_counters", lambda n, d=None: made.append(real_new(n, d)) or made[-1])
+    monkeypatch.setattr(G, "_launch", launch)
+    monkeypatch.setattr(G, "_bench_graph", bench)
+    configs = (wrong, stuck, stuck_in_replay, good)
+    rec = G.measure_shape(40, 64, 4, torch.float32, torch.device("cpu"), configs=configs)
+    assert rec["config"] == list(good) and rec["triton_us"] == 9.0 and rec["use"] is True
+    assert [t for _, t in rec["tried"]] == [None, None, None, 9.0]
+    assert "rel err" in rec["failed"][0] and "tickets 1 left" in rec["failed"][1]
+    assert "graph replay" in rec["failed"][2]
+    assert not made[0].any()  # left zeroed for the next configuration

@@ -379,7 +379,9 @@ def measure_shape(
 ) -> dict[str, Any]:
     """Time cuBLAS and each Triton configuration at ``[rows, k] @ [n, k]ᵀ``; pick the winner.
 
-    The record lists every configuration ``tried`` with its µs (``None``: it did not compile or fit).
+    Every configuration is first run once and checked against cuBLAS's product: a wrong result or
+    split-K tickets left non-zero (once, or after the timed graph replays) disqualify it.  The record
+    lists every configuration ``tried`` with its µs (``None``: it failed, did not compile or fit).
     """
     w_bytes = n * k * torch.tensor([], dtype=dtype).element_size()
     copies = copies_past_l2(w_bytes)
@@ -389,15 +391,30 @@ def measure_shape(
     counters = new_counters(n, device)
     rec: dict[str, Any] = {"n": n, "k": k, "rows": rows, "bytes": w_bytes}
     rec["cublas_us"] = _bench_graph(lambda i: torch.mm(x, ws[i % copies].t(), out=y))
+    ref = (x @ ws[0].t()).float()
     best, tried = None, []
     for cfg in configs or CONFIGS[row_class(rows)]:
+        tried.append([list(cfg), None])
         try:
+            _launch(x, ws[0], None, y, cfg, counters)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            err = ((y.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+            if counters.any() or not err < 2e-2:
+                rec.setdefault("failed", []).append(
+                    f"{list(cfg)}: tickets {counters.count_nonzero().item()} left, rel err {err:.2e}"
+                )
+                counters.zero_()
+                continue
             t = _bench_graph(lambda i, cfg=cfg: _launch(x, ws[i % copies], None, y, cfg, counters))
         except Exception as e:  # noqa: BLE001 - a configuration that does not compile/fit is skipped
-            rec.setdefault("failed", []).append(f"{cfg}: {type(e).__name__}")
-            tried.append([list(cfg), None])
+            rec.setdefault("failed", []).append(f"{list(cfg)}: {type(e).__name__}")
             continue
-        tried.append([list(cfg), t])
+        if counters.any():
+            rec.setdefault("failed", []).append(f"{list(cfg)}: tickets not reset under graph replay")
+            counters.zero_()
+            continue
+        tried[-1][1] = t
         if best is None or t < best[0]:
             best = (t, cfg)
     rec["tried"] = tried
