@@ -155,6 +155,20 @@ def prediction_lines(model: str, pred: dict[str, Any]) -> list[str]:
     return lines
 
 
+def bandwidth_line(infer: dict[str, Any] | None) -> str | None:
+    """How close a (dense) cell's decode steps come to the GPU's copy bandwidth, as one report line.
+
+    Each decode point's weight bytes over its step time, as a share of the copy bandwidth measured in
+    the same run (``weight_bw_frac`` of :func:`gac.eval.infer.sweep_model`); None without such points.
+    """
+    pts = [r for r in (infer or {}).get("decode") or [] if r.get("weight_bw_frac")]
+    gbps = ((infer or {}).get("copy_bandwidth") or {}).get("gbps")
+    if not pts or not gbps:
+        return None
+    shares = ", ".join(f"B{r['batch']} KV{r['kv']} {100 * r['weight_bw_frac']:.1f}%" for r in pts)
+    return f"Dense decode moves its weights at this share of the copy bandwidth measured in the run ({gbps:.0f} GB/s): {shares}."
+
+
 def speed_plot(
     plt: Any, model: str, mspeed: list[tuple[Any, dict[str, Any]]], pred: dict[str, Any] | None, path: Path
 ) -> bool:
@@ -335,6 +349,9 @@ def render_plan(root: Path, out: Path | None = None) -> Path:
                 lines.append("| " + " | ".join([c.id, *(
                     f"{_f(sp.get(k), '.3f')} ({_f(sp.get('ideal_' + k), '.3f')})" for k in pts)]) + " |")  # fmt: skip
             lines.append("")
+            bw = bandwidth_line(((base or {}).get("results") or {}).get("evals", {}).get("infer"))
+            if bw:
+                lines += [bw, ""]
         if model in preds:
             lines += prediction_lines(model, preds[model])
         name = f"speedup_{slug(model)}.png"

@@ -353,3 +353,23 @@ def test_a_recorded_cell_is_priced_with_the_sites_its_infer_switched_to_the_fuse
         predict(cell_skeleton(switched), _prof(), pre)["ms"]
         == predict(cell_skeleton(plain), _prof(), pre)["ms"]
     )
+
+
+def test_report_states_dense_decode_share_of_copy_bandwidth(tmp_path):
+    import json
+    import shutil
+    from pathlib import Path
+
+    from gac.plan_report import bandwidth_line, render_plan
+
+    src = Path(__file__).resolve().parents[2] / "benchmarks/results/h200/speed-gemv"
+    base = json.loads((src / "cells/shape-llama3-8b-8/base.json").read_text())
+    line = bandwidth_line(base["results"]["evals"]["infer"])
+    assert "(4274 GB/s)" in line and "B1 KV512 76.1%" in line and "B64 KV4096 28.4%" in line
+    assert bandwidth_line(None) is None and bandwidth_line({"decode": [], "copy_bandwidth": {"gbps": 1}}) is None
+    root = tmp_path / "speed"
+    shutil.copytree(src / "cells", root / "cells")
+    shutil.copy(src / "plan.json", root / "plan.json")
+    text = render_plan(root).read_text()
+    assert text.count("Dense decode moves its weights") == 2  # one per model of the plan
+    assert "B1 KV512 81.3%" in text  # the Qwen2.5-7B shape's dense step
