@@ -18,7 +18,7 @@ from gac.kernels.gemv import GemvLinear, dispatch_linear, undo_triton_gemv_, use
 
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
 
-# (rows, n, k): odd sizes, ragged tiles, K not a multiple of any BLOCK_K, every row class
+# (rows, n, k): odd sizes, ragged tiles, K not a multiple of any BLOCK_K, both row classes
 SHAPES = [(1, 37, 300), (1, 64, 128), (1, 5, 1000), (3, 50, 257), (16, 33, 129), (9, 100, 64), (2, 7, 16)]
 
 INTERPRETED = textwrap.dedent(
@@ -249,6 +249,14 @@ def test_fused_lowrank_dispatch_remeasures_records_without_the_current_configura
     assert not L._tried_current({"tried": now[1:]}, 16)  # one current configuration never tried
     assert not L._tried_current({"use": False, "config": None}, 16)  # recorded before "tried" existed
     assert L._tried_current({"tried": [list(c) for c in L.CONFIGS[1]]}, 1)
+
+
+def test_gemv_dispatch_remeasures_records_without_the_current_configurations():
+    now = [[list(c), 5.0] for c in G.CONFIGS[16]]
+    assert G._tried_current({"tried": now + [[[9, 9, 9, 9], None]]}, 16)
+    assert G._tried_current({"tried": [[c, None] for c, _ in now]}, 2)  # failed ones were tried too
+    assert not G._tried_current({"tried": now[1:]}, 16)
+    assert not G._tried_current({"use": False, "config": [4, 512, 4, 3]}, 1)  # before split-K: stale
 
 
 @pytest.mark.gpu
