@@ -366,7 +366,9 @@ def test_report_states_dense_decode_share_of_copy_bandwidth(tmp_path):
     base = json.loads((src / "cells/shape-llama3-8b-8/base.json").read_text())
     line = bandwidth_line(base["results"]["evals"]["infer"])
     assert "(4274 GB/s)" in line and "B1 KV512 76.1%" in line and "B64 KV4096 28.4%" in line
-    assert bandwidth_line(None) is None and bandwidth_line({"decode": [], "copy_bandwidth": {"gbps": 1}}) is None
+    assert (
+        bandwidth_line(None) is None and bandwidth_line({"decode": [], "copy_bandwidth": {"gbps": 1}}) is None
+    )
     root = tmp_path / "speed"
     shutil.copytree(src / "cells", root / "cells")
     shutil.copy(src / "plan.json", root / "plan.json")

@@ -73,7 +73,7 @@ INTERPRETED = textwrap.dedent(
         for m in blk.modules():
             if isinstance(m, nn.Linear) or type(m).__name__ == "FusedInputProjection":
                 m.gemv_table = table
-                m.gemv_counters = G.new_counters(m.weight.shape[0])
+                m.register_buffer("gemv_counters", G.new_counters(m.weight.shape[0]), persistent=False)
                 if type(m) is nn.Linear:
                     m.__class__ = G.GemvLinear
                 n += 1
@@ -86,6 +86,9 @@ INTERPRETED = textwrap.dedent(
         assert len(calls) == 4, calls  # the fused q/k/v first stage, k's u, o's v and u
         f = torch.compile(blk, fullgraph=True)
         assert torch.allclose(f(x), want, atol=1e-5)
+        tickets = [b for name, b in blk.named_buffers() if name.endswith("gemv_counters")]
+        assert len(tickets) == 4 and not any(t.any() for t in tickets)  # buffers, left zeroed
+        assert not any("gemv" in k for k in blk.state_dict())  # not persistent
         calls.clear()
         G.gemv_op = lambda *a: calls.append(1) or real(*a)
         long = torch.randn(2, 17, 48)  # 34 rows: prefill, cuBLAS
@@ -276,7 +279,7 @@ def test_split_k_gemv_compiled_and_captured_matches_and_leaves_tickets_zeroed(tm
     for lin in m:  # force the split-K path whatever this GPU's dispatch would choose
         lin.__class__ = G.GemvLinear
         lin.gemv_table = {16: list(split)}
-        lin.gemv_counters = G.new_counters(lin.weight.shape[0], "cuda")
+        lin.register_buffer("gemv_counters", G.new_counters(lin.weight.shape[0], "cuda"), persistent=False)
     f = torch.compile(m, dynamic=False)
     x = torch.randn(8, 4096, device="cuda", dtype=torch.half)
     with torch.no_grad():

@@ -43,7 +43,6 @@ class FusedInputProjection(nn.Module):
 
     #: set by :func:`gac.kernels.gemv.use_triton_gemv_` where the Triton GEMV was measured faster
     gemv_table: dict[int, Any] | None = None
-    gemv_counters: torch.Tensor | None = None
     #: set by :func:`gac.kernels.branches.use_branches_`: the row classes at which the members'
     #: second stages run as parallel branches, in the group
     branch_table: dict[int, Any] | None = None
@@ -115,7 +114,7 @@ class FusedInputProjection(nn.Module):
 
     def _products(self, x: torch.Tensor) -> list[torch.Tensor | None]:
         """Every member's slice of ``x @ W_catᵀ (+ b)``, or its output where :meth:`applies_seconds`."""
-        y = dispatch_linear(x, self.weight, self.bias, self.gemv_table, self.gemv_counters)
+        y = dispatch_linear(x, self.weight, self.bias, self.gemv_table, self._buffers.get("gemv_counters"))
         if not self.applies_seconds(x):
             return aligned_split(y, self.splits)
         # the factorized members' columns go to the branches whole (``y``): only the dense ones are sliced

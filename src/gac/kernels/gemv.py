@@ -14,8 +14,9 @@ may split ``K`` into ``SPLIT`` slices, each its own program, *in the same launch
 fp32 partial sums, takes a ticket from its block's counter, and the slice that draws the last ticket
 adds the partial sums in slice order (deterministic: the same inputs give the same bits whichever slice
 arrives last), writes the output and zeroes the counter for the next launch or CUDA-graph replay.  The
-counters (:func:`new_counters`) belong to a module, so two launches in flight never share them, and the
-op leaves them as it found them, hence it is declared functional.  It is registered as the custom op
+counters (:func:`new_counters`) are a non-persistent buffer of each switched module (as
+``gac::lowrank_fused``'s), so two launches in flight never share them, and the op leaves them as it
+found them, hence it is declared functional.  It is registered as the custom op
 ``gac::gemv`` so that ``torch.compile`` keeps it as one opaque call and CUDA graphs capture it.
 
 On the H200 (``benchmarks/results/h200/gemv-splitk/``, 49 shapes of the speed grid's models) the
@@ -315,10 +316,9 @@ class GemvLinear(nn.Linear):
     """
 
     gemv_table: dict[int, Any]
-    gemv_counters: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return dispatch_linear(x, self.weight, self.bias, self.gemv_table, self.gemv_counters)
+        return dispatch_linear(x, self.weight, self.bias, self.gemv_table, self._buffers.get("gemv_counters"))
 
 
 # ------------------------------------------------------------------------------ measuring
@@ -550,7 +550,9 @@ def use_triton_gemv_(model: nn.Module, skip: tuple[str, ...] = ()) -> dict[str, 
             continue
         m.gemv_table = row
         split = any(v is not None and _split(v) > 1 for v in row.values())
-        m.gemv_counters = new_counters(m.weight.shape[0], p.device) if split else None
+        m._buffers.pop("gemv_counters", None)
+        if split:  # split-K tickets: a non-persistent buffer (moves with the module, not in its state_dict)
+            m.register_buffer("gemv_counters", new_counters(m.weight.shape[0], p.device), persistent=False)
         if type(m) is nn.Linear:
             m.__class__ = GemvLinear
         n += 1
@@ -566,7 +568,7 @@ def undo_triton_gemv_(model: nn.Module) -> int:
     for m in model.modules():
         if getattr(m, "gemv_table", None) is not None:
             m.gemv_table = None
-            m.gemv_counters = None
+            m._buffers.pop("gemv_counters", None)
             if type(m) is GemvLinear:
                 m.__class__ = nn.Linear
             n += 1
