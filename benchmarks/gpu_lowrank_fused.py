@@ -15,7 +15,7 @@ the process, which kills the kernel); its barrier counters must read zero afterw
 result must match float64.  A configuration that fails to compile or check is recorded, not fatal.
 Past ``--limit-s`` the remaining configurations are skipped (recorded).
 
-  PYTHONPATH=src python3 benchmarks/gpu_lowrank_fused.py --out $OUT/lowrank_fused.json
+  PYTHONPATH=src python3 benchmarks/gpu_lowrank_fused.py --out $OUT/lowrank_fused.json [--models llama qwen] [--rows 1]
 """
 
 from __future__ import annotations
@@ -31,14 +31,24 @@ import torch
 
 from gac.kernels.gemv import copies_past_l2, graph_timings
 
-# (name, in features, per member (rank, out)) at the ranks of
-# benchmarks/results/h200/speed/cells/shape-llama3-8b-8/svd-llm-r0.85-gac.json
-SITES = [
-    ("o_proj", 4096, [(1736, 4096)]),
-    ("down_proj", 14336, [(2712, 4096)]),
-    ("qkv", 4096, [(1736, 4096), (704, 1024), (704, 1024)]),
-    ("gate_up", 4096, [(2704, 14336), (2704, 14336)]),
-]
+# per model shape: (name, in features, per member (rank, out)) at the SVD-LLM (15%, --align gac)
+# ranks of benchmarks/results/h200/speed/cells/shape-llama3-8b-8/svd-llm-r0.85-gac.json and
+# speed-gemv/cells/shape-qwen2.5-7b-8/svd-llm-r0.85-gac.json
+MODELS = {
+    "llama": [
+        ("o_proj", 4096, [(1736, 4096)]),
+        ("down_proj", 14336, [(2712, 4096)]),
+        ("qkv", 4096, [(1736, 4096), (704, 1024), (704, 1024)]),
+        ("gate_up", 4096, [(2704, 14336), (2704, 14336)]),
+    ],
+    "qwen": [
+        ("o_proj", 3584, [(1520, 3584)]),
+        ("down_proj", 18944, [(2560, 3584)]),
+        ("qkv", 3584, [(1520, 3584), (384, 512), (384, 512)]),
+        ("gate_up", 3584, [(2560, 18944), (2560, 18944)]),
+    ],
+}
+SITES = MODELS["llama"]
 COPY_GBPS = 4490.0  # measured H200 GEMV bandwidth, benchmarks/results/h200/issue9/
 
 
@@ -176,6 +186,7 @@ def main() -> int:
     ap.add_argument("--hang-s", type=float, default=20.0, help="one launch longer than this ends the run")
     ap.add_argument("--margin", type=float, default=0.97)
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["llama"])
     a = ap.parse_args()
     from gac.hardware.timing import environment
 
@@ -198,7 +209,10 @@ def main() -> int:
     res["spin_bound_check"] = spin_bound_check(dev, deadline)
     save(a.out, res)
     print("spin bound check:", res["spin_bound_check"], flush=True)
-    for name, k, members in SITES:
+    sites = [
+        (f"{m}:{name}" if len(a.models) > 1 else name, k, mem) for m in a.models for name, k, mem in MODELS[m]
+    ]
+    for name, k, members in sites:
         for rows in a.rows:
             rec = run_site(name, k, members, rows, dtype, dev, res, deadline, t_start + a.limit_s, a.margin)
             res["sites"].append(rec)
@@ -212,15 +226,21 @@ def main() -> int:
                    f"x{rec['speedup_vs_existing']:.2f}" if best else "none ok"),
                 flush=True,
             )  # fmt: skip
-    # per decode step of the 32-layer model: every site once per layer
-    for rows in a.rows:
-        recs = [r for r in res["sites"] if r["rows"] == rows]
-        ex = sum(r["existing_us"]["median"] for r in recs)
-        fu = sum(min(r["existing_us"]["median"], r["best"]["us"]["median"]) if "best" in r else
-                 r["existing_us"]["median"] for r in recs)  # fmt: skip
-        res.setdefault("per_step_32_layers_ms", {})[str(rows)] = {
-            "existing": 32 * ex / 1e3, "with_fused_where_faster": 32 * fu / 1e3,
-        }  # fmt: skip
+    # per decode step of a 32-layer model: every site of a model once per layer
+    for m in a.models:
+        for rows in a.rows:
+            recs = [
+                r
+                for r in res["sites"]
+                if r["rows"] == rows and (len(a.models) == 1 or r["site"].startswith(m + ":"))
+            ]
+            ex = sum(r["existing_us"]["median"] for r in recs)
+            fu = sum(min(r["existing_us"]["median"], r["best"]["us"]["median"]) if "best" in r else
+                     r["existing_us"]["median"] for r in recs)  # fmt: skip
+            key = str(rows) if len(a.models) == 1 else f"{m}@{rows}"
+            res.setdefault("per_step_32_layers_ms", {})[key] = {
+                "existing": 32 * ex / 1e3, "with_fused_where_faster": 32 * fu / 1e3,
+            }  # fmt: skip
     res["wall_s"] = time.perf_counter() - t_start
     save(a.out, res)
     print(json.dumps(res["per_step_32_layers_ms"]), f"wall {res['wall_s']:.1f} s")

@@ -92,10 +92,10 @@ def test_switched_block_equals_unswitched_only_at_the_row_classes_it_names():
     fuse_projections_(blk)
     keys = {site_key(k, list(sp), list(o)): True for _, _, (k, sp, o) in B._groups(blk)}
     x16 = torch.randn(4, 4, 48)  # 16 rows
-    x40 = torch.randn(5, 8, 48)  # 40 rows: class 64
+    x40 = torch.randn(5, 8, 48)  # 40 rows: past every row class
     with torch.no_grad():
         want16, want40 = blk(x16), blk(x40)
-        assert B._switch(B._groups(blk), {k: {16: True, 64: None} for k in keys}) == 2
+        assert B._switch(B._groups(blk), {k: {1: None, 16: True} for k in keys}) == 2
         calls = []
         real = B.branch_linears
         B.branch_linears = lambda *a: calls.append(len(a[2])) or real(*a)
@@ -107,7 +107,7 @@ def test_switched_block_equals_unswitched_only_at_the_row_classes_it_names():
         finally:
             B.branch_linears = real
     assert n16 == [2, 2]  # q and k of the q/k/v group (v is dense), gate and up
-    assert calls == []  # no decision at 64 rows: the sequential path
+    assert calls == []  # more rows than any class: the sequential path
     assert torch.allclose(got16, want16, atol=1e-6) and torch.equal(got40, want40)
     # every fused group's state is empty again (nothing kept between forwards)
     assert all(m._parts == [] for m in blk.modules() if isinstance(m, FusedInputProjection))
@@ -180,25 +180,17 @@ def test_the_dispatch_times_a_branched_path_that_matches_the_float64_reference()
     assert not torch.allclose(y_q1, y_q)
 
 
-def test_row_classes_cover_decode_and_short_prefill_only():
-    assert [B.row_class(r) for r in (1, 2, 16, 64, 65, 128, 300, 2048)] == [
-        1,
-        16,
-        16,
-        64,
-        128,
-        128,
-        512,
-        2048,
-    ]
-    assert B.row_class(0) is None and B.row_class(4096) is None
+def test_row_classes_cover_decode_batches_of_up_to_16_rows_only():
+    assert [B.row_class(r) for r in (1, 2, 16)] == [1, 16, 16]
+    # more rows keep the sequential path (branches lost in whole compiled steps at 64 and 128 rows)
+    assert all(B.row_class(r) is None for r in (0, 17, 64, 128, 2048, 4096))
 
 
 # ------------------------------------------------------------------------------ GPU
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows", [1, 16, 128])
+@pytest.mark.parametrize("rows", [1, 16])
 def test_branches_in_a_cuda_graph_equal_the_sequential_path(rows):
     from gac.testing import factorize_at_odd_ranks, tiny_model
 
@@ -209,7 +201,7 @@ def test_branches_in_a_cuda_graph_equal_the_sequential_path(rows):
     with torch.no_grad():
         want = model(ids, use_cache=False).logits
         # the compiled model without branches: bf16 logits of a compiled step differ from eager ones
-        # (on the H200 by 1.01e-2 relative at 128 rows), not from each other with and without branches
+        # (on the H200 by up to 1.01e-2 relative), not from each other with and without branches
         torch._dynamo.reset()
         want_c = torch.compile(model, dynamic=False)(ids, use_cache=False).logits.clone()
         torch._dynamo.reset()

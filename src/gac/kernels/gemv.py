@@ -56,6 +56,14 @@ try:  # Triton is optional: only the GPU path needs it (and the CPU interpreter 
 except ImportError:  # pragma: no cover - depends on the install
     HAVE_TRITON = False
 
+try:  # programmatic dependent launch (Hopper): Triton >= 3.4
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+    HAVE_PDL = True
+except ImportError:  # pragma: no cover - depends on the install
+    HAVE_PDL = False
+    gdc_wait = gdc_launch_dependents = None
+
 MAX_ROWS = 16
 #: row classes measured for dispatch: ``M = 1`` and ``2 <= M <= 16``.  At 64 and 128 rows the kernel
 #: beat cuBLAS at 2 and 0 of 49 shapes (``benchmarks/results/h200/gemv-splitk/``): prefill and
@@ -73,6 +81,8 @@ CONFIGS = {
          (64, 128, 4, 3, 4), (32, 256, 4, 3, 4)),
 }  # fmt: skip
 _LOCK = threading.Lock()
+#: launch the GEMV as a programmatic dependent launch on CUDA (an experiment, off by default)
+PDL = False
 
 if HAVE_TRITON:
 
@@ -105,7 +115,11 @@ if HAVE_TRITON:
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
         SPLIT: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        if PDL:  # launched early, beside the previous kernel's tail: wait for it before touching memory
+            gdc_wait()
+            gdc_launch_dependents()
         # program (n block, K slice): the slice's partial sums of y[:, block]
         pid = tl.program_id(0)
         s = tl.program_id(1)
@@ -179,8 +193,10 @@ def _launch(
     y: torch.Tensor,
     cfg: tuple[int, ...],
     counters: torch.Tensor | None = None,
+    pdl: bool | None = None,
 ) -> None:
     block_n, block_k, warps, stages = cfg[:4]
+    pdl = (PDL if pdl is None else pdl) and HAVE_PDL and x.is_cuda
     split = _split(cfg)
     m, k = x.shape
     n = w.shape[0]
@@ -209,8 +225,10 @@ def _launch(
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         SPLIT=split,
+        PDL=pdl,
         num_warps=warps,
         num_stages=stages,
+        **({"launch_pdl": True} if pdl else {}),
     )
 
 
@@ -396,7 +414,7 @@ def measure_shape(
     for cfg in configs or CONFIGS[row_class(rows)]:
         tried.append([list(cfg), None])
         try:
-            _launch(x, ws[0], None, y, cfg, counters)
+            _launch(x, ws[0], None, y, cfg, counters, pdl=False)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             err = ((y.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
@@ -406,7 +424,7 @@ def measure_shape(
                 )
                 counters.zero_()
                 continue
-            t = _bench_graph(lambda i, cfg=cfg: _launch(x, ws[i % copies], None, y, cfg, counters))
+            t = _bench_graph(lambda i, cfg=cfg: _launch(x, ws[i % copies], None, y, cfg, counters, pdl=False))
         except Exception as e:  # noqa: BLE001 - a configuration that does not compile/fit is skipped
             rec.setdefault("failed", []).append(f"{list(cfg)}: {type(e).__name__}")
             continue
@@ -425,10 +443,25 @@ def measure_shape(
     return rec
 
 
+def tried_all(rec: dict[str, Any], configs: Any) -> bool:
+    """Whether a cached dispatch record tried every configuration of ``configs``.
+
+    A record lists what it ``tried`` as ``[config, µs | None]`` pairs (this module's and, since the
+    prefetching configurations, :mod:`gac.kernels.lowrank_fused`'s), or as bare configurations (the
+    fused kernel's records before them).  A record without ``tried`` predates it: stale.
+
+    >>> tried_all({"tried": [[[4, 512, 4, 3], 6.9], [[8, 512], None]]}, [(8, 512)])
+    True
+    >>> tried_all({"tried": [[4, 1024, 4, 1024, 4, 1, 8]]}, [(4, 1024, 4, 1024, 4, 1, 8, 1, 1)])
+    False
+    """
+    tried = {tuple(c[0] if len(c) == 2 and isinstance(c[0], list) else c) for c in rec.get("tried") or []}
+    return all(tuple(c) in tried for c in configs)
+
+
 def _tried_current(rec: dict[str, Any], rows: int) -> bool:
     """Whether a cached measurement tried every configuration :data:`CONFIGS` now lists for ``rows``."""
-    tried = {tuple(c) for c, _ in rec.get("tried", [])}
-    return all(tuple(c) in tried for c in CONFIGS[row_class(rows)])
+    return tried_all(rec, CONFIGS[row_class(rows)])
 
 
 def _cache_path(name: str = "gemv_dispatch.json") -> Path:

@@ -53,6 +53,8 @@ try:  # Triton is optional: only the GPU path needs it (and the CPU interpreter 
     HAVE_TRITON = True
 except ImportError:  # pragma: no cover - depends on the install
     HAVE_TRITON = False
+if _gemv.HAVE_PDL:
+    from triton.language.extra.cuda import gdc_wait
 
 MAX_ROWS = 64
 #: row classes measured for dispatch: one token row only.  The kernel runs 2..64 rows
@@ -283,7 +285,10 @@ if HAVE_TRITON:
         BLOCK_K2: tl.constexpr,
         SPLIT: tl.constexpr,
         KS: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        if PDL:  # launched beside the previous kernel's tail: wait for it before touching memory (never
+            gdc_wait()  # triggers its dependents early: they could take the SMs the barrier needs)
         pid = tl.program_id(0)
         if PHASE != 2:  # stage 1: (row block of V, K slice) items, round robin over the P programs
             for i in range(0, ITER1):
@@ -385,6 +390,7 @@ def _launch(
     cfg: tuple[int, ...] | list[int],
     phases: tuple[int, ...] | None = None,
     programs: int | None = None,
+    pdl: bool | None = None,
 ) -> int:
     """``y[:, col_i : col_i + outs_i] = (x vᵀ + b1)[:, segment i] u_iᵀ (+ ub_i)`` for each member ``i``.
 
@@ -430,13 +436,14 @@ def _launch(
     on_gpu = x.device.type == "cuda"
     if phases is None:
         phases = (0,) if on_gpu else (1, 2)
+    pdl = (_gemv.PDL if pdl is None else pdl) and _gemv.HAVE_PDL and on_gpu and tuple(phases) == (0,)
     ks = _cdiv(_cdiv(k, split), block_k1) * block_k1  # each K slice a whole number of tiles
     t = torch.empty((split, bm, rt), device=x.device, dtype=torch.float32)
     args = (x, v, b1 if b1 is not None else v, t, counters, y, *ptrs, m, x.stride(0))
     meta = dict(
         K=k, RT=rt, NT=nt, HAS_B1=b1 is not None, **seg, NB1=nb1, NBA=nbs[0], NBB=nbs[1], NBC=nbs[2],
         SPIN=MAX_SPIN, BLOCK_M=bm, BLOCK_R=block_r, BLOCK_K1=block_k1, BLOCK_N=block_n, BLOCK_K2=block_k2,
-        SPLIT=split, KS=ks, num_warps=warps, num_stages=stages,
+        SPLIT=split, KS=ks, PDL=pdl, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     if on_gpu:  # never more programs than are resident together (the barrier waits for all of them)
         cap = _programs(args, meta, per_sm, x.device)
@@ -445,7 +452,7 @@ def _launch(
         p = programs or 4
     meta.update(P=p, ITER1=_cdiv(nb1 * split, p), ITER2=_cdiv(sum(nbs), p))
     for ph in phases:
-        _lowrank_fused_kernel[(p,)](*args, PHASE=ph, **meta)
+        _lowrank_fused_kernel[(p,)](*args, PHASE=ph, **meta, **({"launch_pdl": True} if pdl else {}))
     return p
 
 
@@ -748,8 +755,8 @@ def measure_site(
     su = site_setup(k, splits, outs, rows, dtype, device)
     ws, copies, x, real, ref = su.ws, su.copies, su.x, su.real, su.ref
     configs = configs or CONFIGS[row_class(rows)]
-    rec: dict[str, Any] = {"site": site_key(k, splits, outs), "rows": rows, "bytes": su.nbytes,
-                           "tried": [list(c) for c in configs]}  # fmt: skip
+    rec: dict[str, Any] = {"site": site_key(k, splits, outs), "rows": rows, "bytes": su.nbytes}
+    tried: list[list[Any]] = []  # [config, µs | None (failed)]
     rec["existing_us"] = _gemv._bench_graph(su.existing)
     v0, us0 = ws[0]
     y = torch.empty(rows, sum(real), device=device, dtype=dtype)
@@ -757,8 +764,9 @@ def measure_site(
     nones = [None] * len(splits)
     best = None
     for cfg in configs:
+        tried.append([list(cfg), None])
         try:
-            _launch(x, v0, None, us0, nones, splits, real, y, counters, cfg)
+            _launch(x, v0, None, us0, nones, splits, real, y, counters, cfg, pdl=False)
             torch.cuda.synchronize(device)
             c = counters.tolist()
             err = ((y.double() - ref).norm() / ref.norm()).item()
@@ -774,8 +782,10 @@ def measure_site(
             counters.zero_()
             rec.setdefault("failed", []).append(f"{list(cfg)}: counters not reset under graph replay")
             continue
+        tried[-1][1] = us_
         if best is None or us_ < best[0]:
             best = (us_, cfg)
+    rec["tried"] = tried
     if best is not None:
         rec["fused_us"], rec["config"] = best[0], list(best[1])
     rec["use"] = best is not None and best[0] < margin * rec["existing_us"]
@@ -787,7 +797,7 @@ def _bench_graph_fused(ws, copies, x, splits, outs, y, counters, cfg) -> float: 
     nones = [None] * len(splits)
     return _gemv._bench_graph(
         lambda i: _launch(
-            x, ws[i % copies][0], None, ws[i % copies][1], nones, splits, outs, y, counters, cfg
+            x, ws[i % copies][0], None, ws[i % copies][1], nones, splits, outs, y, counters, cfg, pdl=False
         )
     )
 
@@ -812,8 +822,7 @@ def decisions(
 
 def _tried_current(rec: dict[str, Any], rows: int) -> bool:
     """Whether a cached measurement tried every configuration :data:`CONFIGS` now lists for ``rows``."""
-    tried = {tuple(c) for c in rec.get("tried") or []}
-    return all(tuple(c) in tried for c in CONFIGS[row_class(rows)])
+    return _gemv.tried_all(rec, CONFIGS[row_class(rows)])
 
 
 def measured(dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
