@@ -53,8 +53,11 @@ def main() -> int:
     ints = lambda s: tuple(int(v) for v in s.split(",") if v)  # noqa: E731
     undo = {"branches": branches.undo_branches_, "gemv": gemv.undo_triton_gemv_, "pdl": lambda m: 0}[a.switch]
 
+    from gac.hardware.timing import environment
+
     res = {
         "command": " ".join(sys.argv),
+        "env": environment(torch.device("cuda"), torch.bfloat16),
         "torch": torch.__version__,
         "gpu": torch.cuda.get_device_name(),
         "switch": a.switch,

@@ -21,7 +21,7 @@ Measured on the H200 (``benchmarks/results/h200/speed-branches/``): at 16 rows t
 groups of the Llama-3-8B shape took 22.5 instead of 28.5 µs, and whole decode steps at B16 gained
 2.8% (Llama) and 4.4% (Qwen2.5) in a same-machine A/B of eager steps; at 64 and 128 rows the isolated
 measurement chose branches that cost the eager Llama step 0.9% and 1.6% (Qwen's gained); in compiled
-steps they cost three of the four speed-grid cells 0.2-2.0% at 64 and 128 rows, so only decode
+steps they cost three of the four speed-grid cells 0.4-2.1% at 64 and 128 rows, so only decode
 batches of up to 16 rows are branched (:data:`ROW_CLASSES`).  The op takes
 the first stage whole (see :func:`branch_linears`); when it took the members' slices, the compiled step
 copied each first, and dropping those copies shortened the compiled SVD-LLM steps at B16/B64 by 1.4-4.4%
@@ -47,10 +47,10 @@ from gac.kernels import gemv as _gemv
 
 #: row classes measured per group shape: an input of ``rows`` token rows takes the decision of the
 #: smallest class ``>= rows``; more rows than 16 keep the sequential path.  The isolated timing also
-#: chose branches at 64 to 2048 rows, but in whole compiled, captured steps (``speed-gemv/
-#: branches_ab_compiled.json``) they cost 0.8-2.0% at 128 rows (prefill B1 x 128) in three of the four
-#: speed-grid cells and 0.2-1.7% at 64 rows (decode B64) in three, while at 16 rows all four gained
-#: 1.0-4.9%: decode batches of 1 and 16 only.
+#: chose branches at 64 to 2048 rows, but in whole compiled, captured steps
+#: (``benchmarks/results/h200/speed-rows/branches_ab_compiled.json``) they cost 1.1-2.1% at 128 rows
+#: (prefill B1 x 128) in three of the four speed-grid cells (the fourth: 0.0%) and 0.4-1.5% at 64 rows
+#: (decode B64) in three (Qwen2.5 SVD-LLM gained 0.9%), while at 16 rows all four gained 0.9-4.9%.
 ROW_CLASSES = (1, 16)
 CACHE = "branch_dispatch.json"
 _STREAMS: dict[tuple[str, int | None], list[torch.cuda.Stream]] = {}

@@ -81,7 +81,10 @@ CONFIGS = {
          (64, 128, 4, 3, 4), (32, 256, 4, 3, 4)),
 }  # fmt: skip
 _LOCK = threading.Lock()
-#: launch the GEMV as a programmatic dependent launch on CUDA (an experiment, off by default)
+#: launch the GEMV (and ``gac::lowrank_fused``) as programmatic dependent launches on CUDA.  Off: in
+#: compiled, captured decode steps on the H200 it made every model 0.5% slower at B1 and moved B16 by
+#: -0.5 to +0.7% (``benchmarks/results/h200/pdl/``); the kernels before a GEMV are mostly Inductor's
+#: and cuBLAS's, which never let their dependents start early.  The dispatch times without it.
 PDL = False
 
 if HAVE_TRITON:
