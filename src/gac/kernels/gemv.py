@@ -449,13 +449,15 @@ def measure_shape(
 def tried_all(rec: dict[str, Any], configs: Any) -> bool:
     """Whether a cached dispatch record tried every configuration of ``configs``.
 
-    A record lists what it ``tried`` as ``[config, µs | None]`` pairs (this module's and, since the
-    prefetching configurations, :mod:`gac.kernels.lowrank_fused`'s), or as bare configurations (the
-    fused kernel's records before them).  A record without ``tried`` predates it: stale.
+    A record lists what it ``tried`` as ``[config, µs | None]`` pairs (this module's records, and
+    :mod:`gac.kernels.lowrank_fused`'s since they time every configuration), or as bare configurations
+    (the fused kernel's older records).  A record without ``tried`` predates it: stale.
 
-    >>> tried_all({"tried": [[[4, 512, 4, 3], 6.9], [[8, 512], None]]}, [(8, 512)])
+    >>> tried_all({"tried": [[[4, 512, 4, 3], 6.9], [[8, 512, 4, 3], None]]}, [(8, 512, 4, 3)])
     True
-    >>> tried_all({"tried": [[4, 1024, 4, 1024, 4, 1, 8]]}, [(4, 1024, 4, 1024, 4, 1, 8, 1, 1)])
+    >>> tried_all({"tried": [[4, 1024, 4, 1024, 4, 1, 8]]}, [(4, 1024, 4, 1024, 4, 1, 8)])
+    True
+    >>> tried_all({"tried": [[4, 1024, 4, 1024, 4, 1, 8]]}, [(8, 1024, 8, 1024, 4, 1, 4)])
     False
     """
     tried = {tuple(c[0] if len(c) == 2 and isinstance(c[0], list) else c) for c in rec.get("tried") or []}
