@@ -1,8 +1,7 @@
 """Same-machine A/B of one default-path kernel switch on a recorded cell's model.
 
 ``--switch branches`` (the default): the parallel second stages (gac.kernels.branches); ``--switch
-gemv``: the Triton GEMV (gac.kernels.gemv); ``--switch pdl``: the Triton kernels launched as programmatic
-dependent launches (``gac.kernels.gemv.PDL``).  The cell's structure (its spec and kept dims,
+gemv``: the Triton GEMV (gac.kernels.gemv).  The cell's structure (its spec and kept dims,
 ``gac.hardware.latency.skeleton``) is built on the GPU with random weights; the sweep of
 ``gac.eval.infer`` times a few points with the switch on and off, alternating (on, off, on, off), CUDA
 graphs, and eager or compiled steps (``--compile``).
@@ -42,7 +41,7 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--switch", choices=("branches", "gemv", "pdl"), default="branches")
+    ap.add_argument("--switch", choices=("branches", "gemv"), default="branches")
     ap.add_argument("--prefill-seqs", default="128,512", help="B1 prompt lengths ('' for none)")
     ap.add_argument("--decode-batches", default="16,64")
     ap.add_argument("--kv", default="512")
@@ -51,7 +50,7 @@ def main() -> int:
     from gac.kernels import branches, gemv
 
     ints = lambda s: tuple(int(v) for v in s.split(",") if v)  # noqa: E731
-    undo = {"branches": branches.undo_branches_, "gemv": gemv.undo_triton_gemv_, "pdl": lambda m: 0}[a.switch]
+    undo = {"branches": branches.undo_branches_, "gemv": gemv.undo_triton_gemv_}[a.switch]
 
     from gac.hardware.timing import environment
 
@@ -70,7 +69,6 @@ def main() -> int:
         for rnd in range(a.rounds):
             for on in (True, False):
                 undo(model)
-                gemv.PDL = on if a.switch == "pdl" else gemv.PDL
                 cfg = SweepConfig(
                     prefill_batches=(1,) if ints(a.prefill_seqs) else (),
                     prefill_seqs=ints(a.prefill_seqs),
@@ -81,7 +79,7 @@ def main() -> int:
                     profile_kernels=False,
                     decode_reps=50,
                     prefill_reps=20,
-                    **({} if a.switch == "pdl" else {a.switch: on}),
+                    **{a.switch: on},
                 )
                 t0 = time.time()
                 r = sweep_model(model, cfg, None, label=f"{a.switch}={on}")
@@ -89,7 +87,7 @@ def main() -> int:
                     {
                         "round": rnd,
                         a.switch: on,
-                        "info": r.get(a.switch) if a.switch != "pdl" else {"pdl": gemv.PDL and gemv.HAVE_PDL},
+                        "info": r.get(a.switch),
                         "s": time.time() - t0,
                         "points": [
                             {

@@ -91,21 +91,25 @@ def test_switched_block_equals_unswitched_only_at_the_row_classes_it_names():
     blk = _block()
     fuse_projections_(blk)
     keys = {site_key(k, list(sp), list(o)): True for _, _, (k, sp, o) in B._groups(blk)}
+    x1 = torch.randn(1, 1, 48)  # 1 row: a class the table leaves sequential
     x16 = torch.randn(4, 4, 48)  # 16 rows
     x40 = torch.randn(5, 8, 48)  # 40 rows: past every row class
     with torch.no_grad():
-        want16, want40 = blk(x16), blk(x40)
+        want1, want16, want40 = blk(x1), blk(x16), blk(x40)
         assert B._switch(B._groups(blk), {k: {1: None, 16: True} for k in keys}) == 2
         calls = []
         real = B.branch_linears
         B.branch_linears = lambda *a: calls.append(len(a[2])) or real(*a)
         try:
+            got1 = blk(x1)
+            n1 = list(calls)
             got16 = blk(x16)
             n16 = list(calls)
             calls.clear()
             got40 = blk(x40)
         finally:
             B.branch_linears = real
+    assert n1 == [] and torch.equal(got1, want1)  # the table's 1-row decision is None: sequential
     assert n16 == [2, 2]  # q and k of the q/k/v group (v is dense), gate and up
     assert calls == []  # more rows than any class: the sequential path
     assert torch.allclose(got16, want16, atol=1e-6) and torch.equal(got40, want40)

@@ -307,7 +307,7 @@ def test_measure_shape_disqualifies_wrong_results_and_tickets_left_set(monkeypat
     us = {good: 9.0, wrong: 1.0, stuck: 2.0, stuck_in_replay: 3.0}  # cuBLAS: 10.0
     last, made = {}, []
 
-    def launch(x, w, b, y, cfg, counters=None, pdl=None):
+    def launch(x, w, b, y, cfg, counters=None):
         last["cfg"] = tuple(cfg)
         y.copy_(torch.nn.functional.linear(x, w, b) * (2 if cfg == wrong else 1))
         if cfg == stuck:
@@ -330,51 +330,3 @@ def test_measure_shape_disqualifies_wrong_results_and_tickets_left_set(monkeypat
     assert "rel err" in rec["failed"][0] and "tickets 1 left" in rec["failed"][1]
     assert "graph replay" in rec["failed"][2]
     assert not made[0].any()  # left zeroed for the next configuration
-
-
-@pytest.mark.gpu
-def test_pdl_launches_in_a_dependent_chain_under_a_cuda_graph_equal_plain_launches(monkeypatch):
-    """Programmatic dependent launches (``gemv.PDL``): each kernel of a chain reads its predecessor's
-    output, so a wait placed too late would read stale data; the captured chain must give the bits
-    of plain launches, replay after replay, and leave every split-K ticket and barrier zeroed."""
-    from gac.kernels import gemv as G
-    from gac.kernels import lowrank_fused as L
-
-    if not G.HAVE_PDL:
-        pytest.skip("this Triton has no programmatic dependent launch")
-    torch.manual_seed(0)
-    dims = [4096, 1736, 4096, 1024, 4096]
-    ws = [
-        torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
-        for k, n in zip(dims, dims[1:], strict=False)
-    ]
-    v = torch.randn(704, 4096, device="cuda", dtype=torch.bfloat16) * 4096**-0.5
-    u = torch.randn(1024, 704, device="cuda", dtype=torch.bfloat16) * 704**-0.5
-    cnt = [G.new_counters(w.shape[0], "cuda") for w in ws]
-    lcnt = L.new_counters("cuda")
-    split = next(c for c in G.CONFIGS[1] if len(c) > 4 and c[4] > 1)
-
-    def chain(x):
-        for i, w in enumerate(ws):
-            x = G.gemv(x, w, None, split if i % 2 else G.CONFIGS[1][0], cnt[i])
-        return L.lowrank_fused(x, v, None, [u], [None], [704], [1024], lcnt, L.CONFIGS[1][0])
-
-    x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
-    monkeypatch.setattr(G, "PDL", True)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        chain(x)  # eager, with programmatic launches
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = chain(x)
-    for i in range(20):
-        x.copy_(torch.randn_like(x) * (1 + i % 3))
-        graph.replay()
-        monkeypatch.setattr(G, "PDL", False)
-        want = chain(x)  # plain launches, after the replay on the same stream
-        monkeypatch.setattr(G, "PDL", True)
-        torch.cuda.synchronize()
-        assert torch.equal(out, want), i
-    assert all(not c.any() for c in cnt) and lcnt.tolist() == [0, 0, 0, 0]

@@ -56,14 +56,6 @@ try:  # Triton is optional: only the GPU path needs it (and the CPU interpreter 
 except ImportError:  # pragma: no cover - depends on the install
     HAVE_TRITON = False
 
-try:  # programmatic dependent launch (Hopper): Triton >= 3.4
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-
-    HAVE_PDL = True
-except ImportError:  # pragma: no cover - depends on the install
-    HAVE_PDL = False
-    gdc_wait = gdc_launch_dependents = None
-
 MAX_ROWS = 16
 #: row classes measured for dispatch: ``M = 1`` and ``2 <= M <= 16``.  At 64 and 128 rows the kernel
 #: beat cuBLAS at 2 and 0 of 49 shapes (``benchmarks/results/h200/gemv-splitk/``): prefill and
@@ -81,11 +73,6 @@ CONFIGS = {
          (64, 128, 4, 3, 4), (32, 256, 4, 3, 4)),
 }  # fmt: skip
 _LOCK = threading.Lock()
-#: launch the GEMV (and ``gac::lowrank_fused``) as programmatic dependent launches on CUDA.  Off: in
-#: compiled, captured decode steps on the H200 it made every model 0.5% slower at B1 and moved B16 by
-#: -0.5 to +0.7% (``benchmarks/results/h200/pdl/``); the kernels before a GEMV are mostly Inductor's
-#: and cuBLAS's, which never let their dependents start early.  The dispatch times without it.
-PDL = False
 
 if HAVE_TRITON:
 
@@ -118,11 +105,7 @@ if HAVE_TRITON:
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
         SPLIT: tl.constexpr,
-        PDL: tl.constexpr,
     ):
-        if PDL:  # launched early, beside the previous kernel's tail: wait for it before touching memory
-            gdc_wait()
-            gdc_launch_dependents()
         # program (n block, K slice): the slice's partial sums of y[:, block]
         pid = tl.program_id(0)
         s = tl.program_id(1)
@@ -196,10 +179,8 @@ def _launch(
     y: torch.Tensor,
     cfg: tuple[int, ...],
     counters: torch.Tensor | None = None,
-    pdl: bool | None = None,
 ) -> None:
     block_n, block_k, warps, stages = cfg[:4]
-    pdl = (PDL if pdl is None else pdl) and HAVE_PDL and x.is_cuda
     split = _split(cfg)
     m, k = x.shape
     n = w.shape[0]
@@ -228,10 +209,8 @@ def _launch(
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         SPLIT=split,
-        PDL=pdl,
         num_warps=warps,
         num_stages=stages,
-        **({"launch_pdl": True} if pdl else {}),
     )
 
 
@@ -417,7 +396,7 @@ def measure_shape(
     for cfg in configs or CONFIGS[row_class(rows)]:
         tried.append([list(cfg), None])
         try:
-            _launch(x, ws[0], None, y, cfg, counters, pdl=False)
+            _launch(x, ws[0], None, y, cfg, counters)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             err = ((y.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
@@ -427,7 +406,7 @@ def measure_shape(
                 )
                 counters.zero_()
                 continue
-            t = _bench_graph(lambda i, cfg=cfg: _launch(x, ws[i % copies], None, y, cfg, counters, pdl=False))
+            t = _bench_graph(lambda i, cfg=cfg: _launch(x, ws[i % copies], None, y, cfg, counters))
         except Exception as e:  # noqa: BLE001 - a configuration that does not compile/fit is skipped
             rec.setdefault("failed", []).append(f"{list(cfg)}: {type(e).__name__}")
             continue

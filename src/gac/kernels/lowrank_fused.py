@@ -53,8 +53,6 @@ try:  # Triton is optional: only the GPU path needs it (and the CPU interpreter 
     HAVE_TRITON = True
 except ImportError:  # pragma: no cover - depends on the install
     HAVE_TRITON = False
-if _gemv.HAVE_PDL:
-    from triton.language.extra.cuda import gdc_wait
 
 MAX_ROWS = 64
 #: row classes measured for dispatch: one token row only.  The kernel runs 2..64 rows
@@ -285,10 +283,7 @@ if HAVE_TRITON:
         BLOCK_K2: tl.constexpr,
         SPLIT: tl.constexpr,
         KS: tl.constexpr,
-        PDL: tl.constexpr,
     ):
-        if PDL:  # launched beside the previous kernel's tail: wait for it before touching memory (never
-            gdc_wait()  # triggers its dependents early: they could take the SMs the barrier needs)
         pid = tl.program_id(0)
         if PHASE != 2:  # stage 1: (row block of V, K slice) items, round robin over the P programs
             for i in range(0, ITER1):
@@ -390,7 +385,6 @@ def _launch(
     cfg: tuple[int, ...] | list[int],
     phases: tuple[int, ...] | None = None,
     programs: int | None = None,
-    pdl: bool | None = None,
 ) -> int:
     """``y[:, col_i : col_i + outs_i] = (x vᵀ + b1)[:, segment i] u_iᵀ (+ ub_i)`` for each member ``i``.
 
@@ -436,14 +430,13 @@ def _launch(
     on_gpu = x.device.type == "cuda"
     if phases is None:
         phases = (0,) if on_gpu else (1, 2)
-    pdl = (_gemv.PDL if pdl is None else pdl) and _gemv.HAVE_PDL and on_gpu and tuple(phases) == (0,)
     ks = _cdiv(_cdiv(k, split), block_k1) * block_k1  # each K slice a whole number of tiles
     t = torch.empty((split, bm, rt), device=x.device, dtype=torch.float32)
     args = (x, v, b1 if b1 is not None else v, t, counters, y, *ptrs, m, x.stride(0))
     meta = dict(
         K=k, RT=rt, NT=nt, HAS_B1=b1 is not None, **seg, NB1=nb1, NBA=nbs[0], NBB=nbs[1], NBC=nbs[2],
         SPIN=MAX_SPIN, BLOCK_M=bm, BLOCK_R=block_r, BLOCK_K1=block_k1, BLOCK_N=block_n, BLOCK_K2=block_k2,
-        SPLIT=split, KS=ks, PDL=pdl, num_warps=warps, num_stages=stages,
+        SPLIT=split, KS=ks, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     if on_gpu:  # never more programs than are resident together (the barrier waits for all of them)
         cap = _programs(args, meta, per_sm, x.device)
@@ -452,7 +445,7 @@ def _launch(
         p = programs or 4
     meta.update(P=p, ITER1=_cdiv(nb1 * split, p), ITER2=_cdiv(sum(nbs), p))
     for ph in phases:
-        _lowrank_fused_kernel[(p,)](*args, PHASE=ph, **meta, **({"launch_pdl": True} if pdl else {}))
+        _lowrank_fused_kernel[(p,)](*args, PHASE=ph, **meta)
     return p
 
 
@@ -766,7 +759,7 @@ def measure_site(
     for cfg in configs:
         tried.append([list(cfg), None])
         try:
-            _launch(x, v0, None, us0, nones, splits, real, y, counters, cfg, pdl=False)
+            _launch(x, v0, None, us0, nones, splits, real, y, counters, cfg)
             torch.cuda.synchronize(device)
             c = counters.tolist()
             err = ((y.double() - ref).norm() / ref.norm()).item()
@@ -797,7 +790,7 @@ def _bench_graph_fused(ws, copies, x, splits, outs, y, counters, cfg) -> float: 
     nones = [None] * len(splits)
     return _gemv._bench_graph(
         lambda i: _launch(
-            x, ws[i % copies][0], None, ws[i % copies][1], nones, splits, outs, y, counters, cfg, pdl=False
+            x, ws[i % copies][0], None, ws[i % copies][1], nones, splits, outs, y, counters, cfg
         )
     )
 
