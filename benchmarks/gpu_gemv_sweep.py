@@ -7,6 +7,7 @@ configurations than the dispatch tries; the output says, per row class, how ofte
 or came within 3% of the best, to choose :data:`gac.kernels.gemv.CONFIGS` from.
 
     PYTHONPATH=src python3 benchmarks/gpu_gemv_sweep.py --out $OUT/gemv_sweep.json
+    PYTHONPATH=src python3 benchmarks/gpu_gemv_sweep.py --rows 1,16 --no-align-hint --out $OUT/before.json
 """
 
 from __future__ import annotations
@@ -47,8 +48,16 @@ def main() -> int:
     ap.add_argument(
         "--budget-s", type=float, default=1e9, help="stop measuring after this long; keep what ran"
     )
+    ap.add_argument(
+        "--no-align-hint",
+        action="store_true",
+        help="the kernel before revision 2: K and the strides passed undivided (gemv._align -> 1)",
+    )
     a = ap.parse_args()
     from gac.kernels import gemv as G
+
+    if a.no_align_hint:
+        G._align = lambda *values: 1
 
     keys = sorted({k.split("@")[0] for k in next(iter(json.loads(TABLE.read_text()).values()))},
                   key=lambda s: int(s.split("x")[0]) * int(s.split("x")[1]))  # fmt: skip
@@ -57,8 +66,11 @@ def main() -> int:
     if a.limit:
         shapes = shapes[: a.limit]
     dev = torch.device("cuda")
-    out = {"command": " ".join(sys.argv), "torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
-           "triton": __import__("triton").__version__, "records": []}  # fmt: skip
+    from gac.hardware.timing import environment
+
+    out = {"command": " ".join(sys.argv), "env": environment(dev, torch.bfloat16), "torch": torch.__version__,
+           "gpu": torch.cuda.get_device_name(), "triton": __import__("triton").__version__,
+           "align_hint": not a.no_align_hint, "records": []}  # fmt: skip
     t0 = time.time()
     for n, k in shapes:
         if time.time() - t0 > a.budget_s:

@@ -66,6 +66,14 @@ def test_cpu_sweep_writes_json_csv_plots_and_speedups(tmp_path):
     assert (tmp_path / "decode_tps.png").stat().st_size > 1000
 
 
+def test_a_decode_only_grid_times_decode_and_names_its_kernels():
+    # a plan may time decode alone (prefill_batches = []): the kernel summary has no prefill part
+    cfg = SweepConfig(**{**TINY.to_dict(), "prefill_batches": (), "prefill_seqs": (), "decode_batches": (2,)})
+    v = run_sweep([Variant("dense", tiny_model)], cfg, "cpu")["variants"]["dense"]
+    assert v["prefill"] == [] and [(r["batch"], r["status"]) for r in v["decode"]] == [(2, "ok")]
+    assert set(v["kernels"]) == {"decode"} and v["kernels"]["decode"]["batch"] == 2
+
+
 def test_weight_bytes_skip_untied_embedding_only():
     m = tiny_model("llama")
     total = sum(p.numel() * 4 for p in m.parameters())

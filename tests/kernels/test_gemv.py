@@ -50,6 +50,18 @@ INTERPRETED = textwrap.dedent(
             assert y.shape == (rows, 1, n)
             assert torch.allclose(y.double().reshape(rows, n), ref - b.double(), rtol=1e-2, atol=1e-2)
 
+    # x's rows strided apart (a view): K, x's and w's row strides carry their common alignment, which
+    # the kernel takes divided and multiplies back (8: 1744 and its stride 1752; 4: 1736 and 1740; 1)
+    for k, pad, align in ((1744, 8, 8), (1736, 4, 4), (1037, 8, 1)):
+        x = torch.randn(3, k + pad)[:, :k]
+        w = torch.randn(40, k) * k ** -0.5
+        assert G._align(k, x.stride(0), w.stride(0)) == align
+        ref = x.double() @ w.double().t()
+        for cfg in ((16, 256, 4, 3), (32, 128, 4, 4, 2)):
+            y = torch.empty(3, 40)
+            G._launch(x, w, None, y, cfg, G.new_counters(40))
+            assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-6, (k, cfg)
+
     # a block with dense and factorized members, fused, every GEMV routed to the kernel
     class Block(nn.Module):
         def __init__(self):
@@ -258,10 +270,14 @@ def test_fused_lowrank_dispatch_remeasures_records_without_the_current_configura
 
 def test_gemv_dispatch_remeasures_records_without_the_current_configurations():
     now = [[list(c), 5.0] for c in G.CONFIGS[16]]
-    assert G._tried_current({"tried": now + [[[9, 9, 9, 9], None]]}, 16)
-    assert G._tried_current({"tried": [[c, None] for c, _ in now]}, 2)  # failed ones were tried too
-    assert not G._tried_current({"tried": now[1:]}, 16)
-    assert not G._tried_current({"use": False, "config": [4, 512, 4, 3]}, 1)  # before split-K: stale
+    rev = {"revision": G.REVISION}
+    assert G._tried_current({"tried": now + [[[9, 9, 9, 9], None]], **rev}, 16)
+    assert G._tried_current({"tried": [[c, None] for c, _ in now], **rev}, 2)  # failed ones were tried too
+    assert not G._tried_current({"tried": now[1:], **rev}, 16)
+    assert not G._tried_current({"use": False, "config": [4, 512, 4, 3], **rev}, 1)  # before split-K: stale
+    # every configuration, timed on the kernel before its alignment hints (no revision): stale
+    assert not G._tried_current({"tried": now}, 16)
+    assert not G._tried_current({"tried": now, "revision": G.REVISION - 1}, 16)
 
 
 @pytest.mark.gpu

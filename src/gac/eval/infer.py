@@ -703,20 +703,23 @@ def sweep_model(
         out["kernels"] = {}
         with torch.no_grad():
             try:
-                b, s = grid_p[0]
-                ids = torch.randint(0, _vocab(model), (b, s)).to(dev)
-                out["kernels"]["prefill"] = {
-                    "batch": b,
-                    "seq": s,
-                    **kernel_summary(
-                        lambda: (forward or model)(input_ids=ids, use_cache=False, logits_to_keep=1), dev
-                    ),
-                }
-                b, k = grid_d[0]
-                step = DecodeStep(model, b, k, graphs=False, forward=forward)
-                step.set_position(k // 2)
-                out["kernels"]["decode"] = {"batch": b, "kv": k, **kernel_summary(step, dev)}
-                step.close()
+                for b, s in grid_p[:1]:  # a grid may be decode only, or prefill only
+                    ids = torch.randint(0, _vocab(model), (b, s)).to(dev)
+                    out["kernels"]["prefill"] = {
+                        "batch": b,
+                        "seq": s,
+                        **kernel_summary(
+                            lambda ids=ids: (forward or model)(
+                                input_ids=ids, use_cache=False, logits_to_keep=1
+                            ),
+                            dev,
+                        ),
+                    }
+                for b, k in grid_d[:1]:
+                    step = DecodeStep(model, b, k, graphs=False, forward=forward)
+                    step.set_position(k // 2)
+                    out["kernels"]["decode"] = {"batch": b, "kv": k, **kernel_summary(step, dev)}
+                    step.close()
             except Exception as e:  # noqa: BLE001 - kernel names are a nice-to-have; record why not
                 if not _is_oom(e):
                     raise
