@@ -37,6 +37,11 @@ WIDE = {
           (64, 64, 4, 3, 2), (64, 64, 4, 3, 4), (64, 64, 8, 3, 8), (128, 64, 8, 3, 2), (128, 64, 8, 3, 4),
           (64, 128, 8, 3, 4)],
 }  # fmt: skip
+#: ``--swap``: at 2..16 rows, the weight tile as tl.dot's left operand (``wgmma m64n16`` on sm_90 instead of
+#: ``mma.sync m16n8``), ``(BLOCK_N, BLOCK_K, warps, stages, SPLIT, 1)``
+SWAP16 = [(64, 64, 4, 4, 1, 1), (64, 64, 4, 4, 2, 1), (64, 64, 4, 4, 4, 1), (64, 128, 4, 3, 1, 1),
+          (64, 128, 4, 3, 2, 1), (64, 128, 4, 3, 4, 1), (64, 128, 4, 4, 4, 1), (128, 64, 4, 4, 1, 1),
+          (128, 64, 4, 4, 2, 1), (64, 256, 4, 2, 4, 1), (128, 128, 8, 3, 4, 1)]  # fmt: skip
 
 
 def main() -> int:
@@ -53,8 +58,11 @@ def main() -> int:
         action="store_true",
         help="the kernel before revision 2: K and the strides passed undivided (gemv._align -> 1)",
     )
+    ap.add_argument("--swap", action="store_true", help="also the SWAP16 configurations at 16 rows")
     a = ap.parse_args()
     from gac.kernels import gemv as G
+
+    wide = {**WIDE, 16: WIDE[16] + (SWAP16 if a.swap else [])}
 
     if a.no_align_hint:
         G._align = lambda *values: 1
@@ -77,12 +85,12 @@ def main() -> int:
             out["stopped"] = f"budget reached before shape {n}x{k}"
             break
         for rows in map(int, a.rows.split(",")):
-            rec = G.measure_shape(n, k, rows, torch.bfloat16, dev, configs=WIDE[rows])
+            rec = G.measure_shape(n, k, rows, torch.bfloat16, dev, configs=wide[rows])
             out["records"].append(rec)
             print(rows, f"{n}x{k}", round(rec["cublas_us"], 2), rec.get("config"), round(rec.get("triton_us", -1), 2),
                   flush=True)  # fmt: skip
     summary = {}
-    for rows in WIDE:
+    for rows in wide:
         recs = [r for r in out["records"] if r["rows"] == rows]
         if not recs:
             continue

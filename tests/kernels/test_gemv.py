@@ -39,7 +39,9 @@ INTERPRETED = textwrap.dedent(
             b = torch.randn(n, dtype=dt)
             ref = x.double() @ w.double().t() + b.double()
             counters = G.new_counters(n)
-            for cfg in G.CONFIGS[G.row_class(rows)]:
+            # and, at 2..16 rows, the weight tile as tl.dot's left operand (SWAP), split or not
+            swaps = [(32, 128, 4, 4, 2, 1), (64, 64, 4, 3, 1, 1)] if rows > 1 else []
+            for cfg in list(G.CONFIGS[G.row_class(rows)]) + swaps:
                 y = torch.empty(rows, n, dtype=dt)
                 G._launch(x, w, b, y, cfg, counters)
                 err = ((y.double() - ref).norm() / ref.norm()).item()
@@ -57,7 +59,7 @@ INTERPRETED = textwrap.dedent(
         w = torch.randn(40, k) * k ** -0.5
         assert G._align(k, x.stride(0), w.stride(0)) == align
         ref = x.double() @ w.double().t()
-        for cfg in ((16, 256, 4, 3), (32, 128, 4, 4, 2)):
+        for cfg in ((16, 256, 4, 3), (32, 128, 4, 4, 2), (64, 128, 4, 3, 2, 1)):
             y = torch.empty(3, 40)
             G._launch(x, w, None, y, cfg, G.new_counters(40))
             assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-6, (k, cfg)

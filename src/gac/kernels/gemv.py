@@ -111,6 +111,7 @@ if HAVE_TRITON:
         SPLIT: tl.constexpr,
         KA: tl.constexpr,
         NA: tl.constexpr,
+        SWAP: tl.constexpr,
     ):
         # K and the row strides of x and w arrive divided by KA, N and y's row stride by NA (see
         # :func:`_align`): the products tell the compiler they are multiples of KA / NA elements
@@ -129,6 +130,7 @@ if HAVE_TRITON:
         ks = tl.cdiv(tl.cdiv(K, SPLIT), BLOCK_K) * BLOCK_K  # each slice a whole number of tiles
         acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)  # M = 1: reduced once, after the loop
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # SWAP: the weight tile as the left operand
         for k0 in range(0, ks, BLOCK_K):
             offs_k = s * ks + k0 + tl.arange(0, BLOCK_K)
             mask_k = offs_k < K
@@ -144,10 +146,14 @@ if HAVE_TRITON:
             )
             if BLOCK_M == 1:
                 acc2 += x.to(tl.float32) * w.to(tl.float32)
+            elif SWAP:
+                acc_t += tl.dot(w, tl.trans(x))
             else:
                 acc += tl.dot(x, tl.trans(w))
         if BLOCK_M == 1:
             acc = tl.sum(acc2, axis=1)[None, :]
+        elif SWAP:
+            acc = tl.trans(acc_t)
         if SPLIT == 1:
             _gemv_epilogue(acc, b_ptr, y_ptr, offs_m, offs_n, mask_m, mask_n, sym, HAS_BIAS)
         else:
@@ -194,6 +200,10 @@ def _align(*values: int) -> int:
 
 def _split(cfg: tuple[int, ...] | list[int]) -> int:
     return int(cfg[4]) if len(cfg) > 4 else 1
+
+
+def _swap(cfg: tuple[int, ...] | list[int]) -> int:
+    return int(cfg[5]) if len(cfg) > 5 else 0
 
 
 def new_counters(n: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -243,6 +253,7 @@ def _launch(
         SPLIT=split,
         KA=ka,
         NA=na,
+        SWAP=bool(_swap(cfg)) and m > 1,
         num_warps=warps,
         num_stages=stages,
     )
@@ -259,6 +270,7 @@ def gemv_op(
     warps: int,
     stages: int,
     split: int,
+    swap: int,
 ) -> torch.Tensor:
     """``x @ wᵀ (+ b)`` for ``x [M <= 16, K]`` (unit column stride), ``w [N, K]``: one Triton launch.
 
@@ -266,12 +278,12 @@ def gemv_op(
     effect is nil, hence a functional op (as ``gac::lowrank_fused``'s barrier counters).
     """
     y = torch.empty((x.shape[0], w.shape[0]), device=x.device, dtype=x.dtype)
-    _launch(x, w, b, y, (block_n, block_k, warps, stages, split), counters)
+    _launch(x, w, b, y, (block_n, block_k, warps, stages, split, swap), counters)
     return y
 
 
 @gemv_op.register_fake
-def _(x, w, b, counters, block_n, block_k, warps, stages, split):  # noqa: ANN001, ANN202 - shapes only
+def _(x, w, b, counters, block_n, block_k, warps, stages, split, swap):  # noqa: ANN001, ANN202 - shapes only
     return x.new_empty((x.shape[0], w.shape[0]))
 
 
@@ -288,7 +300,7 @@ def _gemv_backward(ctx, gy: torch.Tensor):  # noqa: ANN001, ANN202
     gx = gy @ w if ctx.needs_input_grad[0] else None
     gw = gy.t() @ x if ctx.needs_input_grad[1] else None
     gb = gy.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-    return gx, gw, gb, None, None, None, None, None, None
+    return gx, gw, gb, None, None, None, None, None, None, None
 
 
 gemv_op.register_autograd(_gemv_backward, setup_context=_gemv_setup)
@@ -320,7 +332,13 @@ def gemv(
         )
     cfg = tuple(cfg or next(c for c in CONFIGS[row_class(x2.shape[0])] if _split(c) == 1))
     y = gemv_op(
-        x2 if x2.stride(-1) == 1 else x2.contiguous(), w.contiguous(), b, counters, *cfg[:4], _split(cfg)
+        x2 if x2.stride(-1) == 1 else x2.contiguous(),
+        w.contiguous(),
+        b,
+        counters,
+        *cfg[:4],
+        _split(cfg),
+        _swap(cfg),
     )
     return y.reshape(*lead, w.shape[0])
 
