@@ -81,7 +81,7 @@ INTERPRETED = textwrap.dedent(
     with torch.no_grad():
         want = blk(x)
         fuse_projections_(blk)
-        split = [c for c in G.CONFIGS[16] if len(c) > 4][0]  # split-K at 2..16 rows: counters per module
+        split = [c for c in G.CONFIGS[16] if G._split(c) > 1][0]  # split-K at 2..16 rows: counters per module
         table = {1: list(G.CONFIGS[1][1]), 16: list(split)}
         n = 0
         for m in blk.modules():
@@ -150,12 +150,12 @@ def test_row_classes_and_split_k_needs_counters():
     for bad in (0, 17):
         with pytest.raises(ValueError, match="1 to 16 rows"):
             G.row_class(bad)
-    x, w = torch.randn(4, 32), torch.randn(40, 32)
-    split = next(c for c in G.CONFIGS[16] if len(c) > 4)
+    x, w = torch.randn(4, 32), torch.randn(200, 32)  # 200 rows: at least 2 blocks of any tile
+    split = next(c for c in G.CONFIGS[16] if G._split(c) > 1)
     with pytest.raises(ValueError, match="zeroed counters"):
-        G._launch(x, w, None, torch.empty(4, 40), split)
+        G._launch(x, w, None, torch.empty(4, 200), split)
     with pytest.raises(ValueError, match="zeroed counters"):  # too few tickets for the blocks
-        G._launch(x, w, None, torch.empty(4, 40), split, torch.zeros(1, dtype=torch.int32))
+        G._launch(x, w, None, torch.empty(4, 200), split, torch.zeros(1, dtype=torch.int32))
     assert all(c in G.CONFIGS for c in G.ROW_CLASSES)
     # one ticket per block of the smallest tile any configuration uses
     assert G.new_counters(1000).numel() == -(-1000 // min(c[0] for cs in G.CONFIGS.values() for c in cs))
@@ -295,7 +295,7 @@ def test_split_k_gemv_compiled_and_captured_matches_and_leaves_tickets_zeroed(tm
         .half()
         .eval()
     )
-    split = next(c for c in G.CONFIGS[16] if len(c) > 4)
+    split = next(c for c in G.CONFIGS[16] if G._split(c) > 1)
     for lin in m:  # force the split-K path whatever this GPU's dispatch would choose
         lin.__class__ = G.GemvLinear
         lin.gemv_table = {16: list(split)}

@@ -26,6 +26,13 @@ the two decode row classes are dispatched.  In whole compiled steps (``speed-gem
 Qwen2.5-7B-shape decode 7.4% faster at B1 and cost dense Llama-3-8B 0.7% there: a cuBLAS GEMV that
 follows the Triton ones ran slower in the step, which the isolated timing cannot see.
 
+Revision 2 (``benchmarks/results/h200/speed-align/``): Triton proves a runtime integer a multiple of 16
+or of nothing, so a ``K`` of 8 mod 16 (gac's multiples of 8: 1736, 2872, 1512) compiled to scalar 2-byte
+loads of the weight, not pipelined.  K, N and the row strides now arrive divided by their alignment
+(:func:`_align`).  Same machine, 38 shapes measured both ways: the 7 with such a K ran 5-14% faster at one
+row and 8-47% at 16 rows (``18944 x 1512``: 41.2 → 21.7 µs), the other 31 within -2.3/+2.4%.  The
+``SWAP`` configurations (see :data:`CONFIGS`) came with the same sweep.
+
 Dispatch (:func:`use_triton_gemv_`): for every linear layer of a model on CUDA (dense, each
 factor of a factorized layer, each fused first stage) and each row class (``M = 1`` and
 ``2..16``), a few tile configurations and cuBLAS are timed alone, 64 calls to a CUDA graph over
@@ -62,15 +69,20 @@ MAX_ROWS = 16
 #: larger decode batches keep cuBLAS.
 ROW_CLASSES = (1, 16)
 #: tile configurations tried per shape and row class: ``(BLOCK_N, BLOCK_K, num_warps, num_stages[,
-#: SPLIT])``.  ``M = 1`` multiplies and sums (an elementwise fp32 accumulator, reduced once after the
-#: loop), ``M > 1`` uses ``tl.dot`` on a 16-row tile.  ``SPLIT`` (default 1) cuts K into that many
-#: slices, each its own program (see the kernel).  Chosen from a sweep of 15 (M = 1) and 14 (M = 16)
-#: configurations over 49 shapes of the speed grid's models (``gemv-splitk/sweep.json``): these are
-#: the greedy picks that bring the mean of (best chosen / best of all) to within 0.01%.
+#: SPLIT[, SWAP]])``.  ``M = 1`` multiplies and sums (an elementwise fp32 accumulator, reduced once after
+#: the loop), ``M > 1`` uses ``tl.dot`` on a 16-row tile.  ``SPLIT`` (default 1) cuts K into that many
+#: slices, each its own program (see the kernel).  ``SWAP`` (default 0) puts the weight tile on
+#: ``tl.dot``'s left, ``[BLOCK_N, BLOCK_K] @ [BLOCK_K, 16]``: on sm_90 a ``wgmma m64n16k16`` reading both
+#: tiles from shared memory instead of ``mma.sync m16n8k16`` from registers.  The M = 1 list is the greedy
+#: pick from a sweep of 15 configurations over 49 shapes of the speed grid's models
+#: (``gemv-splitk/sweep.json``, again optimal after revision 2: ``speed-align/sweep_after.json``); the
+#: M = 16 list from 25 configurations (14 plain, 11 SWAP) over 98 shapes after revision 2
+#: (``speed-align/sweep_swap.json``): these seven bring the mean of (chosen / best of all, cuBLAS
+#: included) to 1.0005, where the seven plain ones before held 1.0054.
 CONFIGS = {
     1: ((4, 512, 4, 3), (8, 512, 4, 3), (8, 512, 4, 3, 4), (8, 512, 4, 3, 2), (4, 512, 4, 3, 2)),
-    16: ((32, 128, 4, 4, 4), (16, 256, 4, 3), (64, 128, 4, 3), (32, 128, 4, 4, 2), (16, 128, 4, 4),
-         (64, 128, 4, 3, 4), (32, 256, 4, 3, 4)),
+    16: ((64, 128, 4, 4, 4, 1), (16, 256, 4, 3), (64, 128, 4, 3, 1, 1), (32, 128, 4, 4, 4),
+         (64, 128, 4, 3, 4, 1), (16, 128, 4, 4), (32, 128, 4, 4, 2)),
 }  # fmt: skip
 #: the kernel's revision, recorded with each dispatch measurement: a record of another revision was
 #: timed on other code and is measured again.  2: K, N and the row strides carry their alignment
@@ -315,9 +327,9 @@ def gemv(
 ) -> torch.Tensor:
     """``F.linear(x, w, b)`` through the Triton GEMV for inputs of at most 16 token rows.
 
-    ``cfg``: ``(BLOCK_N, BLOCK_K, num_warps, num_stages[, SPLIT])``; a split-K configuration needs
-    ``counters`` (:func:`new_counters`, one set per weight: two launches in flight at once must not
-    share them).
+    ``cfg``: ``(BLOCK_N, BLOCK_K, num_warps, num_stages[, SPLIT[, SWAP]])`` (:data:`CONFIGS`); a
+    split-K configuration needs ``counters`` (:func:`new_counters`, one set per weight: two launches in
+    flight at once must not share them).
 
     Raises:
         ValueError: no Triton, more than 16 rows, shapes that disagree, or a split without counters.
