@@ -1,7 +1,8 @@
 """Same-machine A/B of one default-path kernel switch on a recorded cell's model.
 
 ``--switch branches`` (the default): the parallel second stages (gac.kernels.branches); ``--switch
-gemv``: the Triton GEMV (gac.kernels.gemv).  The cell's structure (its spec and kept dims,
+gemv``: the Triton GEMV (gac.kernels.gemv); ``--switch swap``: the GEMV's SWAP configurations at 16 rows
+(off: each shape takes its best plain configuration from the same dispatch record, or cuBLAS).  The cell's structure (its spec and kept dims,
 ``gac.hardware.latency.skeleton``) is built on the GPU with random weights; the sweep of
 ``gac.eval.infer`` times a few points with the switch on and off, alternating (on, off, on, off), CUDA
 graphs, and eager or compiled steps (``--compile``).
@@ -41,7 +42,7 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--switch", choices=("branches", "gemv"), default="branches")
+    ap.add_argument("--switch", choices=("branches", "gemv", "swap"), default="branches")
     ap.add_argument("--prefill-seqs", default="128,512", help="B1 prompt lengths ('' for none)")
     ap.add_argument("--decode-batches", default="16,64")
     ap.add_argument("--kv", default="512")
@@ -50,7 +51,25 @@ def main() -> int:
     from gac.kernels import branches, gemv
 
     ints = lambda s: tuple(int(v) for v in s.split(",") if v)  # noqa: E731
-    undo = {"branches": branches.undo_branches_, "gemv": gemv.undo_triton_gemv_}[a.switch]
+    undo = {
+        "branches": branches.undo_branches_,
+        "gemv": gemv.undo_triton_gemv_,
+        "swap": gemv.undo_triton_gemv_,
+    }[a.switch]
+    decisions = gemv.decisions
+
+    def without_swap(shapes, dtype, device):  # noqa: ANN001, ANN202
+        # the dispatch as it would be without CONFIGS' SWAP members: from each 16-row record, the best
+        # plain configuration if it beat cuBLAS by the dispatch's margin (0.97), else cuBLAS
+        recs, out = gemv.measured(dtype, device), {}
+        for (n, k), row in decisions(shapes, dtype, device).items():
+            row = dict(row)
+            if row.get(16) is not None and gemv._swap(row[16]):
+                rec = recs[f"{n}x{k}@16"]
+                plain = [(t, c) for c, t in rec["tried"] if t is not None and not gemv._swap(c)]
+                row[16] = min(plain)[1] if plain and min(plain)[0] < 0.97 * rec["cublas_us"] else None
+            out[(n, k)] = row
+        return out
 
     from gac.hardware.timing import environment
 
@@ -69,6 +88,8 @@ def main() -> int:
         for rnd in range(a.rounds):
             for on in (True, False):
                 undo(model)
+                if a.switch == "swap":  # the GEMV stays on in both arms; its 16-row table changes
+                    gemv.decisions = decisions if on else without_swap
                 cfg = SweepConfig(
                     prefill_batches=(1,) if ints(a.prefill_seqs) else (),
                     prefill_seqs=ints(a.prefill_seqs),
@@ -79,7 +100,7 @@ def main() -> int:
                     profile_kernels=False,
                     decode_reps=50,
                     prefill_reps=20,
-                    **{a.switch: on},
+                    **({} if a.switch == "swap" else {a.switch: on}),
                 )
                 t0 = time.time()
                 r = sweep_model(model, cfg, None, label=f"{a.switch}={on}")
@@ -87,7 +108,7 @@ def main() -> int:
                     {
                         "round": rnd,
                         a.switch: on,
-                        "info": r.get(a.switch),
+                        "info": r.get("gemv" if a.switch == "swap" else a.switch),
                         "s": time.time() - t0,
                         "points": [
                             {
