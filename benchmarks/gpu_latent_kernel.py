@@ -9,6 +9,7 @@ at ranks 256 (aligned) and 251 (misaligned) per group for every launch configura
 time relative to dense over all points; print it as ``GAC_LATENT_LAUNCH``.
 
 Run: ``PYTHONPATH=src python3 benchmarks/gpu_latent_kernel.py --out benchmarks/results/<gpu>/latent_kernel.json``
+(``--configs chosen --no-align-hint``: the launch in use, with the kernel as before its alignment hints).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 from gac.hardware.timing import environment
-from gac.kernels.latent_attention import LAUNCH, latent_decode_attention
+from gac.kernels.latent_attention import LAUNCH, latent_align, latent_decode_attention
 
 
 def main() -> int:
@@ -32,13 +33,30 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--points", default="1x32768,16x32768")
     ap.add_argument("--ranks", default="256,251")
+    ap.add_argument("--configs", choices=("all", "chosen"), default="all", help="chosen: LAUNCH only")
+    ap.add_argument(
+        "--no-align-hint",
+        action="store_true",
+        help="the kernel as before its alignment hints (latent_align -> 1: scalar latent loads)",
+    )
     args = ap.parse_args()
+    if args.no_align_hint:
+        import gac.kernels.latent_attention as kl
+
+        kl.latent_align = lambda *values: 1
     dev = torch.device("cuda")
     dt = torch.bfloat16
     h, kvh, hd, groups = 32, 8, 128, 2
     inv = 1.0 / (500000.0 ** (torch.arange(0, hd, 2, device=dev).float() / hd))
     configs = list(itertools.product((32, 64, 128), (32, 64), (4, 8), (2,)))
-    res = {"command": " ".join([sys.executable, *sys.argv]), "env": environment(dev, dt), "points": []}
+    if args.configs == "chosen":
+        configs = [tuple(LAUNCH[k] for k in ("block_t", "block_r", "num_warps", "num_stages"))]
+    res = {
+        "command": " ".join([sys.executable, *sys.argv]),
+        "env": environment(dev, dt),
+        "align_hint": not args.no_align_hint,
+        "points": [],
+    }
     votes: dict[tuple, float] = {}
     for pt in args.points.split(","):
         b, t = (int(x) for x in pt.split("x"))
@@ -60,6 +78,7 @@ def main() -> int:
                 "kr": torch.tensor([r] * 8, dtype=torch.int32, device=dev),
                 "rk_max": -(-r // 32) * 32,
                 "kv_heads": kvh,
+                "align": latent_align(0, r, r),
                 "v_offsets": [0, r],
                 "v_ranks": [r, r],
             }

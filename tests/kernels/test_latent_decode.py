@@ -23,9 +23,11 @@ if DEV == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
 
 
 @pytest.mark.parametrize(
-    ("group_size", "ratio", "fold"), [(2, 0.45, True), (2, 0.45, False), (1, 0.7, False), (4, 0.3, True)]
-)
-def test_kernel_matches_reference(group_size, ratio, fold):
+    ("group_size", "ratio", "fold", "align"),
+    [(2, 0.45, True, "none"), (2, 0.45, False, "none"), (1, 0.7, False, "none"), (4, 0.3, True, "none"),
+     (2, 0.45, True, "round")],
+)  # fmt: skip
+def test_kernel_matches_reference(group_size, ratio, fold, align):
     from transformers import StaticCache
 
     base = tiny_model("llama", hidden=128, layers=1, heads=8, kv_heads=4, head_dim=64)
@@ -33,9 +35,7 @@ def test_kernel_matches_reference(group_size, ratio, fold):
     batches = [torch.randint(3, 240, (2, 32), generator=g) for _ in range(4)]
     p = plan(
         copy.deepcopy(base),
-        CompressConfig(
-            compressor="palu", param_ratio=ratio, align="none", options={"group_size": group_size}
-        ),
+        CompressConfig(compressor="palu", param_ratio=ratio, align=align, options={"group_size": group_size}),
         calib_batches=batches,
     )
     m = copy.deepcopy(base)
@@ -44,7 +44,18 @@ def test_kernel_matches_reference(group_size, ratio, fold):
     m = m.to(DEV)
     attn = m.model.layers[0].self_attn
     assert attn.folded == fold
-    assert any(r % 16 for r in attn.k_proj.ranks + attn.v_proj.ranks)  # odd ranks exercised
+    from gac.kernels.latent_attention import latent_align
+
+    ranks = attn.k_proj.ranks + attn.v_proj.ranks
+    if align == "none":
+        assert any(r % 16 for r in ranks)  # odd ranks exercised
+    # the kernel takes the key latents' strides, offsets and ranks as multiples of their alignment
+    koff, kr = attn.k_proj.offsets(), attn.k_proj.ranks
+    assert (
+        attn.decode_pack()["align"]
+        == latent_align(*koff, *kr)
+        in ((8,) if align == "round" else (1, 2, 4, 8))
+    )
     b, t0 = 2, 45
     cache = StaticCache(config=m.config, max_cache_len=70)
     ids = torch.randint(3, 240, (b, t0 + 1), generator=g).to(DEV)

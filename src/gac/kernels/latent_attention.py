@@ -47,10 +47,10 @@ if HAVE_TRITON:
         s_ptr,  # [B, H, T] fp32 scores (scaled; -inf past the valid tokens)
         sqb,
         sqh,
-        szkb,
-        szkt,
-        suh,
-        sud,
+        szkb_,
+        szkt_,
+        suh_,
+        sud_,
         ssb,
         ssh,
         T,
@@ -63,14 +63,22 @@ if HAVE_TRITON:
         BLOCK_T: tl.constexpr,
         BLOCK_R: tl.constexpr,
         BLOCK_Q: tl.constexpr,
+        RA: tl.constexpr,
     ):
+        # the latent and up-projection strides arrive divided by RA, and every group's latent offset and
+        # rank is a multiple of RA (:func:`latent_align`): multiplied back, the compiler can prove the
+        # latent rows 16-byte aligned and load them as vectors (otherwise one 2-byte load per element)
+        szkb = szkb_ * RA
+        szkt = szkt_ * RA
+        suh = suh_ * RA
+        sud = sud_ * RA
         pid = tl.program_id(0)
         tb = tl.program_id(1)
         b = pid // KVH
         h = pid % KVH
         n_valid = tl.load(len_ptr).to(tl.int32)
-        koff = tl.load(koff_ptr + h)
-        kr = tl.load(kr_ptr + h)
+        koff = tl.load(koff_ptr + h) // RA * RA
+        kr = tl.load(kr_ptr + h) // RA * RA
         dt = q_ptr.dtype.element_ty
         offs_q = tl.arange(0, BLOCK_Q)
         offs_d = tl.arange(0, HALF)
@@ -105,6 +113,18 @@ if HAVE_TRITON:
         sc = tl.where(tmask[:, None], sc * scale, float("-inf"))
         ptrs = s_ptr + b * ssb + (h * NREP + offs_q)[None, :] * ssh + offs_t[:, None]
         tl.store(ptrs, sc, mask=(offs_t < T)[:, None] & qmask[None, :])
+
+
+def latent_align(*values: int) -> int:
+    """The largest of 8, 4, 2, 1 dividing every value (the groups' latent offsets and ranks, strides).
+
+    >>> latent_align(0, 256, 256, 256), latent_align(0, 251, 251), latent_align(0, 244, 244)
+    (8, 1, 4)
+    """
+    a = 8
+    while a > 1 and any(int(v) % a for v in values):
+        a //= 2
+    return a
 
 
 def _pow2(n: int, lo: int = 16) -> int:
@@ -152,6 +172,7 @@ def latent_decode_attention(
         float(rope_scale),
         int(pack["rk_max"]),
         int(pack["kv_heads"]),
+        int(pack.get("align", 1)),
     )
     p = torch.softmax(scores, dim=-1).to(zv.dtype)  # [B, H, T]
     outs = []
@@ -174,12 +195,13 @@ def _latent_scores_op(
     rope_scale: float,
     rk_max: int,
     kv_heads: int,
+    align: int,
 ) -> torch.Tensor:
-    return _launch(q, zk, uk, koff, kr, inv_freq, cache_len, scale, rope_scale, rk_max, kv_heads)
+    return _launch(q, zk, uk, koff, kr, inv_freq, cache_len, scale, rope_scale, rk_max, kv_heads, align)
 
 
 @_latent_scores_op.register_fake
-def _(q, zk, uk, koff, kr, inv_freq, cache_len, scale, rope_scale, rk_max, kv_heads):
+def _(q, zk, uk, koff, kr, inv_freq, cache_len, scale, rope_scale, rk_max, kv_heads, align):
     b, h, _ = q.shape
     return q.new_empty(b, h, zk.shape[1], dtype=torch.float32)
 
@@ -192,7 +214,7 @@ if os.environ.get("GAC_LATENT_LAUNCH"):
 
 
 def _launch(
-    q, zk, uk, koff, kr, inv_freq, cache_len, scale, rope_scale, rk_max, kvh,
+    q, zk, uk, koff, kr, inv_freq, cache_len, scale, rope_scale, rk_max, kvh, align=1,
     block_t: int | None = None,
     block_r: int | None = None,
     num_warps: int | None = None,
@@ -205,6 +227,8 @@ def _launch(
     b, h, hd = q.shape
     t = zk.shape[1]
     scores = torch.empty(b, h, t, device=q.device, dtype=torch.float32)
+    # ``align`` divides every group's latent offset and rank (the pack's, from the host)
+    ra = latent_align(align, zk.stride(0), zk.stride(1), uk.stride(0), uk.stride(1))
     _latent_scores_kernel[(b * kvh, triton.cdiv(t, block_t))](
         q,
         zk,
@@ -216,10 +240,10 @@ def _launch(
         scores,
         q.stride(0),
         q.stride(1),
-        zk.stride(0),
-        zk.stride(1),
-        uk.stride(0),
-        uk.stride(1),
+        zk.stride(0) // ra,
+        zk.stride(1) // ra,
+        uk.stride(0) // ra,
+        uk.stride(1) // ra,
         scores.stride(0),
         scores.stride(1),
         t,
@@ -232,6 +256,7 @@ def _launch(
         BLOCK_T=block_t,
         BLOCK_R=block_r,
         BLOCK_Q=16,
+        RA=ra,
         num_warps=num_warps,
         num_stages=num_stages,
     )

@@ -269,6 +269,8 @@ class LatentAttention(nn.Module):
         key = (ups_k[0].weight.device, ups_k[0].weight.dtype, tuple(u.weight.data_ptr() for u in ups_k))
         if self.__dict__.get("_pack_key") == key:
             return self.__dict__["_pack"]
+        from gac.kernels.latent_attention import latent_align
+
         hd, gk = self.head_dim, self.group_kv
         rk, rv = self.k_proj.ranks, self.v_proj.ranks
         w = ups_k[0].weight
@@ -293,6 +295,7 @@ class LatentAttention(nn.Module):
             "kr": torch.tensor(kr, dtype=torch.int32, device=w.device),
             "rk_max": rk_max,
             "kv_heads": self.kv_heads,
+            "align": latent_align(*koff, *kr),
             "v_offsets": self.v_proj.offsets(),
             "v_ranks": rv,
             "uv": uv,
