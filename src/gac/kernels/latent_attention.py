@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from gac.kernels.gemv import vector_align
+
 try:  # Triton is optional: only the GPU path needs it.
     import triton
     import triton.language as tl
@@ -115,18 +117,6 @@ if HAVE_TRITON:
         tl.store(ptrs, sc, mask=(offs_t < T)[:, None] & qmask[None, :])
 
 
-def latent_align(*values: int) -> int:
-    """The largest of 8, 4, 2, 1 dividing every value (the groups' latent offsets and ranks, strides).
-
-    >>> latent_align(0, 256, 256, 256), latent_align(0, 251, 251), latent_align(0, 244, 244)
-    (8, 1, 4)
-    """
-    a = 8
-    while a > 1 and any(int(v) % a for v in values):
-        a //= 2
-    return a
-
-
 def _pow2(n: int, lo: int = 16) -> int:
     return max(lo, 1 << (int(n) - 1).bit_length())
 
@@ -205,6 +195,10 @@ def _(q, zk, uk, koff, kr, inv_freq, cache_len, scale, rope_scale, rk_max, kv_he
     b, h, _ = q.shape
     return q.new_empty(b, h, zk.shape[1], dtype=torch.float32)
 
+
+#: the alignment of the key latents' offsets, ranks and strides (what _launch calls;
+#: ``benchmarks/gpu_latent_kernel.py --no-align-hint`` replaces it)
+latent_align = vector_align
 
 #: launch parameters (swept on an H100 with ``benchmarks/gpu_latent_kernel.py``); the environment
 #: variable ``GAC_LATENT_LAUNCH="block_t,block_r,num_warps,num_stages"`` overrides them
