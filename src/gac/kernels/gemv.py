@@ -29,7 +29,7 @@ follows the Triton ones ran slower in the step, which the isolated timing cannot
 Revision 2 (``benchmarks/results/h200/speed-align/``): Triton proves a runtime integer a multiple of 16
 or of nothing, so a ``K`` of 8 mod 16 (gac's multiples of 8: 1736, 2872, 1512) compiled to scalar 2-byte
 loads of the weight, not pipelined.  K, N and the row strides now arrive divided by their alignment
-(:func:`_align`).  Same machine, 38 shapes measured both ways: the 7 with such a K ran 5-14% faster at one
+(:func:`vector_align`).  Same machine, 38 shapes measured both ways: the 7 with such a K ran 5-14% faster at one
 row and 8-47% at 16 rows (``18944 x 1512``: 41.2 → 21.7 µs), the other 31 within -2.3/+2.4%.  The
 ``SWAP`` configurations (see :data:`CONFIGS`) came with the same sweep.
 
@@ -86,7 +86,7 @@ CONFIGS = {
 }  # fmt: skip
 #: the kernel's revision, recorded with each dispatch measurement: a record of another revision was
 #: timed on other code and is measured again.  2: K, N and the row strides carry their alignment
-#: (:func:`_align`).
+#: (:func:`vector_align`).
 REVISION = 2
 _LOCK = threading.Lock()
 
@@ -126,7 +126,7 @@ if HAVE_TRITON:
         SWAP: tl.constexpr,
     ):
         # K and the row strides of x and w arrive divided by KA, N and y's row stride by NA (see
-        # :func:`_align`): the products tell the compiler they are multiples of KA / NA elements
+        # :func:`vector_align`): the products tell the compiler they are multiples of KA / NA elements
         K = k_ * KA
         sxm = sxm_ * KA
         swn = swn_ * KA
