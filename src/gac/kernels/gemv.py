@@ -29,8 +29,8 @@ follows the Triton ones ran slower in the step, which the isolated timing cannot
 Revision 2 (``benchmarks/results/h200/speed-align/``): Triton proves a runtime integer a multiple of 16
 or of nothing, so a ``K`` of 8 mod 16 (gac's multiples of 8: 1736, 2872, 1512) compiled to scalar 2-byte
 loads of the weight, not pipelined.  K, N and the row strides now arrive divided by their alignment
-(:func:`vector_align`).  Same machine, 38 shapes measured both ways: the 7 with such a K ran 5-14% faster at one
-row and 8-47% at 16 rows (``18944 x 1512``: 41.2 → 21.7 µs), the other 31 within -2.3/+2.4%.  The
+(:func:`vector_align`).  Same machine, 38 shapes measured both ways: the 7 with such a K took 5-14% less time at
+one row and 8-47% less at 16 rows (``18944 x 1512``: 41.2 → 21.7 µs), the other 31 within -2.3/+2.4%.  The
 ``SWAP`` configurations (see :data:`CONFIGS`) came with the same sweep.
 
 Dispatch (:func:`use_triton_gemv_`): for every linear layer of a model on CUDA (dense, each
