@@ -68,7 +68,7 @@ def main() -> int:
         G._align = lambda *values: 1
 
     keys = sorted({k.split("@")[0] for k in next(iter(json.loads(TABLE.read_text()).values()))},
-                  key=lambda s: int(s.split("x")[0]) * int(s.split("x")[1]))  # fmt: skip
+                  key=lambda s: (int(s.split("x")[0]) * int(s.split("x")[1]), s))  # fmt: skip - ties by name: every run takes the same shapes
     # every other shape, smallest first (a cut budget keeps the mid-sized ones, where cuBLAS is weakest), the two LM heads left out (cuBLAS streams them at 96-99%)
     shapes = [tuple(map(int, k.split("x"))) for k in keys if int(k.split("x")[0]) < 100_000][:: a.every]
     if a.limit:
