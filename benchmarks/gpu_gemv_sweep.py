@@ -67,8 +67,9 @@ def main() -> int:
     if a.no_align_hint:
         G._align = lambda *values: 1
 
+    # equal sizes ordered by name, so that every run takes the same shapes
     keys = sorted({k.split("@")[0] for k in next(iter(json.loads(TABLE.read_text()).values()))},
-                  key=lambda s: (int(s.split("x")[0]) * int(s.split("x")[1]), s))  # fmt: skip - ties by name: every run takes the same shapes
+                  key=lambda s: (int(s.split("x")[0]) * int(s.split("x")[1]), s))  # fmt: skip
     # every other shape, smallest first (a cut budget keeps the mid-sized ones, where cuBLAS is weakest), the two LM heads left out (cuBLAS streams them at 96-99%)
     shapes = [tuple(map(int, k.split("x"))) for k in keys if int(k.split("x")[0]) < 100_000][:: a.every]
     if a.limit:
