@@ -2,7 +2,9 @@
 
 ``--switch branches`` (the default): the parallel second stages (gac.kernels.branches); ``--switch
 gemv``: the Triton GEMV (gac.kernels.gemv); ``--switch swap``: the GEMV's SWAP configurations at 16 rows
-(off: each shape takes its best plain configuration from the same dispatch record, or cuBLAS).  The cell's structure (its spec and kept dims,
+(off: each shape takes its best plain configuration from the same dispatch record, or cuBLAS); ``--switch
+autotune``: ``torch.compile`` in mode ``max-autotune-no-cudagraphs`` (Inductor times its Triton GEMM templates
+against cuBLAS per shape) against the default mode; it implies ``--compile``.  The cell's structure (its spec and kept dims,
 ``gac.hardware.latency.skeleton``) is built on the GPU with random weights; the sweep of
 ``gac.eval.infer`` times a few points with the switch on and off, alternating (on, off, on, off), CUDA
 graphs, and eager or compiled steps (``--compile``).
@@ -42,7 +44,7 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--switch", choices=("branches", "gemv", "swap"), default="branches")
+    ap.add_argument("--switch", choices=("branches", "gemv", "swap", "autotune"), default="branches")
     ap.add_argument("--prefill-seqs", default="128,512", help="B1 prompt lengths ('' for none)")
     ap.add_argument("--decode-batches", default="16,64")
     ap.add_argument("--kv", default="512")
@@ -55,6 +57,7 @@ def main() -> int:
         "branches": branches.undo_branches_,
         "gemv": gemv.undo_triton_gemv_,
         "swap": gemv.undo_triton_gemv_,
+        "autotune": gemv.undo_triton_gemv_,
     }[a.switch]
     decisions = gemv.decisions
 
@@ -95,12 +98,18 @@ def main() -> int:
                     prefill_seqs=ints(a.prefill_seqs),
                     decode_batches=ints(a.decode_batches),
                     decode_kv=ints(a.kv),
-                    compile=a.compile,
+                    compile=a.compile or a.switch == "autotune",
                     graphs=True,
                     profile_kernels=False,
                     decode_reps=50,
                     prefill_reps=20,
-                    **({} if a.switch == "swap" else {a.switch: on}),
+                    **(
+                        {"compile_mode": "max-autotune-no-cudagraphs" if on else None}
+                        if a.switch == "autotune"
+                        else {}
+                        if a.switch == "swap"
+                        else {a.switch: on}
+                    ),
                 )
                 t0 = time.time()
                 r = sweep_model(model, cfg, None, label=f"{a.switch}={on}")
@@ -108,7 +117,7 @@ def main() -> int:
                     {
                         "round": rnd,
                         a.switch: on,
-                        "info": r.get("gemv" if a.switch == "swap" else a.switch),
+                        "info": r.get({"swap": "gemv", "autotune": "compile_mode"}.get(a.switch, a.switch)),
                         "s": time.time() - t0,
                         "points": [
                             {
@@ -122,6 +131,7 @@ def main() -> int:
                                     "q25_ms",
                                     "q75_ms",
                                     "status",
+                                    "setup_s",
                                 )
                             }
                             for p in r["prefill"] + r["decode"]

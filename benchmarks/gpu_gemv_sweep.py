@@ -42,6 +42,10 @@ WIDE = {
 SWAP16 = [(64, 64, 4, 4, 1, 1), (64, 64, 4, 4, 2, 1), (64, 64, 4, 4, 4, 1), (64, 128, 4, 3, 1, 1),
           (64, 128, 4, 3, 2, 1), (64, 128, 4, 3, 4, 1), (64, 128, 4, 4, 4, 1), (128, 64, 4, 4, 1, 1),
           (128, 64, 4, 4, 2, 1), (64, 256, 4, 2, 4, 1), (128, 128, 8, 3, 4, 1)]  # fmt: skip
+#: ``--swap`` at 64 and 128 rows (``wgmma m64n64`` / ``m64n128``): the same layout, K tiles of 64-128
+SWAP64 = [(64, 64, 4, 4, 1, 1), (64, 128, 4, 3, 1, 1), (64, 64, 4, 4, 2, 1), (64, 128, 4, 3, 2, 1),
+          (64, 128, 4, 3, 4, 1), (128, 64, 4, 4, 1, 1), (128, 64, 8, 4, 2, 1), (128, 128, 8, 3, 1, 1),
+          (64, 64, 4, 5, 4, 1)]  # fmt: skip
 
 
 def main() -> int:
@@ -58,11 +62,15 @@ def main() -> int:
         action="store_true",
         help="the kernel before revision 2: K and the strides passed undivided (gemv._align -> 1)",
     )
-    ap.add_argument("--swap", action="store_true", help="also the SWAP16 configurations at 16 rows")
+    ap.add_argument(
+        "--swap",
+        action="store_true",
+        help="also the SWAP configurations (SWAP16 at 16 rows, SWAP64 at 64 and 128)",
+    )
     a = ap.parse_args()
     from gac.kernels import gemv as G
 
-    wide = {**WIDE, 16: WIDE[16] + (SWAP16 if a.swap else [])}
+    wide = {r: WIDE[r] + ({16: SWAP16}.get(r, SWAP64) if a.swap else []) for r in WIDE}
 
     if a.no_align_hint:
         G._align = lambda *values: 1
