@@ -27,25 +27,37 @@ from torch import nn
 
 NAME = "gac_sdpa"
 #: how a grouped single-token query attends: ``"sdpa"`` (SDPA on the grouped query), ``"matmul"``
-#: (two batched GEMMs and a float32 softmax, as transformers' eager attention computes it) or
-#: ``"auto"`` (:func:`decode_mode`).
+#: (two batched GEMMs and a float32 softmax, as transformers' eager attention computes it),
+#: ``"stock"`` (transformers' own ``sdpa``: the cache expanded to the query heads) or ``"auto"``
+#: (:func:`decode_mode`).
 DECODE_MODE = "auto"
 
 
 def decode_mode(batch: int, kv_heads: int, kv_len: int) -> str:
-    """The decode attention :data:`DECODE_MODE` ``"auto"`` picks for one step."""
+    """The decode attention :data:`DECODE_MODE` ``"auto"`` picks for one step.
+
+    >>> decode_mode(1, 8, 512), decode_mode(1, 8, 32768), decode_mode(16, 8, 8192), decode_mode(16, 4, 32768)
+    ('matmul', 'matmul', 'sdpa', 'matmul')
+    """
     if DECODE_MODE != "auto":
         return DECODE_MODE
     # SDPA's fused kernels run one CTA per (batch, KV head, query block): a grouped single-token
     # query at batch 1 is 8 CTAs on a 132-SM GPU (80 µs per layer at KV 4096 on an H200).  Two
-    # batched GEMMs were faster at every point measured (Llama-3-8B shape, H200: B 1-64 x KV
-    # 512-4096, dense decode steps 2-28% shorter, ``benchmarks/results/h200/issue9/diag.json``); longer
-    # caches were not measured and keep SDPA (whose split-KV kernels are made for them).
-    return "matmul" if kv_len <= MATMUL_MAX_KV else "sdpa"
+    # batched GEMMs were faster at every point measured up to KV 4096 (Llama-3-8B shape, H200: B 1-64,
+    # dense decode steps 2-28% shorter, ``benchmarks/results/h200/issue9/diag.json``) and, past it,
+    # wherever the grouped query gives SDPA fewer CTAs than the GPU has SMs (H100, whole compiled
+    # steps, ``benchmarks/results/h100/decode-attention/``: B1 x KV 32768 2.38 ms against 6.75, B4 x
+    # KV 32768 3.61 against 6.75); at B16 x 8 KV heads SDPA tied at KV 8192 and won by 4% at 32768.
+    if kv_len <= MATMUL_MAX_KV or batch * kv_heads < SDPA_MIN_CTAS:
+        return "matmul"
+    return "sdpa"
 
 
-#: longest cache the ``"auto"`` decode mode attends with two batched GEMMs (the measured range).
+#: up to this cache length the ``"auto"`` decode mode always attends with two batched GEMMs.
 MATMUL_MAX_KV = 4096
+#: past :data:`MATMUL_MAX_KV`, SDPA on the grouped query needs this many (batch x KV head) CTAs to
+#: beat the two GEMMs (measured at 32 and 128 on an H100: ``benchmarks/results/h100/decode-attention/``).
+SDPA_MIN_CTAS = 128
 
 
 def gqa_sdpa_attention_forward(
@@ -74,7 +86,8 @@ def gqa_sdpa_attention_forward(
         or kwargs.get("softcap") is not None
         or dropout != 0.0
     )
-    if plain:
+    mode = "stock" if plain else decode_mode(b, key.shape[1], key.shape[2])
+    if mode == "stock":
         return sdpa_attention_forward(
             module,
             query,
@@ -87,7 +100,7 @@ def gqa_sdpa_attention_forward(
             **kwargs,
         )
     q = query.reshape(b, key.shape[1], n_rep, d)
-    if decode_mode(b, key.shape[1], key.shape[2]) == "matmul":
+    if mode == "matmul":
         s = torch.matmul(q, key.transpose(-1, -2)) * (scaling if scaling is not None else d**-0.5)
         if attention_mask is not None:
             if attention_mask.dtype == torch.bool:
