@@ -36,28 +36,29 @@ DECODE_MODE = "auto"
 def decode_mode(batch: int, kv_heads: int, kv_len: int) -> str:
     """The decode attention :data:`DECODE_MODE` ``"auto"`` picks for one step.
 
-    >>> decode_mode(1, 8, 512), decode_mode(1, 8, 32768), decode_mode(16, 8, 8192), decode_mode(16, 4, 32768)
-    ('matmul', 'matmul', 'sdpa', 'matmul')
+    >>> decode_mode(1, 8, 512), decode_mode(1, 8, 32768), decode_mode(16, 8, 32768), decode_mode(64, 8, 8192)
+    ('matmul', 'matmul', 'matmul', 'sdpa')
     """
     if DECODE_MODE != "auto":
         return DECODE_MODE
     # SDPA's fused kernels run one CTA per (batch, KV head, query block): a grouped single-token
     # query at batch 1 is 8 CTAs on a 132-SM GPU (80 µs per layer at KV 4096 on an H200).  Two
     # batched GEMMs were faster at every point measured up to KV 4096 (Llama-3-8B shape, H200: B 1-64,
-    # dense decode steps 2-28% shorter, ``benchmarks/results/h200/issue9/diag.json``) and, past it,
-    # wherever the grouped query gives SDPA fewer CTAs than the GPU has SMs (H100, whole compiled
-    # steps, ``benchmarks/results/h100/decode-attention/``: B1 x KV 32768 2.38 ms against 6.75, B4 x
-    # KV 32768 3.61 against 6.75); at B16 x 8 KV heads SDPA tied at KV 8192 and won by 4% at 32768.
-    if kv_len <= MATMUL_MAX_KV or batch * kv_heads < SDPA_MIN_CTAS:
+    # dense decode steps 2-28% shorter, ``benchmarks/results/h200/issue9/diag.json``) and past it, in whole
+    # compiled steps at B 1/4/16 x KV 8192/32768 (8 KV heads): on the H200 at all six points (B1 x KV
+    # 32768: 1.90 against 6.40 ms; B16 x KV 32768: 5.80 against 6.68), on an H100 at four, tied at B16 x
+    # KV 8192 and 4% slower at B16 x KV 32768 (``benchmarks/results/{h200,h100}/decode-attention/``).
+    # More (batch x KV head) pairs than that range are unmeasured past KV 4096 and keep SDPA.
+    if kv_len <= MATMUL_MAX_KV or batch * kv_heads <= MATMUL_MAX_CTAS:
         return "matmul"
     return "sdpa"
 
 
 #: up to this cache length the ``"auto"`` decode mode always attends with two batched GEMMs.
 MATMUL_MAX_KV = 4096
-#: past :data:`MATMUL_MAX_KV`, SDPA on the grouped query needs this many (batch x KV head) CTAs to
-#: beat the two GEMMs (measured at 32 and 128 on an H100: ``benchmarks/results/h100/decode-attention/``).
-SDPA_MIN_CTAS = 128
+#: past :data:`MATMUL_MAX_KV`, the two GEMMs up to this many (batch x KV head) pairs, SDPA's CTAs
+#: (the measured range: B16 x 8 KV heads); more keep SDPA on the grouped query.
+MATMUL_MAX_CTAS = 128
 
 
 def gqa_sdpa_attention_forward(
