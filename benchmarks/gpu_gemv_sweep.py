@@ -70,7 +70,8 @@ def main() -> int:
     a = ap.parse_args()
     from gac.kernels import gemv as G
 
-    wide = {r: WIDE[r] + ({16: SWAP16}.get(r, SWAP64) if a.swap else []) for r in WIDE}
+    swap = {16: SWAP16, 64: SWAP64, 128: SWAP64} if a.swap else {}
+    wide = {r: WIDE[r] + swap.get(r, []) for r in WIDE}
 
     if a.no_align_hint:
         G._align = lambda *values: 1
