@@ -44,7 +44,9 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--switch", choices=("branches", "gemv", "swap", "autotune"), default="branches")
+    ap.add_argument(
+        "--switch", choices=("branches", "gemv", "swap", "autotune", "grouped"), default="branches"
+    )
     ap.add_argument("--prefill-seqs", default="128,512", help="B1 prompt lengths ('' for none)")
     ap.add_argument("--decode-batches", default="16,64")
     ap.add_argument("--kv", default="512")
@@ -58,6 +60,7 @@ def main() -> int:
         "gemv": gemv.undo_triton_gemv_,
         "swap": gemv.undo_triton_gemv_,
         "autotune": gemv.undo_triton_gemv_,
+        "grouped": branches.undo_branches_,
     }[a.switch]
     decisions = gemv.decisions
 
@@ -72,6 +75,21 @@ def main() -> int:
                 plain = [(t, c) for c, t in rec["tried"] if t is not None and not gemv._swap(c)]
                 row[16] = min(plain)[1] if plain and min(plain)[0] < 0.97 * rec["cublas_us"] else None
             out[(n, k)] = row
+        return out
+
+    branch_decisions = branches.decisions
+
+    def streams_only(shapes, dtype, device):  # noqa: ANN001, ANN202
+        # the branch dispatch as it would be without the grouped launch: streams where they beat the
+        # sequential path by the margin (0.97) in the same record, else sequential
+        recs, out = branches.measured(dtype, device), {}
+        for key, row in branch_decisions(shapes, dtype, device).items():
+            row = dict(row)
+            for r, v in row.items():
+                if isinstance(v, list):
+                    rec = recs[f"{key}@{r}"]
+                    row[r] = True if rec["branched_us"] < 0.97 * rec["sequential_us"] else None
+            out[key] = row
         return out
 
     from gac.hardware.timing import environment
@@ -93,6 +111,8 @@ def main() -> int:
                 undo(model)
                 if a.switch == "swap":  # the GEMV stays on in both arms; its 16-row table changes
                     gemv.decisions = decisions if on else without_swap
+                if a.switch == "grouped":  # the branches stay on in both arms; their table changes
+                    branches.decisions = branch_decisions if on else streams_only
                 cfg = SweepConfig(
                     prefill_batches=(1,) if ints(a.prefill_seqs) else (),
                     prefill_seqs=ints(a.prefill_seqs),
@@ -107,7 +127,7 @@ def main() -> int:
                         {"compile_mode": "max-autotune-no-cudagraphs" if on else None}
                         if a.switch == "autotune"
                         else {}
-                        if a.switch == "swap"
+                        if a.switch in ("swap", "grouped")
                         else {a.switch: on}
                     ),
                 )
@@ -117,7 +137,11 @@ def main() -> int:
                     {
                         "round": rnd,
                         a.switch: on,
-                        "info": r.get({"swap": "gemv", "autotune": "compile_mode"}.get(a.switch, a.switch)),
+                        "info": r.get(
+                            {"swap": "gemv", "autotune": "compile_mode", "grouped": "branches"}.get(
+                                a.switch, a.switch
+                            )
+                        ),
                         "s": time.time() - t0,
                         "points": [
                             {

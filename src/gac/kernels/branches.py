@@ -172,14 +172,76 @@ def _backward(ctx, gys: list[torch.Tensor]):  # noqa: ANN001, ANN202
 branch_linears.register_autograd(_backward, setup_context=_setup)
 
 
+@torch.library.custom_op("gac::group_gemv", mutates_args=())
+def group_gemv(
+    t: torch.Tensor,
+    offs: list[int],
+    ws: list[torch.Tensor],
+    bs: list[torch.Tensor],
+    block_n: int,
+    block_k: int,
+    warps: int,
+    stages: int,
+    swap: int,
+) -> list[torch.Tensor]:
+    """What :func:`branch_linears` computes, as one Triton launch (:func:`gac.kernels.gemv.group_launch`).
+
+    Two or three members, ``t`` of at most 16 rows; the arguments are :func:`branch_linears`'s and a
+    configuration of :data:`gac.kernels.gemv.GROUP_CONFIGS`.  Every member is a block-row range of one
+    grid: the k and v second factors (``rank x 1024``) no longer occupy a launch of their own with a
+    few SMs busy, and nothing waits for a side stream.  Members at any offset are read in place (the
+    kernel is told their alignment), so none is copied.
+    """
+    _slices(t, offs, ws)
+    outs = [torch.empty((t.shape[0], w.shape[0]), device=t.device, dtype=t.dtype) for w in ws]
+    _gemv.group_launch(
+        t if t.stride(-1) == 1 else t.contiguous(), list(offs), [w.contiguous() for w in ws],
+        [b if b.numel() else None for b in bs], outs, (block_n, block_k, warps, stages, 1, swap),
+    )  # fmt: skip
+    return outs
+
+
+@group_gemv.register_fake
+def _(t, offs, ws, bs, block_n, block_k, warps, stages, swap):  # noqa: ANN001, ANN202 - shapes only
+    _slices(t, offs, ws)
+    return [t.new_empty((t.shape[0], w.shape[0])) for w in ws]
+
+
+def _group_setup(ctx, inputs, output) -> None:  # noqa: ANN001 - torch.library's signature
+    _setup(ctx, inputs[:4], output)
+
+
+def _group_backward(ctx, gys: list[torch.Tensor]):  # noqa: ANN001, ANN202
+    return (*_backward(ctx, gys), None, None, None, None, None)
+
+
+group_gemv.register_autograd(_group_backward, setup_context=_group_setup)
+
+
+def second_stages(
+    t: torch.Tensor, offs: list[int], ws: list[torch.Tensor], bs: list[torch.Tensor], how: Any
+) -> list[torch.Tensor]:
+    """The members' second factors by the path ``how`` names: True, parallel streams
+    (:func:`branch_linears`); a configuration (list), one grouped launch (:func:`group_gemv`)."""
+    if isinstance(how, (list, tuple)):
+        cfg = [int(c) for c in how]
+        return group_gemv(t, offs, ws, bs, *cfg[:4], _gemv._swap(cfg))
+    return branch_linears(t, offs, ws, bs)
+
+
 def apply_seconds(
-    y: torch.Tensor, splits: list[int], parts: list[torch.Tensor | None], seconds: list[nn.Module | None]
+    y: torch.Tensor,
+    splits: list[int],
+    parts: list[torch.Tensor | None],
+    seconds: list[nn.Module | None],
+    how: Any = True,
 ) -> list[torch.Tensor | None]:
-    """Each factorized member's ``u`` applied to its columns of ``y``, all as one :func:`branch_linears` call.
+    """Each factorized member's ``u`` applied to its columns of ``y``, all in one :func:`second_stages` call.
 
     ``y`` is the fused first stage's output (members' widths ``splits``, in order); ``seconds[i]``
     member ``i``'s ``u``, or None for a dense member, whose slice ``parts[i]`` is its output already
     and is passed through (a factorized member's entry of ``parts`` is replaced, and may be None).
+    ``how``: the group's decision at this row class (:func:`second_stages`).
     """
     idx = [i for i, u in enumerate(seconds) if u is not None]
     offs = [sum(splits[:i]) for i in idx]
@@ -188,19 +250,25 @@ def apply_seconds(
         seconds[i].bias if seconds[i].bias is not None else w.new_empty(0)
         for i, w in zip(idx, ws, strict=True)
     ]  # type: ignore[union-attr]
-    ys = branch_linears(y.reshape(-1, y.shape[-1]), offs, ws, bs)
+    ys = second_stages(y.reshape(-1, y.shape[-1]), offs, ws, bs, how)
     out = list(parts)
     for i, o in zip(idx, ys, strict=True):
         out[i] = o.reshape(*y.shape[:-1], o.shape[-1])
     return out
 
 
-def applies(table: dict[int, Any] | None, x: torch.Tensor) -> bool:
-    """Whether an input ``x`` of a group with decision ``table`` (row class -> use) takes the branches."""
+def decision(table: dict[int, Any] | None, x: torch.Tensor) -> Any:
+    """The path an input ``x`` of a group with decision ``table`` (row class -> path) takes: None
+    (sequential), True (parallel streams) or a grouped launch's configuration."""
     if not table:
-        return False
+        return None
     c = row_class(x.numel() // x.shape[-1] if x.shape[-1] else 0)
-    return c is not None and bool(table.get(c))
+    return table.get(c) or None if c is not None else None
+
+
+def applies(table: dict[int, Any] | None, x: torch.Tensor) -> bool:
+    """Whether an input ``x`` of a group with decision ``table`` takes a parallel path (streams or grouped)."""
+    return decision(table, x) is not None
 
 
 # ------------------------------------------------------------------------------ measuring
@@ -210,18 +278,68 @@ def measure_group(
     k: int, splits: list[int], outs: list[int | None], rows: int, dtype: torch.dtype, device: torch.device,
     margin: float = 0.97,
 ) -> dict[str, Any]:  # fmt: skip
-    """Time one group's shape at ``rows`` rows: sequential second stages against branched ones."""
+    """Time one group's shape at ``rows`` rows: sequential second stages, branched ones, and one grouped
+    launch in each configuration of :data:`gac.kernels.gemv.GROUP_CONFIGS` (each first checked against the
+    float64 reference: a wrong result disqualifies it).  The faster parallel path is used where it beat
+    the sequential one by ``margin``: ``config`` True (streams) or the grouped launch's configuration."""
     from gac.kernels.lowrank_fused import site_setup
 
     s = site_setup(k, splits, outs, rows, dtype, device)
     branched = branched_fn(s, splits, outs)
-    rec: dict[str, Any] = {"k": k, "splits": list(splits), "outs": list(outs), "rows": rows}
+    rec: dict[str, Any] = {"k": k, "splits": list(splits), "outs": list(outs), "rows": rows,
+                           "revision": _gemv.REVISION}  # fmt: skip
     rec["sequential_us"] = _gemv._bench_graph(s.existing)
     rec["branched_us"] = _gemv._bench_graph(branched)
-    rec["use"] = rec["branched_us"] < margin * rec["sequential_us"]
-    rec["config"] = True
+    best: tuple[float, Any] = (rec["branched_us"], True)
+    tried: list[list[Any]] = []
+    for cfg in _gemv.GROUP_CONFIGS[_gemv.row_class(rows)] if _gemv.HAVE_TRITON else ():
+        tried.append([list(cfg), None])
+        grouped = grouped_fn(s, splits, outs, cfg)
+        try:
+            err = _error(grouped(0), s.ref, splits, outs)
+            if not err < 2e-2:
+                rec.setdefault("failed", []).append(f"{list(cfg)}: rel err {err:.2e}")
+                continue
+            us = _gemv._bench_graph(grouped)
+        except Exception as e:  # noqa: BLE001 - a configuration that does not compile/fit is skipped
+            rec.setdefault("failed", []).append(f"{list(cfg)}: {type(e).__name__}: {str(e)[:120]}")
+            continue
+        tried[-1][1] = us
+        if us < best[0]:
+            best = (us, list(cfg))
+    rec["tried"] = tried
+    rec["best_us"] = best[0]
+    rec["use"] = best[0] < margin * rec["sequential_us"]
+    rec["config"] = best[1]
     s.ws.clear()
     return rec
+
+
+def _error(ys: list[torch.Tensor], ref: torch.Tensor, splits: list[int], outs: list[int | None]) -> float:
+    """Relative error of the factorized members' outputs ``ys`` against their columns of ``ref``."""
+    cols, off, got = [], 0, iter(ys)
+    for r, n in zip(splits, outs, strict=True):
+        width = n if n is not None else r
+        if n is not None:
+            cols.append((next(got).double(), ref[:, off : off + width]))
+        off += width
+    num = sum(((y - want) ** 2).sum() for y, want in cols)
+    den = sum((want**2).sum() for _, want in cols)
+    return float((num / den.clamp_min(1e-60)).sqrt())
+
+
+def grouped_fn(s: Any, splits: list[int], outs: list[int | None], cfg: Any) -> Any:
+    """``grouped(i)``: as :func:`branched_fn`, with the second stages as one :func:`group_gemv` launch."""
+    factorized = [j for j, n in enumerate(outs) if n is not None]
+    offs = [int(s.offs[j]) for j in factorized]
+    no_bias = [s.x.new_empty(0)] * len(factorized)
+
+    def grouped(i: int) -> list[torch.Tensor]:
+        v, us = s.ws[i % s.copies]
+        torch.mm(s.x, v.t(), out=s.t)
+        return second_stages(s.t, offs, [us[j] for j in factorized], no_bias, list(cfg))
+
+    return grouped
 
 
 def branched_fn(s: Any, splits: list[int], outs: list[int | None]) -> Any:
@@ -240,18 +358,28 @@ def branched_fn(s: Any, splits: list[int], outs: list[int | None]) -> Any:
     return branched
 
 
+def _fresh(rec: dict[str, Any], rows: int) -> bool:
+    """Whether a cached record timed the grouped launch of this GEMV revision in every configuration
+    :data:`gac.kernels.gemv.GROUP_CONFIGS` now lists (older records, streams only, are measured again)."""
+    if not _gemv.HAVE_TRITON:
+        return True
+    return rec.get("revision") == _gemv.REVISION and _gemv.tried_all(
+        rec, _gemv.GROUP_CONFIGS[_gemv.row_class(rows)]
+    )
+
+
 def decisions(
     shapes: list[tuple[int, tuple[int, ...], tuple[int | None, ...]]],
     dtype: torch.dtype,
     device: torch.device,
 ) -> dict[str, dict[int, Any]]:
-    """Per group shape (``site_key``): ``{row class: True | None}``, measured once per machine."""
+    """Per group shape (``site_key``): ``{row class: True | configuration | None}``, measured once per machine."""
     from gac.kernels.lowrank_fused import site_key
 
     keys = {site_key(k, list(sp), list(o)): (k, list(sp), list(o)) for k, sp, o in shapes}
     return _gemv.cached_decisions(
         CACHE, device, dtype, list(keys), lambda key, rows: measure_group(*keys[key], rows, dtype, device),
-        ROW_CLASSES, "parallel second stages",
+        ROW_CLASSES, "parallel second stages", _fresh,
     )  # fmt: skip
 
 
@@ -272,6 +400,11 @@ def _groups(model: nn.Module) -> list:
     ]
 
 
+def _how(v: Any) -> Any:
+    """A recorded decision as :func:`second_stages` takes it: a configuration list, True, or None."""
+    return [int(c) for c in v] if isinstance(v, (list, tuple)) else (True if v else None)
+
+
 def _switch(groups: list, rows_of: dict[str, dict[int, Any]]) -> int:
     from gac.kernels.lowrank_fused import site_key
 
@@ -279,7 +412,7 @@ def _switch(groups: list, rows_of: dict[str, dict[int, Any]]) -> int:
     for _, m, (k, splits, outs) in groups:
         row = rows_of.get(site_key(k, list(splits), list(outs))) or {}
         if any(row.values()):
-            m.branch_table = {int(r): bool(v) for r, v in row.items()}
+            m.branch_table = {int(r): _how(v) for r, v in row.items()}
             n += 1
     return n
 
@@ -299,14 +432,14 @@ def use_branches_(model: nn.Module, skip: tuple[str, ...] = ()) -> dict[str, Any
     table = decisions(sorted({g[2] for g in groups}, key=str), p.dtype, p.device)
     n = _switch(groups, table)
     used = {
-        key: {str(r): True for r, v in row.items() if v} for key, row in table.items() if any(row.values())
+        key: {str(r): _how(v) for r, v in row.items() if v} for key, row in table.items() if any(row.values())
     }
     return {"modules": n, "of": len(groups), "shapes": used}
 
 
 def switch_recorded_(model: nn.Module, shapes: dict[str, dict[str, Any]]) -> int:
     """Switch the groups a recorded :func:`use_branches_` result switched (its ``"shapes"``), measuring nothing."""
-    rows = {key: {int(r): bool(v) for r, v in row.items()} for key, row in (shapes or {}).items()}
+    rows = {key: {int(r): _how(v) for r, v in row.items()} for key, row in (shapes or {}).items()}
     return _switch(_groups(model), rows)
 
 

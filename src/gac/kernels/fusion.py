@@ -43,8 +43,8 @@ class FusedInputProjection(nn.Module):
 
     #: set by :func:`gac.kernels.gemv.use_triton_gemv_` where the Triton GEMV was measured faster
     gemv_table: dict[int, Any] | None = None
-    #: set by :func:`gac.kernels.branches.use_branches_`: the row classes at which the members'
-    #: second stages run as parallel branches, in the group
+    #: set by :func:`gac.kernels.branches.use_branches_`: row class -> how the members' second stages
+    #: run in the group there (True: parallel streams; a configuration: one grouped Triton launch)
     branch_table: dict[int, Any] | None = None
     #: each member's ``u`` (None for a dense member): a plain list, the modules are registered by
     #: the members' :class:`FusedSlice`
@@ -115,11 +115,12 @@ class FusedInputProjection(nn.Module):
     def _products(self, x: torch.Tensor) -> list[torch.Tensor | None]:
         """Every member's slice of ``x @ W_catᵀ (+ b)``, or its output where :meth:`applies_seconds`."""
         y = dispatch_linear(x, self.weight, self.bias, self.gemv_table, self._buffers.get("gemv_counters"))
-        if not self.applies_seconds(x):
+        how = branches.decision(self.branch_table, x)
+        if how is None:
             return aligned_split(y, self.splits)
         # the factorized members' columns go to the branches whole (``y``): only the dense ones are sliced
         parts = aligned_split(y, self.splits, keep=[u is None for u in self.seconds])
-        return branches.apply_seconds(y, self.splits, parts, self.seconds)
+        return branches.apply_seconds(y, self.splits, parts, self.seconds, how)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, splits={self.splits}, kinds={self.kinds}"

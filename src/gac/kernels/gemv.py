@@ -103,6 +103,40 @@ if HAVE_TRITON:
         )
 
     @triton.jit
+    def _gemv_tile(
+        x_ptr, w_ptr, offs_m, offs_n, mask_m, mask_n, K, sxm, swn, k_lo, ks,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr,
+    ):  # fmt: skip
+        # fp32 ``x[rows, k_lo : k_lo + ks] @ w[offs_n, same]ᵀ`` as a [BLOCK_M, BLOCK_N] tile (K masked)
+        acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)  # M = 1: reduced once, after the loop
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # SWAP: the weight tile as the left operand
+        for k0 in range(0, ks, BLOCK_K):
+            offs_k = k_lo + k0 + tl.arange(0, BLOCK_K)
+            mask_k = offs_k < K
+            w = tl.load(
+                w_ptr + offs_n[:, None] * swn + offs_k[None, :],
+                mask=mask_n[:, None] & mask_k[None, :],
+                other=0.0,
+            )
+            x = tl.load(
+                x_ptr + offs_m[:, None] * sxm + offs_k[None, :],
+                mask=mask_m[:, None] & mask_k[None, :],
+                other=0.0,
+            )
+            if BLOCK_M == 1:
+                acc2 += x.to(tl.float32) * w.to(tl.float32)
+            elif SWAP:
+                acc_t += tl.dot(w, tl.trans(x))
+            else:
+                acc += tl.dot(x, tl.trans(w))
+        if BLOCK_M == 1:
+            acc = tl.sum(acc2, axis=1)[None, :]
+        elif SWAP:
+            acc = tl.trans(acc_t)
+        return acc
+
+    @triton.jit
     def _gemv_kernel(
         x_ptr,
         w_ptr,
@@ -140,32 +174,9 @@ if HAVE_TRITON:
         mask_n = offs_n < N
         mask_m = offs_m < M
         ks = tl.cdiv(tl.cdiv(K, SPLIT), BLOCK_K) * BLOCK_K  # each slice a whole number of tiles
-        acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)  # M = 1: reduced once, after the loop
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # SWAP: the weight tile as the left operand
-        for k0 in range(0, ks, BLOCK_K):
-            offs_k = s * ks + k0 + tl.arange(0, BLOCK_K)
-            mask_k = offs_k < K
-            w = tl.load(
-                w_ptr + offs_n[:, None] * swn + offs_k[None, :],
-                mask=mask_n[:, None] & mask_k[None, :],
-                other=0.0,
-            )
-            x = tl.load(
-                x_ptr + offs_m[:, None] * sxm + offs_k[None, :],
-                mask=mask_m[:, None] & mask_k[None, :],
-                other=0.0,
-            )
-            if BLOCK_M == 1:
-                acc2 += x.to(tl.float32) * w.to(tl.float32)
-            elif SWAP:
-                acc_t += tl.dot(w, tl.trans(x))
-            else:
-                acc += tl.dot(x, tl.trans(w))
-        if BLOCK_M == 1:
-            acc = tl.sum(acc2, axis=1)[None, :]
-        elif SWAP:
-            acc = tl.trans(acc_t)
+        acc = _gemv_tile(
+            x_ptr, w_ptr, offs_m, offs_n, mask_m, mask_n, K, sxm, swn, s * ks, ks, BLOCK_M, BLOCK_N, BLOCK_K, SWAP
+        )  # fmt: skip
         if SPLIT == 1:
             _gemv_epilogue(acc, b_ptr, y_ptr, offs_m, offs_n, mask_m, mask_n, sym, HAS_BIAS)
         else:
@@ -183,6 +194,46 @@ if HAVE_TRITON:
                     tot += tl.load(part + j * M * N, mask=mask, other=0.0, cache_modifier=".cg")
                 tl.atomic_xchg(c_ptr + pid, 0, sem="relaxed", scope="gpu")
                 _gemv_epilogue(tot, b_ptr, y_ptr, offs_m, offs_n, mask_m, mask_n, sym, HAS_BIAS)
+
+    @triton.jit
+    def _group_member(
+        x_ptr, w_ptr, b_ptr, y_ptr, blk, M, sxm, K, N,
+        HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        SWAP: tl.constexpr,
+    ):  # fmt: skip
+        # block ``blk`` of one member: y[:, block] = x @ w[block]ᵀ (+ b), w contiguous [N, K], y [M, N]
+        offs_n = blk * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_m = tl.arange(0, BLOCK_M)
+        mask_n = offs_n < N
+        mask_m = offs_m < M
+        ks = tl.cdiv(K, BLOCK_K) * BLOCK_K
+        acc = _gemv_tile(
+            x_ptr, w_ptr, offs_m, offs_n, mask_m, mask_n, K, sxm, K, 0, ks, BLOCK_M, BLOCK_N, BLOCK_K, SWAP
+        )
+        _gemv_epilogue(acc, b_ptr, y_ptr, offs_m, offs_n, mask_m, mask_n, N, HAS_BIAS)
+
+    @triton.jit
+    def _group_gemv_kernel(
+        x_ptr, w0, w1, w2, b0, b1, b2, y0, y1, y2, M, sxm_, o0_, o1_, o2_, k0_, k1_, k2_, n0_, n1_, n2_, T0, T1,
+        B0: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr, MEMBERS: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        KA: tl.constexpr, NA: tl.constexpr, SWAP: tl.constexpr,
+    ):  # fmt: skip
+        # two or three independent products in one launch, member i reading columns o_i.. of x:
+        # programs 0..T0-1 compute member 0's blocks, the next T1 member 1's, the rest member 2's.
+        # Sizes, offsets and x's row stride arrive divided by KA / NA (see :func:`vector_align`).
+        pid = tl.program_id(0)
+        sxm = sxm_ * KA
+        if pid < T0:
+            _group_member(x_ptr + o0_ * KA, w0, b0, y0, pid, M, sxm, k0_ * KA, n0_ * NA,
+                          B0, BLOCK_M, BLOCK_N, BLOCK_K, SWAP)  # fmt: skip
+        elif pid < T0 + T1:
+            _group_member(x_ptr + o1_ * KA, w1, b1, y1, pid - T0, M, sxm, k1_ * KA, n1_ * NA,
+                          B1, BLOCK_M, BLOCK_N, BLOCK_K, SWAP)  # fmt: skip
+        else:
+            if MEMBERS == 3:
+                _group_member(x_ptr + o2_ * KA, w2, b2, y2, pid - T0 - T1, M, sxm, k2_ * KA, n2_ * NA,
+                              B2, BLOCK_M, BLOCK_N, BLOCK_K, SWAP)  # fmt: skip
 
 
 def row_class(rows: int) -> int:
@@ -273,6 +324,53 @@ def _launch(
         num_warps=warps,
         num_stages=stages,
     )
+
+
+#: configurations of :func:`group_launch` per row class: :data:`CONFIGS` without split-K (a grouped launch
+#: has enough blocks), plus 32-row tiles at 2-16 rows (192 programs for a Llama-3-8B q/k/v group's
+#: second factors, 4096 + 2 x 1024 rows).
+GROUP_CONFIGS = {
+    1: tuple(c for c in CONFIGS[1] if _split(c) == 1),
+    16: tuple(c for c in CONFIGS[16] if _split(c) == 1) + ((32, 128, 4, 4), (32, 128, 4, 4, 1, 1)),
+}
+
+
+def group_launch(
+    x: torch.Tensor,
+    offs: list[int],
+    ws: list[torch.Tensor],
+    bs: list[torch.Tensor | None],
+    ys: list[torch.Tensor],
+    cfg: tuple[int, ...] | list[int],
+) -> None:
+    """``ys[i] = x[:, offs[i] : offs[i] + K_i] @ ws[i]ᵀ (+ bs[i])`` for two or three members, one launch.
+
+    ``x`` is ``[M <= 16, ·]`` with unit column stride, ``ws[i]`` contiguous ``[N_i, K_i]``, ``ys[i]``
+    contiguous ``[M, N_i]``; ``cfg`` a configuration of :data:`GROUP_CONFIGS` (no split).
+    """
+    n_m = len(ws)
+    if not 2 <= n_m <= 3 or not len(offs) == len(bs) == len(ys) == n_m:
+        raise ValueError(f"group_launch takes 2 or 3 members; got {len(offs)} offsets, {n_m} weights")
+    block_n, block_k, warps, stages = (int(c) for c in cfg[:4])
+    if _split(cfg) != 1:
+        raise ValueError(f"group_launch has no split-K; got configuration {list(cfg)}")
+    m = x.shape[0]
+    ks, ns = [int(w.shape[1]) for w in ws], [int(w.shape[0]) for w in ws]
+    ka = _align(*ks, *offs, x.stride(0))
+    na = _align(*ns)
+    pad = 3 - n_m
+    w3, b3 = list(ws) + [ws[-1]] * pad, [b if b is not None else w for b, w in zip(bs, ws, strict=True)]
+    b3 += [b3[-1]] * pad
+    y3, o3, k3, n3 = list(ys) + [ys[-1]] * pad, list(offs) + [0] * pad, ks + [ka] * pad, ns + [na] * pad
+    tiles = [-(-n // block_n) for n in ns]
+    has_b = [b is not None for b in bs] + [False] * pad
+    _group_gemv_kernel[(sum(tiles),)](
+        x, *w3, *b3, *y3, m, x.stride(0) // ka, *(o // ka for o in o3), *(k // ka for k in k3),
+        *(n // na for n in n3), tiles[0], tiles[1],
+        B0=has_b[0], B1=has_b[1], B2=has_b[2], MEMBERS=n_m,
+        BLOCK_M=1 if m == 1 else max(16, 1 << (m - 1).bit_length()), BLOCK_N=block_n, BLOCK_K=block_k,
+        KA=ka, NA=na, SWAP=bool(_swap(cfg)) and m > 1, num_warps=warps, num_stages=stages,
+    )  # fmt: skip
 
 
 @torch.library.custom_op("gac::gemv", mutates_args=())
