@@ -1,4 +1,4 @@
-"""Second stages of a fused group on parallel CUDA streams, used only where measured faster.
+"""Second stages of a fused group in parallel (CUDA streams or one grouped launch), where measured faster.
 
 A fused q/k/v (or gate/up) group of factorized members (:mod:`gac.kernels.fusion`) runs one GEMM
 for the members' first factors, then one GEMM per member for its second factor ``u``.  Those are
@@ -27,10 +27,19 @@ the first stage whole (see :func:`branch_linears`); when it took the members' sl
 copied each first, and dropping those copies shortened the compiled SVD-LLM steps at B16/B64 by 1.4-4.4%
 (``benchmarks/results/h200/decode-trace/``, ``speed-branches-t/``).
 
+:func:`group_gemv` (the custom op ``gac::group_gemv``) is the other parallel path: the members' second
+factors as one Triton launch (:func:`gac.kernels.gemv.group_launch`: each program computes a block of one
+member's output, so the small k and v products share the grid with q's instead of each filling a
+launch of its own).  Its sums are the kernel's own, not cuBLAS's (checked against float64 in the tests).
+On an H100 (``benchmarks/results/h100/grouped-ab/``) it made compiled Qwen2.5-7B-shape SVD-LLM decode steps
+at B16 3.4% shorter than streams did (its q/k/v groups 18.6 against 19.8 µs, gate/up 83.3 against
+87.8); in the Llama-3-8B cell cuBLAS's parallel gate/up calls stayed faster and the step gained 0.2%.
+
 Dispatch (:func:`use_branches_`): every fused group with at least two factorized members is timed
 once per machine at each row class of :data:`ROW_CLASSES` (the whole group, first stage included,
-sequential against branched, 64 calls to a CUDA graph over weights rotated past L2) and branches
-only at the row classes where it was faster by ``margin``.  Decisions are cached in
+sequential against branched and against the grouped launch in each configuration of
+:data:`gac.kernels.gemv.GROUP_CONFIGS`, 64 calls to a CUDA graph over weights rotated past L2) and takes
+the faster parallel path only at the row classes where it beat the sequential one by ``margin``.  Decisions are cached in
 ``$GAC_CACHE/branch_dispatch.json`` per GPU, torch, Triton and dtype.  An input of more rows than
 the largest class keeps the sequential path (compute-bound GEMMs gain nothing from overlap).
 """
