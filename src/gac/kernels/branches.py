@@ -303,7 +303,7 @@ def measure_group(
     tried: list[list[Any]] = []
     for cfg in _gemv.GROUP_CONFIGS[_gemv.row_class(rows)] if _gemv.HAVE_TRITON else ():
         tried.append([list(cfg), None])
-        grouped = grouped_fn(s, splits, outs, cfg)
+        grouped = branched_fn(s, splits, outs, list(cfg))
         try:
             err = _error(grouped(0), s.ref, splits, outs)
             if not err < 2e-2:
@@ -337,24 +337,10 @@ def _error(ys: list[torch.Tensor], ref: torch.Tensor, splits: list[int], outs: l
     return float((num / den.clamp_min(1e-60)).sqrt())
 
 
-def grouped_fn(s: Any, splits: list[int], outs: list[int | None], cfg: Any) -> Any:
-    """``grouped(i)``: as :func:`branched_fn`, with the second stages as one :func:`group_gemv` launch."""
-    factorized = [j for j, n in enumerate(outs) if n is not None]
-    offs = [int(s.offs[j]) for j in factorized]
-    no_bias = [s.x.new_empty(0)] * len(factorized)
-
-    def grouped(i: int) -> list[torch.Tensor]:
-        v, us = s.ws[i % s.copies]
-        torch.mm(s.x, v.t(), out=s.t)
-        return second_stages(s.t, offs, [us[j] for j in factorized], no_bias, list(cfg))
-
-    return grouped
-
-
-def branched_fn(s: Any, splits: list[int], outs: list[int | None]) -> Any:
+def branched_fn(s: Any, splits: list[int], outs: list[int | None], how: Any = True) -> Any:
     """``branched(i)``: a :func:`~gac.kernels.lowrank_fused.site_setup` site's first stage over weight
-    copy ``i``, then its factorized members' second stages as one :func:`branch_linears` call (their
-    outputs returned, in member order)."""
+    copy ``i``, then its factorized members' second stages as one :func:`second_stages` call by the path
+    ``how`` (True: streams; a configuration: the grouped launch), their outputs returned in member order."""
     factorized = [j for j, n in enumerate(outs) if n is not None]
     offs = [int(s.offs[j]) for j in factorized]
     no_bias = [s.x.new_empty(0)] * len(factorized)
@@ -362,7 +348,7 @@ def branched_fn(s: Any, splits: list[int], outs: list[int | None]) -> Any:
     def branched(i: int) -> list[torch.Tensor]:
         v, us = s.ws[i % s.copies]
         torch.mm(s.x, v.t(), out=s.t)
-        return branch_linears(s.t, offs, [us[j] for j in factorized], no_bias)
+        return second_stages(s.t, offs, [us[j] for j in factorized], no_bias, how)
 
     return branched
 
