@@ -232,9 +232,8 @@ def second_stages(
 ) -> list[torch.Tensor]:
     """The members' second factors by the path ``how`` names: True, parallel streams
     (:func:`branch_linears`); a configuration (list), one grouped launch (:func:`group_gemv`)."""
-    if isinstance(how, (list, tuple)):
-        cfg = [int(c) for c in how]
-        return group_gemv(t, offs, ws, bs, *cfg[:4], _gemv._swap(cfg))
+    if isinstance(how, (list, tuple)):  # a configuration of ints (:func:`_how`)
+        return group_gemv(t, offs, ws, bs, *how[:4], _gemv._swap(how))
     return branch_linears(t, offs, ws, bs)
 
 
