@@ -99,7 +99,7 @@ EVAL_KINDS = {
     "infer": {
         "kind", "models", "prefill_batches", "prefill_seqs", "decode_batches", "decode_kv",
         "prefill_reps", "decode_reps", "compile", "graphs", "fuse", "gqa_decode", "gemv",
-        "fused_lowrank", "branches",
+        "fused_lowrank", "branches", "combo_kernels",
     },
 }  # fmt: skip
 #: ``[[benches]]``: one ``gac bench`` experiment per cell (kernel-level tables), sizes as its CLI.
@@ -403,7 +403,16 @@ def parse_plan(data: dict[str, Any], source: str = "") -> ExperimentPlan:
                 v = e.get(k)
                 if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                     raise GacError(f"plan: [[evals]] #{i + 1}: {k} must be a positive integer, got {v!r}")
-            for k in ("compile", "graphs", "fuse", "gqa_decode", "gemv", "fused_lowrank", "branches"):
+            for k in (
+                "compile",
+                "graphs",
+                "fuse",
+                "gqa_decode",
+                "gemv",
+                "fused_lowrank",
+                "branches",
+                "combo_kernels",
+            ):
                 if k in e and not isinstance(e[k], bool):
                     raise GacError(f"plan: [[evals]] #{i + 1}: {k} must be true or false")
         if kind == "ppl":
@@ -588,6 +597,7 @@ def _infer(model: Any, e: dict[str, Any], label: str) -> dict[str, Any]:
         gemv=e.get("gemv", True),
         fused_lowrank=e.get("fused_lowrank", True),
         branches=e.get("branches", True),
+        combo_kernels=e.get("combo_kernels", True),
         profile_kernels=False,
     )
     dev = model_device(model)

@@ -55,6 +55,7 @@ def run(
     gemv: bool = True,
     fused_lowrank: bool = True,
     branches: bool = True,
+    combo_kernels: bool = True,
     prefill_reps: int = 10,
     decode_reps: int = 30,
     device: str = "auto",
@@ -99,6 +100,7 @@ def run(
         gemv=gemv,
         fused_lowrank=fused_lowrank,
         branches=branches,
+        combo_kernels=combo_kernels,
     )
     if min(cfg.decode_kv) < cfg.decode_warmup + cfg.decode_reps:
         raise GacError(
@@ -137,6 +139,7 @@ def run(
         "gemv": gemv,
         "fused_lowrank": fused_lowrank,
         "branches": branches,
+        "combo_kernels": combo_kernels,
     }
     for name, info in infos.items():
         if name in res["variants"]:
@@ -224,6 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(no parallel CUDA-stream branches where they were measured faster)",
     )
     ap.add_argument(
+        "--no-combo-kernels",
+        dest="combo_kernels",
+        action="store_false",
+        help="compile each step without Inductor's combo kernels (independent kernels launched together)",
+    )
+    ap.add_argument(
         "--triton",
         action="store_true",
         help="the earlier fused low-rank GEMV (split over the rank, atomics; CUDA)",
@@ -258,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
             gemv=a.gemv,
             fused_lowrank=a.fused_lowrank,
             branches=a.branches,
+            combo_kernels=a.combo_kernels,
             triton=a.triton,
             prefill_reps=a.prefill_reps,
             decode_reps=a.decode_reps,

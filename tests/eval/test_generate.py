@@ -75,6 +75,7 @@ def test_gac_generate_cli_on_the_embedded_model_with_every_kernel_flag():
     flags = [
         "--no-fused-lowrank",
         "--no-branches",
+        "--no-combo-kernels",
         "--no-gemv",
         "--no-gqa-decode",
         "--no-compile",

@@ -244,3 +244,59 @@ def test_decode_kernel_options_are_plumbed_and_recorded_on_cpu():
     assert parse_plan({**plan, "evals": [{"kind": "infer", "branches": False}]}).evals[0]["branches"] is False
     with pytest.raises(GacError, match="branches must be true or false"):
         parse_plan({**plan, "evals": [{"kind": "infer", "branches": 1}]})
+    assert (
+        not build_parser()
+        .parse_args(["--variant", "baseline", "--out", "x", "--no-combo-kernels"])
+        .combo_kernels
+    )
+    assert d.combo_kernels and SweepConfig().combo_kernels is True
+    assert v["combo_kernels"] is False  # recorded: nothing compiled on CPU
+    off = parse_plan({**plan, "evals": [{"kind": "infer", "combo_kernels": False}]})
+    assert off.evals[0]["combo_kernels"] is False
+    with pytest.raises(GacError, match="combo_kernels must be true or false"):
+        parse_plan({**plan, "evals": [{"kind": "infer", "combo_kernels": "no"}]})
+
+
+def test_compile_step_passes_the_inductor_options(monkeypatch):
+    """Combo kernels by default; a mode's own options merged in (torch.compile takes mode or options)."""
+    import torch._inductor
+
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda f, **kw: seen.append(kw) or f)
+    f = lambda x: x  # noqa: E731
+    assert infer.compile_step(f) is f
+    assert infer.compile_step(f, combo_kernels=False, dynamic=False) is f
+    infer.compile_step(f, "max-autotune-no-cudagraphs", dynamic=False)
+    assert seen[0] == {"dynamic": None, "options": {"combo_kernels": True}}
+    assert seen[1] == {"dynamic": False, "options": None}
+    want = {**torch._inductor.list_mode_options("max-autotune-no-cudagraphs", False), "combo_kernels": True}
+    assert seen[2] == {"dynamic": False, "options": want} and want["max_autotune"] is True
+
+
+def test_compile_step_compiles_a_tiny_model_on_cpu_like_eager():
+    """The options are ones this torch's Inductor accepts (an unknown one raises) and change no result."""
+    torch.manual_seed(0)
+    m = tiny_model().eval()
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    with torch.no_grad():
+        want = m(ids).logits
+        got = infer.compile_step(m.forward, dynamic=False)(ids).logits
+    torch._dynamo.reset()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+def test_compile_step_with_combo_kernels_matches_without_on_gpu():
+    """On CUDA the combo kernels change launches, not results: compiled logits with and without them agree."""
+    torch.manual_seed(0)
+    m = tiny_model().to("cuda", torch.bfloat16).eval()
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]], device="cuda")
+    out = {}
+    with torch.no_grad():
+        for combo in (True, False):
+            torch._dynamo.reset()
+            out[combo] = infer.compile_step(m.forward, combo_kernels=combo, dynamic=False)(ids).logits.float()
+        want = m(ids).logits.float()
+    torch._dynamo.reset()
+    torch.testing.assert_close(out[True], out[False], rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(out[True], want, rtol=5e-2, atol=5e-2)

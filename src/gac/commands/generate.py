@@ -37,6 +37,11 @@ def register(app: typer.Typer) -> None:
             "--no-branches",
             help="Second stages of fused q/k/v and gate/up one after the other (no parallel CUDA streams).",
         ),
+        no_combo_kernels: bool = typer.Option(
+            False,
+            "--no-combo-kernels",
+            help="Compile the decode step without Inductor's combo kernels (independent kernels launched together).",
+        ),
         tokenizer: str | None = typer.Option(
             None, "--tokenizer", help="Take the tokenizer from this model spec."
         ),
@@ -69,6 +74,7 @@ def register(app: typer.Typer) -> None:
             gemv=not no_gemv,
             fused_lowrank=not no_fused_lowrank,
             branches=not no_branches,
+            combo_kernels=not no_combo_kernels,
         )
         if json_out:
             out_console.print_json(json.dumps({"model": model, **g.to_dict()}))

@@ -74,6 +74,7 @@ def generate(
     gemv: bool = True,
     fused_lowrank: bool = True,
     branches: bool = True,
+    combo_kernels: bool = True,
 ) -> Generation:
     """Greedy-decode ``max_new_tokens`` after ``prompt`` on the fast path (see the module docstring).
 
@@ -93,6 +94,7 @@ def generate(
             measured faster (:func:`gac.kernels.lowrank_fused.use_fused_lowrank_`, in place).
         branches: on CUDA, run the second stages of fused q/k/v and gate/up groups on parallel
             streams where measured faster (:func:`gac.kernels.branches.use_branches_`, in place).
+        combo_kernels: compile with Inductor's combo kernels (:func:`gac.eval.infer.compile_step`).
 
     Raises:
         GacError: an empty prompt, a non-positive token count, or no tokenizer.
@@ -115,7 +117,7 @@ def generate(
             markup=False,
         )
         want_compile = want_graphs = False
-    from gac.eval.infer import use_decode_kernels_
+    from gac.eval.infer import compile_step, use_decode_kernels_
 
     use_decode_kernels_(model, gqa_decode, gemv, fused_lowrank, branches)
     ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(dev)
@@ -144,7 +146,9 @@ def generate(
         remaining = max_new_tokens - 1
         if remaining > 0 and (eos is None or tokens[-1] != eos) and (want_compile or want_graphs):
             t1 = time.perf_counter()
-            forward = torch.compile(model.forward) if want_compile else model.forward
+            forward = (
+                compile_step(model.forward, combo_kernels=combo_kernels) if want_compile else model.forward
+            )
 
             def compiled() -> torch.Tensor:
                 return forward(input_ids=step_ids, past_key_values=cache, use_cache=True).logits

@@ -85,6 +85,9 @@ class SweepConfig:
     #: the second stages of a fused group's factorized members as parallel CUDA-stream branches
     #: (:mod:`gac.kernels.branches`) at the row classes where measured faster (cached per machine).
     branches: bool = True
+    #: compiled steps: Inductor may launch kernels of a step that do not depend on each other as one
+    #: (``combo_kernels``, :func:`compile_step`); False compiles without.
+    combo_kernels: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -614,6 +617,28 @@ def use_decode_kernels_(
     return out
 
 
+def compile_step(
+    forward: Callable[..., Any],
+    mode: str | None = None,
+    combo_kernels: bool = True,
+    dynamic: bool | None = None,
+) -> Callable[..., Any]:
+    """``torch.compile(forward)`` as the default path compiles its prefill and decode steps.
+
+    With ``combo_kernels``, Inductor may launch kernels of one graph that do not depend on each other
+    as one (horizontal fusion; which ones it combined in the steps below was not traced).  Same-machine A/B on an H200, compiled steps in CUDA graphs, 8 layers of
+    the Llama-3-8B shape: dense and SVD-LLM steps 0.8–2.2% shorter at decode B1/B16 and prefill
+    B1×128 (``benchmarks/results/h200/inductor-knobs/``).  ``mode`` is ``torch.compile``'s, its
+    options merged with these.
+    """
+    import torch._inductor
+
+    options = dict(torch._inductor.list_mode_options(mode, dynamic)) if mode else {}
+    if combo_kernels:
+        options["combo_kernels"] = True
+    return torch.compile(forward, dynamic=dynamic, options=options or None)
+
+
 def sweep_model(
     model: nn.Module, cfg: SweepConfig, copy_gbps: float | None = None, label: str = "model"
 ) -> dict[str, Any]:
@@ -650,10 +675,11 @@ def sweep_model(
         for knob in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit"):
             if hasattr(torch._dynamo.config, knob):
                 setattr(torch._dynamo.config, knob, max(256, getattr(torch._dynamo.config, knob)))
-    forward = torch.compile(model.forward, dynamic=False, mode=mode) if compile_ else None
+    forward = compile_step(model.forward, mode, cfg.combo_kernels, dynamic=False) if compile_ else None
     out["compiled_decode"] = compile_
     out["compiled_prefill"] = compile_
     out["compile_mode"] = mode or ("default" if compile_ else None)
+    out["combo_kernels"] = bool(compile_ and cfg.combo_kernels)
     grid_p = [(b, s) for b in cfg.prefill_batches for s in cfg.prefill_seqs]
     grid_d = [(b, k) for b in cfg.decode_batches for k in cfg.decode_kv]
     with progress() as p:
