@@ -5,11 +5,7 @@ latency model's launch count, and on a GPU both paths inside a CUDA graph."""
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -22,9 +18,8 @@ from gac.kernels import gemv as G
 from gac.kernels.fusion import FusedInputProjection, fuse_projections_
 from gac.kernels.lowrank_fused import site_key
 
-from .test_lowrank_fused import Block, _pythonpath, switched_on_gpu
-
-HAVE_TRITON = importlib.util.find_spec("triton") is not None
+from .interp import HAVE_TRITON, needs_triton, run_interpreted
+from .test_lowrank_fused import Block, switched_on_gpu
 
 
 def _block(d: int = 48, seed: int = 0) -> Block:
@@ -170,18 +165,10 @@ GROUPED = textwrap.dedent(
 )
 
 
-@pytest.mark.skipif(
-    not HAVE_TRITON,
-    reason="Triton is not installed (pip install triton): its CPU interpreter runs the kernel",
-)
+@needs_triton
 def test_grouped_second_stages_in_triton_interpreter_match_float64_and_the_unswitched_block():
     head = "import torch\nfrom torch import nn\nfrom gac.surgery.factorized import FactorizedLinear\n"
-    code = head + inspect.getsource(Block) + GROUPED
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "2", "PYTHONPATH": _pythonpath()}
-    env["TORCHINDUCTOR_FORCE_DISABLE_CACHES"] = "1"  # a cached graph would hide a changed autograd formula
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.startswith("ok")
+    run_interpreted(head + inspect.getsource(Block) + GROUPED, threads=2)
 
 
 def test_decisions_round_trip_streams_and_grouped_configurations():

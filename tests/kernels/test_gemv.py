@@ -3,10 +3,6 @@ its dispatch (only where a table says so, only for decode-sized inputs), and the
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -16,7 +12,7 @@ from torch import nn
 from gac.kernels import gemv as G
 from gac.kernels.gemv import GemvLinear, dispatch_linear, undo_triton_gemv_, use_triton_gemv_
 
-HAVE_TRITON = importlib.util.find_spec("triton") is not None
+from .interp import needs_triton, run_interpreted
 
 # (rows, n, k): odd sizes, ragged tiles, K not a multiple of any BLOCK_K, both row classes
 SHAPES = [(1, 37, 300), (1, 64, 128), (1, 5, 1000), (3, 50, 257), (16, 33, 129), (9, 100, 64), (2, 7, 16)]
@@ -118,22 +114,10 @@ INTERPRETED = textwrap.dedent(
 )
 
 
-@pytest.mark.skipif(
-    not HAVE_TRITON,
-    reason="Triton is not installed (pip install triton): its CPU interpreter runs the kernel",
-)
+@needs_triton
 def test_gemv_kernel_in_triton_interpreter_matches_float64_and_dispatches():
-    code = f"SHAPES = {SHAPES!r}\n" + INTERPRETED
-    # no Inductor caches: a cached backward graph let a broken autograd formula pass
-    env = {
-        **os.environ,
-        "TRITON_INTERPRET": "1",
-        "OMP_NUM_THREADS": "1",
-        "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1",
-    }
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.startswith("ok")
+    # no Inductor caches (run_interpreted): a cached backward graph let a broken autograd formula pass
+    run_interpreted(f"SHAPES = {SHAPES!r}\n" + INTERPRETED, threads=1)
 
 
 def test_dispatch_without_table_or_for_prefill_is_f_linear():

@@ -4,7 +4,6 @@ GPU), its dispatch (only where a table says so, only for decode-sized inputs), a
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import os
 import subprocess
@@ -20,7 +19,7 @@ from gac.kernels import lowrank_fused as L
 from gac.kernels.fusion import FusedInputProjection, FusedSlice, fuse_projections_
 from gac.surgery.factorized import FactorizedLinear
 
-HAVE_TRITON = importlib.util.find_spec("triton") is not None
+from .interp import needs_triton, pythonpath, run_interpreted
 
 # (rows, k, r, n): odd ranks, odd K and N, ragged tiles, every row class (K slices past K included)
 SHAPES = [
@@ -167,25 +166,13 @@ INTERPRETED = textwrap.dedent(
 )
 
 
-@pytest.mark.skipif(
-    not HAVE_TRITON,
-    reason="Triton is not installed (pip install triton): its CPU interpreter runs the kernel",
-)
+@needs_triton
 def test_lowrank_fused_in_triton_interpreter_matches_float64_and_dispatches():
     head = "import torch\nfrom torch import nn\nfrom gac.surgery.factorized import FactorizedLinear\n"
     code = head + f"SHAPES = {SHAPES!r}\nGROUPS = {GROUPS!r}\n" + inspect.getsource(Block) + INTERPRETED
     # two threads: with one, Inductor traced the compiled backward without reaching the op's autograd
     # formula (test_gemv.py)
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "2", "PYTHONPATH": _pythonpath()}
-    env["TORCHINDUCTOR_FORCE_DISABLE_CACHES"] = "1"  # a cached graph would hide a changed autograd formula
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.startswith("ok")
-
-
-def _pythonpath() -> str:
-    src = os.path.join(os.path.dirname(__file__), "..", "..", "src")
-    return os.pathsep.join([os.path.abspath(src), os.environ.get("PYTHONPATH", "")])
+    run_interpreted(code, threads=2)
 
 
 def test_config_only_for_decode_rows_with_a_table():
@@ -472,7 +459,7 @@ SPIN_CHECK = textwrap.dedent(
 @pytest.mark.gpu
 def test_barrier_spin_is_bounded_and_flags_a_timeout():
     # in a subprocess with a timeout: were the spin not bounded, killing the process ends the kernel
-    env = {**os.environ, "PYTHONPATH": _pythonpath()}
+    env = {**os.environ, "PYTHONPATH": pythonpath()}
     r = subprocess.run(
         [sys.executable, "-c", SPIN_CHECK], env=env, capture_output=True, text=True, timeout=120
     )
