@@ -88,3 +88,27 @@ def test_gac_generate_cli_on_the_embedded_model_with_every_kernel_flag():
     want = generate(lm.model, lm.tokenizer, prompt, max_new_tokens=4, stop_at_eos=False)
     assert got["model"] == "smollm2" and got["new_tokens"] == 4
     assert got["token_ids"] == want.token_ids
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("combo_kernels", [True, False])
+def test_fast_path_on_gpu_generates_the_eager_greedy_tokens(combo_kernels):
+    """On CUDA the default path (compiled step, CUDA graph, decode kernels) gives transformers' greedy tokens."""
+    tok = char_tokenizer()
+    torch.manual_seed(0)
+    m = tiny_model("llama", hidden=96, layers=2, heads=4, kv_heads=2, head_dim=24, vocab=128).to("cuda")
+    prompt = "It was the best of times"
+    want = _reference(m, _CudaTok(tok), prompt, 12)
+    got = generate(m, tok, prompt, max_new_tokens=12, stop_at_eos=False, combo_kernels=combo_kernels)
+    assert got.compiled and got.graphs
+    assert got.token_ids == want
+
+
+class _CudaTok:
+    """A tokenizer whose ``input_ids`` are on the GPU (for ``_reference``)."""
+
+    def __init__(self, tok):
+        self.tok = tok
+
+    def __call__(self, text, return_tensors="pt"):
+        return {"input_ids": self.tok(text, return_tensors=return_tensors)["input_ids"].to("cuda")}
