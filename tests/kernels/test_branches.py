@@ -5,7 +5,6 @@ latency model's launch count, and on a GPU both paths inside a CUDA graph."""
 
 from __future__ import annotations
 
-import inspect
 import textwrap
 
 import pytest
@@ -19,7 +18,7 @@ from gac.kernels.fusion import FusedInputProjection, fuse_projections_
 from gac.kernels.lowrank_fused import site_key
 
 from .interp import HAVE_TRITON, needs_triton, run_interpreted
-from .test_lowrank_fused import Block, switched_on_gpu
+from .test_lowrank_fused import BLOCK_SCRIPT, Block, switched_on_gpu
 
 
 def _block(d: int = 48, seed: int = 0) -> Block:
@@ -167,8 +166,7 @@ GROUPED = textwrap.dedent(
 
 @needs_triton
 def test_grouped_second_stages_in_triton_interpreter_match_float64_and_the_unswitched_block():
-    head = "import torch\nfrom torch import nn\nfrom gac.surgery.factorized import FactorizedLinear\n"
-    run_interpreted(head + inspect.getsource(Block) + GROUPED, threads=2)
+    run_interpreted(BLOCK_SCRIPT + GROUPED, threads=2)
 
 
 def test_decisions_round_trip_streams_and_grouped_configurations():

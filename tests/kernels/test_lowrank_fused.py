@@ -62,6 +62,12 @@ class Block(nn.Module):
         return x + a + self.down_proj(torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+#: an interpreter script's imports and ``Block`` (``run_interpreted``)
+BLOCK_SCRIPT = (
+    "import torch\nfrom torch import nn\nfrom gac.surgery.factorized import FactorizedLinear\n"
+    + inspect.getsource(Block)
+)
+
 INTERPRETED = textwrap.dedent(
     """
     import torch
@@ -168,8 +174,7 @@ INTERPRETED = textwrap.dedent(
 
 @needs_triton
 def test_lowrank_fused_in_triton_interpreter_matches_float64_and_dispatches():
-    head = "import torch\nfrom torch import nn\nfrom gac.surgery.factorized import FactorizedLinear\n"
-    code = head + f"SHAPES = {SHAPES!r}\nGROUPS = {GROUPS!r}\n" + inspect.getsource(Block) + INTERPRETED
+    code = BLOCK_SCRIPT + f"SHAPES = {SHAPES!r}\nGROUPS = {GROUPS!r}\n" + INTERPRETED
     # two threads: with one, Inductor traced the compiled backward without reaching the op's autograd
     # formula (test_gemv.py)
     run_interpreted(code, threads=2)
