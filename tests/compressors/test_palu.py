@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from gac.api import CompressConfig, apply_, compress_, gac_config_for_save, plan
+from gac.compat import cache_arg, output_cache
 from gac.compressors.palu import fisher_ranks, round_reference
 from gac.errors import GacError
 from gac.surgery.latent_attention import LatentAttention, LatentCache, kv_bytes_per_token, latent_modules
@@ -80,11 +81,32 @@ def test_full_rank_is_exact(llama64, planned):
     with torch.no_grad():
         assert torch.allclose(m(ids).logits, llama64(ids).logits, atol=1e-9, rtol=0)
         # incremental decode through the latent cache equals the dense model's cached decode
-        out = m(ids[:, :10], past_key_values=LatentCache(), use_cache=True)
+        out = m(ids[:, :10], **cache_arg(m, LatentCache()), use_cache=True)
         ref = llama64(ids[:, :10], use_cache=True)
-        a = m(ids[:, 10:12], past_key_values=out.past_key_values).logits
-        b = llama64(ids[:, 10:12], past_key_values=ref.past_key_values).logits
+        a = m(ids[:, 10:12], **cache_arg(m, output_cache(out))).logits
+        b = llama64(ids[:, 10:12], **cache_arg(llama64, output_cache(ref))).logits
     assert torch.allclose(a, b, atol=1e-9, rtol=0)
+
+
+def test_attention_takes_the_cache_under_either_name(llama64, planned):
+    """transformers >= 5.24 passes the cache to attention as ``cache``, older 5.x as ``past_key_values``:
+    both must fill the latent cache (under the new name it was once ignored, and decode attended only
+    the new token)."""
+    full = {s.name: s.max_dim for s in planned.sites}
+    m = _applied(llama64, planned, full)
+    attn = latent_modules(m)[0][1]
+    h = torch.randn(
+        2, 5, m.config.hidden_size, dtype=torch.float64, generator=torch.Generator().manual_seed(3)
+    )
+    pos = torch.arange(5)[None]
+    pe = m.model.rotary_emb(h, pos)
+    caches = {}
+    with torch.no_grad():
+        for name in ("cache", "past_key_values"):
+            caches[name] = LatentCache()
+            attn(h, pe, None, position_ids=pos, **{name: caches[name]})
+    assert caches["cache"].get_seq_length(attn.layer_idx) == 5
+    assert caches["cache"].nbytes() == caches["past_key_values"].nbytes() > 0
 
 
 def test_full_rank_left_padded_generate_matches_dense(llama64, planned):
@@ -104,7 +126,7 @@ def test_static_cache_full_rank_matches_dense(llama64, planned):
     m = _applied(llama64, planned, full)
     ids = _ids(1, 10)
     kw = dict(max_new_tokens=6, do_sample=False)
-    a = m.generate(ids, past_key_values=StaticCache(config=m.config, max_cache_len=32), **kw)
+    a = m.generate(ids, **cache_arg(m, StaticCache(config=m.config, max_cache_len=32)), **kw)
     b = llama64.generate(ids, **kw)
     assert torch.equal(a, b)
 
@@ -121,7 +143,7 @@ def test_folded_values_equal_reference_path(llama64, planned):
         assert torch.allclose(folded(ids).logits, ref(ids).logits, atol=1e-9, rtol=0)
         assert (folded(ids).logits - llama64(ids).logits).abs().max() > 1e-3  # it is compressed
     kw = dict(max_new_tokens=12, do_sample=False)
-    g1 = folded.generate(ids[:1], past_key_values=LatentCache(), **kw)
+    g1 = folded.generate(ids[:1], **cache_arg(folded, LatentCache()), **kw)
     g2 = ref.generate(ids[:1], **kw)
     g3 = folded.generate(ids[:1], use_cache=False, **kw)
     assert torch.equal(g1, g2) and torch.equal(g1, g3)
@@ -132,7 +154,7 @@ def test_latent_cache_bytes(llama64, planned):
     cache = LatentCache()
     ids = _ids(1, 9)
     with torch.no_grad():
-        m(ids, past_key_values=cache, use_cache=True)
+        m(ids, **cache_arg(m, cache), use_cache=True)
     per_token = sum(sum(a.latent_dims()) for _, a in latent_modules(m)) * 4
     assert cache.nbytes() == 9 * per_token
     kv = kv_bytes_per_token(m)
@@ -172,7 +194,9 @@ def test_save_load_round_trip(tmp_path, llama64):
     with torch.no_grad():
         assert torch.equal(m(ids).logits, back(ids).logits)
     kw = dict(max_new_tokens=10, do_sample=False)
-    assert torch.equal(m.generate(ids[:1], **kw), back.generate(ids[:1], past_key_values=LatentCache(), **kw))
+    assert torch.equal(
+        m.generate(ids[:1], **kw), back.generate(ids[:1], **cache_arg(back, LatentCache()), **kw)
+    )
 
 
 def test_bad_group_size_and_ratio(llama64):

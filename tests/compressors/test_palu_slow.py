@@ -18,6 +18,7 @@ def test_palu_gac_within_two_percent_of_none_with_half_the_cache():
     import torch
 
     from gac.api import CompressConfig, apply_, plan
+    from gac.compat import cache_arg
     from gac.compressors.calibration import CalibrationConfig, calibration_batches
     from gac.data import load_text, tokenize
     from gac.eval.ppl import perplexity_of_ids
@@ -44,6 +45,8 @@ def test_palu_gac_within_two_percent_of_none_with_half_the_cache():
     # generation from the latent cache is the model's own greedy continuation
     prompt = ids[:32].unsqueeze(0)
     with torch.no_grad():
-        a = models["gac"].generate(prompt, past_key_values=LatentCache(), max_new_tokens=16, do_sample=False)
+        a = models["gac"].generate(
+            prompt, **cache_arg(models["gac"], LatentCache()), max_new_tokens=16, do_sample=False
+        )
         b = models["gac"].generate(prompt, use_cache=False, max_new_tokens=16, do_sample=False)
     assert torch.equal(a, b)

@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from gac.compat import cache_arg
 from gac.errors import GacError
 from gac.eval import infer
 from gac.eval.infer import DecodeStep, SweepConfig, Variant, run_sweep, weight_bytes_per_step, write_results
@@ -144,7 +145,7 @@ def test_decode_steps_advance_the_static_cache_like_generate():
         for layer in step.cache.layers:
             layer.keys.zero_()
             layer.values.zero_()
-        m(input_ids=ids[:, :8], past_key_values=step.cache, use_cache=True)  # prefill 8 into the cache
+        m(input_ids=ids[:, :8], **cache_arg(m, step.cache), use_cache=True)  # prefill 8 into the cache
         got = []
         for t in range(8, 12):
             step.ids.copy_(ids[:, t : t + 1])

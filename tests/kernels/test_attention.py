@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import gac.kernels.attention as A
+from gac.compat import cache_arg
 from gac.testing import tiny_model
 
 
@@ -15,11 +16,11 @@ def _decode_logits(model, ids: torch.Tensor, steps: int) -> torch.Tensor:
     from transformers import StaticCache
 
     cache = StaticCache(config=model.config, max_cache_len=ids.shape[1] + steps + 1)
-    out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+    out = model(input_ids=ids, **cache_arg(model, cache), use_cache=True)
     logits = [out.logits[:, -1]]
     nxt = out.logits[:, -1:].argmax(-1)
     for _ in range(steps):
-        out = model(input_ids=nxt, past_key_values=cache, use_cache=True)
+        out = model(input_ids=nxt, **cache_arg(model, cache), use_cache=True)
         logits.append(out.logits[:, -1])
         nxt = out.logits[:, -1:].argmax(-1)
     return torch.stack(logits, 1)

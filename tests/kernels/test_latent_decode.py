@@ -12,6 +12,8 @@ import os
 import pytest
 import torch
 
+from gac.compat import cache_arg
+
 triton = pytest.importorskip("triton")
 
 from gac.api import CompressConfig, plan  # noqa: E402
@@ -60,13 +62,13 @@ def test_kernel_matches_reference(group_size, ratio, fold, align):
     cache = StaticCache(config=m.config, max_cache_len=70)
     ids = torch.randint(3, 240, (b, t0 + 1), generator=g).to(DEV)
     with torch.no_grad():
-        m(ids[:, :t0], past_key_values=cache, use_cache=True)
+        m(ids[:, :t0], **cache_arg(m, cache), use_cache=True)
         h = torch.randn(b, 1, 128, generator=g).to(DEV)
         pos = torch.tensor([t0], device=DEV)
         pe = m.model.rotary_emb(h, pos[None])
         attn.use_kernel = False
         mask = (torch.arange(70, device=DEV) <= t0).view(1, 1, 1, 70).expand(b, 1, 1, 70)
-        ref, _ = attn(h, pe, mask, past_key_values=cache, position_ids=pos[None], cache_position=pos)
+        ref, _ = attn(h, pe, mask, **cache_arg(attn, cache), position_ids=pos[None], cache_position=pos)
         # the reference path wrote the token's latents at slot t0; the kernel path writes the same
         got = attn._kernel_forward(h, pe, cache, pos, pos[None])
     # fp32 inputs: tl.dot runs in TF32 on a GPU (10-bit mantissa), exactly in the interpreter
@@ -102,7 +104,7 @@ def test_model_decode_step_takes_kernel(monkeypatch):
                 a.use_kernel = use
         cache = StaticCache(config=m.config, max_cache_len=40)
         with torch.no_grad():
-            m(ids[:, :29], past_key_values=cache, use_cache=True)
-            outs.append(m(ids[:, 29:], past_key_values=cache, use_cache=True).logits)
+            m(ids[:, :29], **cache_arg(m, cache), use_cache=True)
+            outs.append(m(ids[:, 29:], **cache_arg(m, cache), use_cache=True).logits)
     assert len(calls) == 2  # one decode step, two layers
     assert torch.allclose(outs[0], outs[1], atol=3e-2, rtol=3e-2), (outs[0] - outs[1]).abs().max()

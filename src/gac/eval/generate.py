@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from gac.compat import with_cache
 from gac.errors import GacError
 
 
@@ -131,7 +132,7 @@ def generate(
     try:
         _sync(dev)
         t0 = time.perf_counter()
-        out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+        out = model(**with_cache(model, cache, input_ids=ids, use_cache=True))
         token = out.logits[:, -1].argmax(-1, keepdim=True)
         tokens = [int(token)]
         _sync(dev)
@@ -140,7 +141,7 @@ def generate(
         step_ids = token.clone()  # the step's static input
 
         def eager() -> torch.Tensor:
-            return model(input_ids=step_ids, past_key_values=cache, use_cache=True).logits
+            return model(**with_cache(model, cache, input_ids=step_ids, use_cache=True)).logits
 
         step = eager
         remaining = max_new_tokens - 1
@@ -151,7 +152,7 @@ def generate(
             )
 
             def compiled() -> torch.Tensor:
-                return forward(input_ids=step_ids, past_key_values=cache, use_cache=True).logits
+                return forward(**with_cache(model, cache, input_ids=step_ids, use_cache=True)).logits
 
             step = compiled
             if want_graphs:

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from gac.compat import with_cache
 from gac.errors import GacError
 from gac.utils import atomic_write_text, console
 
@@ -430,7 +431,7 @@ class DecodeStep:
         self.ids = torch.randint(0, _vocab(model), (batch, 1), generator=g).to(self.dev)
         # the first call allocates the cache (lazy in transformers): eager, so that the compiled
         # step sees the allocated cache only and compiles once per shape
-        self.model(input_ids=self.ids, past_key_values=self.cache, use_cache=True)
+        self.model(**with_cache(self.model, self.cache, input_ids=self.ids, use_cache=True))
         for layer in self.cache.layers:  # random, not zero, keys and values
             layer.keys.normal_(0, 1)
             layer.values.normal_(0, 1)
@@ -462,7 +463,7 @@ class DecodeStep:
             layer.cumulative_length.fill_(pos)
 
     def _eager(self) -> Any:
-        return self.forward(input_ids=self.ids, past_key_values=self.cache, use_cache=True).logits
+        return self.forward(**with_cache(self.model, self.cache, input_ids=self.ids, use_cache=True)).logits
 
     def __call__(self) -> Any:
         if self.graph is not None:

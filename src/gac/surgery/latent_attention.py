@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from gac.compat import attention_cache
 from gac.errors import GacError
 
 
@@ -404,8 +405,11 @@ class LatentAttention(nn.Module):
         past_key_values: Any = None,
         position_ids: torch.Tensor | None = None,
         cache_position: torch.Tensor | None = None,
+        cache: Any = None,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, None]:
+        # transformers >= 5.24 hands the cache over as ``cache``; older 5.x as ``past_key_values``
+        past_key_values = attention_cache(cache, past_key_values)
         if self._kernel_ok(hidden_states, past_key_values, cache_position, position_ids):
             out = self._kernel_forward(
                 hidden_states, position_embeddings, past_key_values, cache_position, position_ids
