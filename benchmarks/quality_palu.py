@@ -7,8 +7,10 @@
 
 SmolLM2 has 3 KV heads, so the default group size 4 falls back to 3 (one group per projection,
 the reference's "J-LRD"); ``--group-size 1`` runs per-head groups. ``--ratios`` are the KV-cache
-fractions kept (the reference's ``--param_ratio_target``). One calibration per ratio serves all
-four align strategies; rows are written atomically and a re-run skips finished rows.
+fractions kept (the reference's ``--param_ratio_target``). ``--k-group-size``/``--v-group-size``
+group keys and values apart (each defaults to ``--group-size``). One calibration per ratio serves all
+four align strategies; rows are written atomically and a re-run (or another group setting into the
+same file) skips finished rows (keyed by ratio, align, key and value group size).
 
 Run (the committed result)::
 
@@ -32,6 +34,8 @@ def main() -> None:
     ap.add_argument("--ratios", default="0.5,0.7")
     ap.add_argument("--aligns", default="none,round,knapsack,gac")
     ap.add_argument("--group-size", type=int, default=None)
+    ap.add_argument("--k-group-size", type=int, default=None, help="key group size (default: --group-size)")
+    ap.add_argument("--v-group-size", type=int, default=None, help="value group size (default: --group-size)")
     ap.add_argument("--calib-samples", type=int, default=32)
     ap.add_argument("--calib-len", type=int, default=256)
     ap.add_argument("--eval-len", type=int, default=512)
@@ -81,7 +85,9 @@ def main() -> None:
         profile=args.profile,
     )
     result.setdefault("runs", [])
-    done = {(r["ratio"], r["align"]) for r in result["runs"]}
+
+    def key(ratio: float, align: str, opts: dict) -> tuple:
+        return (ratio, align, opts.get("k_group_size"), opts.get("v_group_size"))
 
     def save() -> None:
         result["elapsed_s"] = round(time.time() - t_start, 1)
@@ -96,16 +102,22 @@ def main() -> None:
         save()
     aligns = args.aligns.split(",")
     options = {"svd_dtype": "float32"}
-    if args.group_size is not None:
-        options["group_size"] = args.group_size
+    for k in ("group_size", "k_group_size", "v_group_size"):
+        if getattr(args, k) is not None:
+            options[k] = getattr(args, k)
+    done = {key(r["ratio"], r["align"], r["options"]) for r in result["runs"]}
     for ratio in (float(r) for r in args.ratios.split(",")):
-        todo = [a for a in aligns if (ratio, a) not in done]
-        if not todo:
-            continue
         t0 = time.time()
         cfg = CompressConfig(
             compressor="palu", param_ratio=ratio, align="none", profile=args.profile, options=options
         )
+        from gac.compressors.base import get_compressor
+
+        resolved = get_compressor("palu", **options)
+        resolved.sites(base)  # the group sizes as resolved for this model (the rows' keys)
+        todo = [a for a in aligns if key(ratio, a, resolved.options()) not in done]
+        if not todo:
+            continue
         p = plan(base, cfg, calib_batches=batches)
         plan_s = time.time() - t0
         for align in todo:
@@ -128,6 +140,7 @@ def main() -> None:
                 "native_ranks": {k: int(v) for k, v in p.native.items()},
                 "options": rep.compressor_options,
                 "params_after": rep.model_params_after,
+                "command": result["command"],
                 "plan_s": round(plan_s, 1),
                 "seconds": round(time.time() - t1, 1),
             }

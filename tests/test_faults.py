@@ -233,6 +233,27 @@ CASES: list[tuple[str, list[str], int, str, object]] = [
         "integer",
         None,
     ),
+    (
+        "compress-palu-key-group",
+        [C, TINY, "-c", "palu", "-o", "k_group_size=2", "--out", "{out}"],
+        2,
+        "key group size 2 does not divide the model's 1 KV heads",
+        None,
+    ),
+    (
+        "compress-palu-value-group",
+        [C, TINY, "-c", "palu", "-o", "v_group_size=3", "--out", "{out}"],
+        2,
+        "value group size 3 does not divide",
+        None,
+    ),
+    (
+        "compress-palu-below-modulus",
+        [C, TINY, "-c", "palu", "-r", "0.05", "--profile", "default", "--out", "{out}"],
+        2,
+        "below one rank modulus",
+        None,
+    ),
     ("compress-device-tpu", [C, TINY, *SVD, "--device", "tpu", "--out", "{out}"], 2, "unknown device", None),
     (
         "compress-device-cuda-index",

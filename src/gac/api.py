@@ -271,6 +271,9 @@ def plan(
             f"param ratio {config.param_ratio} cannot be met: even the smallest dims cost "
             f"{floor_cost:,} of {dense:,} parameters ({floor_cost / dense:.4f})"
         )
+    check_budget = getattr(comp, "check_budget", None)  # a compressor's own budget bounds (palu)
+    if check_budget is not None:
+        check_budget(sites, budget, prof, config.align)
     calib_info: dict[str, Any] = {"used": False}
     t0 = time.perf_counter()
     if comp.needs_calibration:

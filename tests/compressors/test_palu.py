@@ -200,7 +200,7 @@ def test_save_load_round_trip(tmp_path, llama64):
 
 
 def test_bad_group_size_and_ratio(llama64):
-    with pytest.raises(GacError, match="group size 3 does not divide the model's 4 KV heads"):
+    with pytest.raises(GacError, match="key group size 3 does not divide the model's 4 KV heads"):
         plan(
             copy.deepcopy(llama64),
             CompressConfig(compressor="palu", param_ratio=0.5, options={"group_size": 3}),
@@ -218,7 +218,7 @@ def test_bad_group_size_and_ratio(llama64):
     ("family", "kw", "match"),
     [
         ("phi3", {}, "separate q/k/v/o"),
-        ("qwen3", {}, "k_norm"),
+        ("olmo2", {}, "normalizes q over all heads jointly"),
         ("mistral", {}, "sliding-window"),
     ],
 )

@@ -76,8 +76,12 @@ def register(app: typer.Typer) -> None:
             branches=not no_branches,
             combo_kernels=not no_combo_kernels,
         )
+        from gac.surgery.latent_attention import latent_attention_paths
+
         if json_out:
-            out_console.print_json(json.dumps({"model": model, **g.to_dict()}))
+            # PaLU: which decode path each latent-attention layer took (None for other models)
+            paths = {"latent_attention_path": latent_attention_paths(lm.model)}
+            out_console.print_json(json.dumps({"model": model, **g.to_dict(), **paths}))
             return
         out_console.print(prompt + g.text, markup=False, highlight=False, soft_wrap=True)
         console.print(

@@ -54,6 +54,7 @@ from gac.compressors.lowrank import svd_dtype_for, tail_energy_curve, truncated_
 from gac.compressors.svdllm import whitening_factor
 from gac.errors import GacError
 from gac.sites import Site
+from gac.surgery.latent_attention import model_rotary
 from gac.utils import track
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,8 @@ class PaluCompressor(Compressor):
     def __init__(
         self,
         group_size: int | None = None,
+        k_group_size: int | None = None,
+        v_group_size: int | None = None,
         search: str = "fisher_uniform",
         decompose: str = "whiten",
         fold_values: bool = False,
@@ -118,9 +121,17 @@ class PaluCompressor(Compressor):
             raise GacError(f"palu: search must be one of {', '.join(SEARCH_METHODS)}, got {search!r}")
         if decompose not in DECOMPOSE:
             raise GacError(f"palu: decompose must be one of {', '.join(DECOMPOSE)}, got {decompose!r}")
-        if group_size is not None and int(group_size) < 1:
-            raise GacError(f"palu: group_size must be a positive number of KV heads, got {group_size}")
+        for name, gs in (
+            ("group_size", group_size),
+            ("k_group_size", k_group_size),
+            ("v_group_size", v_group_size),
+        ):
+            if gs is not None and int(gs) < 1:
+                raise GacError(f"palu: {name} must be a positive number of KV heads, got {gs}")
         self.group_size = None if group_size is None else int(group_size)
+        #: key and value group sizes (each defaults to ``group_size``)
+        self.k_group_size = self.group_size if k_group_size is None else int(k_group_size)
+        self.v_group_size = self.group_size if v_group_size is None else int(v_group_size)
         self.search = search
         self.decompose = decompose
         self.fold_values = bool(fold_values)
@@ -131,20 +142,44 @@ class PaluCompressor(Compressor):
         self._fisher: dict[str, torch.Tensor] = {}
         self._spectra: dict[str, torch.Tensor] = {}
         self._chols: dict[int, torch.Tensor | None] = {}
-        self._gsize = 0
+        self._gsize: dict[str, int] = {}
 
     # ------------------------------------------------------------------ sites
-    def _group_size(self, kv_heads: int) -> int:
-        if self.group_size is not None:
-            if kv_heads % self.group_size:
+    def _group_size(self, kv_heads: int, kind: str) -> int:
+        gs = self.k_group_size if kind == "k" else self.v_group_size
+        what = {"k": "key", "v": "value"}[kind]
+        if gs is not None:
+            if kv_heads % gs:
                 raise GacError(
-                    f"palu: group size {self.group_size} does not divide the model's {kv_heads} KV heads"
+                    f"palu: {what} group size {gs} does not divide the model's {kv_heads} KV heads"
                 )
-            return self.group_size
+            return gs
         g = max(d for d in range(1, min(DEFAULT_GROUP_SIZE, kv_heads) + 1) if kv_heads % d == 0)
-        if g != DEFAULT_GROUP_SIZE:
+        if g != DEFAULT_GROUP_SIZE and kind == "k":
             log.warning("palu: the default group size 4 does not divide %d KV heads; using %d", kv_heads, g)
         return g
+
+    @staticmethod
+    def _check_qk_norms(ad: Any, hd: int) -> None:
+        """Per-head q/k RMSNorms (Qwen3, Gemma-3) are served; anything else inside attention is refused."""
+        if not ad.has_qk_norm:
+            return
+        attn = ad.model.get_submodule(ad.attention_fqn(0))
+        for fqn in ad.qk_norm_fqns(0):
+            name = fqn.rsplit(".", 1)[-1]
+            norm = ad.model.get_submodule(fqn)
+            w = getattr(norm, "weight", None)
+            width = int(w.numel()) if w is not None else -1
+            if name not in ("q_norm", "k_norm") or getattr(attn, name, None) is not norm:
+                raise GacError(
+                    f"palu: this {ad.family} model's attention holds a norm {name!r} the latent cache cannot place"
+                )
+            if width != hd or isinstance(norm, nn.LayerNorm):
+                raise GacError(
+                    f"palu: this {ad.family} model normalizes {name[0]} over all heads jointly ({name} over "
+                    f"{width} features, head_dim {hd}); the latent cache rebuilds keys per group and "
+                    "serves only per-head RMS norms"
+                )
 
     def sites(self, model: nn.Module) -> list[Site]:
         from gac.models.adapters import get_adapter
@@ -156,11 +191,8 @@ class PaluCompressor(Compressor):
                 f"palu needs separate q/k/v/o attention projections; this {ad.family} model has "
                 f"{', '.join(ad.roles)} (no {', '.join(missing)})"
             )
-        if ad.has_qk_norm:
-            raise GacError(
-                f"palu: this {ad.family} model normalizes keys per head (k_norm); the latent cache "
-                "supports only linear keys before RoPE"
-            )
+        hd, kvh, heads = ad.head_dim, ad.kv_heads, ad.heads
+        self._check_qk_norms(ad, hd)
         cfg = ad.config
         window = getattr(cfg, "sliding_window", None)
         layer_types = set(getattr(cfg, "layer_types", None) or [])
@@ -171,9 +203,14 @@ class PaluCompressor(Compressor):
             )
         if getattr(cfg, "is_encoder_decoder", False) or getattr(cfg, "add_cross_attention", False):
             raise GacError("palu: the latent cache does not support cross-attention models")
-        hd, kvh, heads = ad.head_dim, ad.kv_heads, ad.heads
-        gs = self._gsize = self._group_size(kvh)
-        n_groups = kvh // gs
+        rotary = model_rotary(model)
+        inv = getattr(rotary, "inv_freq", None)
+        if inv is not None and 2 * inv.numel() != hd:
+            raise GacError(
+                f"palu: this {ad.family} model rotates {2 * inv.numel()} of each head's {hd} dims (partial "
+                "rotary); the latent cache applies RoPE to whole rebuilt keys"
+            )
+        gs = self._gsize = {r: self._group_size(kvh, r) for r in ("k", "v")}
         self._layers.clear()
         out: list[Site] = []
         for i in range(ad.num_layers):
@@ -187,8 +224,8 @@ class PaluCompressor(Compressor):
                     )
             self._layers[i] = {"attn": ad.attention_fqn(i), "fqns": p}
             for r in ("k", "v"):
-                for g in range(n_groups):
-                    gd = gs * hd
+                for g in range(kvh // gs[r]):
+                    gd = gs[r] * hd
                     out.append(
                         Site(
                             name=f"{p[r]}:g{g}",
@@ -204,6 +241,10 @@ class PaluCompressor(Compressor):
                                 "group": g,
                                 "round_multiple": REF_ROUND,
                                 "flops_per_dim": ad.hidden + gd,  # a down row and an up column
+                                # decode: a key dim is rebuilt to G_k·hd outputs for every cached token
+                                # (G_k·hd/2 FLOP per latent byte in 16 bits); values are never rebuilt.
+                                # Not priced by the knapsack yet: no latent-attention operator class.
+                                "rebuild_flops_per_dim_per_cached_token": 2 * gd if r == "k" else 0,
                                 "cost_unit": "latent dims per token",
                             },
                         )
@@ -212,10 +253,23 @@ class PaluCompressor(Compressor):
             "heads": heads,
             "kv_heads": kvh,
             "head_dim": hd,
-            "groups": n_groups,
+            "groups": {r: kvh // gs[r] for r in ("k", "v")},
             "hidden": ad.hidden,
         }
         return out
+
+    def check_budget(self, sites: list[Site], budget: int, profile: Any, align: str) -> None:
+        """Aligned ranks (``gac``) need at least one rank modulus of the profile per group."""
+        if not align.startswith("gac") or not sites or profile is None:
+            return
+        m = profile.modulus("lowrank_r")
+        if budget < len(sites) * m:
+            dense = sum(s.max_dim for s in sites)
+            raise GacError(
+                f"palu: this KV ratio leaves {budget / len(sites):.1f} latent dims per group, below one rank "
+                f"modulus ({m}) of the profile for each of the {len(sites)} groups (align gac); use a ratio "
+                f">= {len(sites) * m / dense:.3f} or larger groups"
+            )
 
     # ------------------------------------------------------------ calibration
     def calibrate(self, model: nn.Module, batches: Iterable[torch.Tensor]) -> None:
@@ -344,7 +398,6 @@ class PaluCompressor(Compressor):
         """The reference's rank search for ``budget`` latent dims (see the module docstring)."""
         if not sites:
             return {}
-        n_groups = self._geom["groups"]
         if budget < len(sites):
             raise GacError(
                 f"palu: a KV budget of {budget:,} latent dims is below one rank per group ({len(sites)} groups)"
@@ -367,7 +420,7 @@ class PaluCompressor(Compressor):
         out: dict[str, int] = {}
         for n, r in zip(names, ranks, strict=True):
             for s in mods[n]:
-                out[s.name] = max(1, r // n_groups)
+                out[s.name] = max(1, r // len(mods[n]))
         return out
 
     # ----------------------------------------------------------------- apply
@@ -426,6 +479,8 @@ class PaluCompressor(Compressor):
                 float(getattr(attn, "scaling", geom["head_dim"] ** -0.5)),
                 rotary,
                 fold_values=self.fold_values,
+                q_norm=getattr(attn, "q_norm", None),
+                k_norm=getattr(attn, "k_norm", None),
             )
             new.train(attn.training)
             replace_module(model, info["attn"], new)
@@ -436,8 +491,13 @@ class PaluCompressor(Compressor):
         self._chols.clear()
 
     def options(self) -> dict[str, Any]:
+        gk = self._gsize.get("k", self.k_group_size)
+        gv = self._gsize.get("v", self.v_group_size)
         return {
-            "group_size": self._gsize or self.group_size,
+            # one group size where keys and values share it (the reference's), else None
+            "group_size": gk if gk == gv else None,
+            "k_group_size": gk,
+            "v_group_size": gv,
             "search": self.search,
             "decompose": self.decompose,
             "fold_values": self.fold_values,

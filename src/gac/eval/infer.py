@@ -720,6 +720,10 @@ def sweep_model(
     for r in out["prefill"]:
         r["flops"] = prefill_flops(model, r["batch"], r["seq"])
         r["flops_counter"] = FLOPS_COUNTER
+    from gac.surgery.latent_attention import latent_attention_paths
+
+    # PaLU: the decode path each latent-attention layer took (kernel or reference, and why)
+    out["latent_attention_path"] = latent_attention_paths(model)
     ok = [r for r in out["prefill"] + out["decode"] if r.get("status") == "ok"]
     out["setup_s_total"] = sum(r.get("setup_s", 0.0) for r in ok)  # compile + capture, not in latency
     out["compiles_total"] = sum(r.get("compiles", 0) for r in ok)
