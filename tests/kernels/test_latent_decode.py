@@ -108,3 +108,88 @@ def test_model_decode_step_takes_kernel(monkeypatch):
             outs.append(m(ids[:, 29:], **cache_arg(m, cache), use_cache=True).logits)
     assert len(calls) == 2  # one decode step, two layers
     assert torch.allclose(outs[0], outs[1], atol=3e-2, rtol=3e-2), (outs[0] - outs[1]).abs().max()
+
+
+#: (family, key group size, value group size): Llama, Qwen2 (biased keys), Qwen3 (per-head key
+#: norm), Granite (found by structural discovery; attention multiplier as the softmax scale)
+FAMILY_CASES = [
+    ("llama", 1, 2, False),
+    ("llama", 4, 1, True),
+    ("qwen2", 2, 1, False),
+    ("qwen3", 1, 4, False),
+    ("qwen3", 2, 2, True),
+    ("granite", 2, 4, False),
+]
+#: what a family needs the decode kernel to take (``FEATURES`` of gac.kernels.latent_attention)
+NEEDS = {"qwen2": "k_bias", "qwen3": "k_norm"}
+
+
+def _family_model(family, kg, vg, fold, layers=1, hidden=128):
+    import gac.kernels.latent_attention as kl
+
+    need = NEEDS.get(family)
+    if need and need not in getattr(kl, "FEATURES", frozenset()):
+        pytest.skip(f"this build's decode kernel does not declare {need!r} in FEATURES")
+    base = tiny_model(family, hidden=hidden, layers=layers, heads=8, kv_heads=4, head_dim=64)
+    g = torch.Generator().manual_seed(5)
+    batches = [torch.randint(3, 240, (2, 32), generator=g) for _ in range(4)]
+    opts = {"k_group_size": kg, "v_group_size": vg}
+    p = plan(
+        copy.deepcopy(base),
+        CompressConfig(compressor="palu", param_ratio=0.45, align="none", options=opts),
+        calib_batches=batches,
+    )
+    m = copy.deepcopy(base)
+    p.compressor.fold_values = fold
+    p.compressor.apply(m, p.sites, p.native)
+    return m.to(DEV), g
+
+
+@pytest.mark.parametrize(("family", "kg", "vg", "fold"), FAMILY_CASES)
+def test_kernel_matches_reference_across_families(family, kg, vg, fold):
+    """``LatentAttention._kernel_forward`` against the reference path, one decode step."""
+    from transformers import StaticCache
+
+    m, g = _family_model(family, kg, vg, fold)
+    attn = m.model.layers[0].self_attn
+    assert attn.n_groups == (4 // kg, 4 // vg)
+    b, t0 = 2, 45
+    cache = StaticCache(config=m.config, max_cache_len=70)
+    ids = torch.randint(3, 240, (b, t0), generator=g).to(DEV)
+    with torch.no_grad():
+        m(ids, **cache_arg(m, cache), use_cache=True)
+        h = torch.randn(b, 1, 128, generator=g).to(DEV)
+        pos = torch.tensor([t0], device=DEV)
+        pe = m.model.rotary_emb(h, pos[None])
+        if DEV == "cuda":  # the kernel serves this layout: no reason to fall back
+            assert attn.decode_refusals(h, cache, pos, pos[None]) == []
+        attn.use_kernel = False
+        mask = (torch.arange(70, device=DEV) <= t0).view(1, 1, 1, 70).expand(b, 1, 1, 70)
+        ref, _ = attn(h, pe, mask, **cache_arg(attn, cache), position_ids=pos[None], cache_position=pos)
+        got = attn._kernel_forward(h, pe, cache, pos, pos[None])
+    tol = dict(atol=2e-4, rtol=1e-3) if DEV == "cpu" else dict(atol=2e-2, rtol=2e-2)
+    assert torch.allclose(got, ref, **tol), (got - ref).abs().max()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEV != "cuda", reason="the model takes the kernel only on CUDA")
+@pytest.mark.parametrize(("family", "kg", "vg", "fold"), FAMILY_CASES)
+def test_model_decode_takes_the_kernel_across_families(family, kg, vg, fold):
+    """Every layer's decode steps take the kernel (recorded), with the reference path's logits."""
+    from transformers import StaticCache
+
+    from gac.surgery.latent_attention import latent_attention_paths, latent_modules
+
+    m, g = _family_model(family, kg, vg, fold, layers=2, hidden=256)
+    ids = torch.randint(3, 240, (2, 30), generator=g).to(DEV)
+    outs = []
+    for use in (True, False):
+        for _, a in latent_modules(m):
+            a.use_kernel = use
+        cache = StaticCache(config=m.config, max_cache_len=40)
+        with torch.no_grad():
+            m(ids[:, :29], **cache_arg(m, cache), use_cache=True)
+            outs.append(m(ids[:, 29:], **cache_arg(m, cache), use_cache=True).logits)
+        if use:
+            assert latent_attention_paths(m) == {"kernel": 2, "reference": 0, "unrecorded": 0, "reasons": []}
+    assert torch.allclose(outs[0], outs[1], atol=3e-2, rtol=3e-2), (outs[0] - outs[1]).abs().max()

@@ -8,7 +8,13 @@ none of its code is copied.
   (G-LRD): the KV heads are split into groups of ``group_size`` heads (default 4, the reference's;
   1 = per head "M-LRD", all KV heads = joint "J-LRD"); each group's rows ``W_g [G·hd, hidden]``
   get their own rank ``r_g``. The model then caches ``Σ r_g`` latents per token and projection
-  (:mod:`gac.surgery.latent_attention`).
+  (:mod:`gac.surgery.latent_attention`). Keys and values may be grouped apart
+  (``k_group_size``/``v_group_size``, each defaulting to ``group_size``): keys are rebuilt from
+  their latents at every decode step (``G_k·hd/2`` FLOP per latent byte), values never are.
+* **Layouts.** q/k/v/o projections with a key bias (Qwen2: the bias is the up-projection's, added
+  before RoPE) or a per-head key norm (Qwen3, Gemma-3: the latent stays linear, the rebuilt key rows
+  are RMS-normalized before RoPE). Refused by name, before any work: a norm over all heads jointly
+  (OLMo-2), partial rotary, sliding-window and cross attention, fused qkv.
 * **Decomposition.** The reference default ``whiten``: SVD-LLM's truncation-aware whitening with
   the Cholesky factor of the projection input's Gram matrix (gac's
   :func:`~gac.compressors.svdllm.whitening_factor` and
@@ -28,7 +34,9 @@ none of its code is copied.
   (``max(1, round(r/32))·32``), which moves it off the budget. That is what ``--align round``
   does for this compressor (``Site.meta["round_multiple"]``); ``none`` is the search's raw ranks.
 * **Sites and costs.** One site per (layer, K or V, group); the cost of a site is its latent
-  width (values cached per token), so the budget is the KV-cache budget. The knapsack's value is
+  width (values cached per token), so the budget is the KV-cache budget. A key site also records
+  ``meta["rebuild_flops_per_dim_per_cached_token"] = 2·G_k·hd`` (the decode rebuild); no allocator
+  prices it yet, for want of a latent-attention operator class in the profiles. The knapsack's value is
   the Fisher-weighted truncation loss: ``F̄_g · Σ_{i>=d} σ_i² / tokens`` on the whitened spectrum.
 
 Settings that differ from the reference, and why: calibration uses gac's calibration windows for
