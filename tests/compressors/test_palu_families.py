@@ -14,10 +14,12 @@ import torch
 
 import gac.surgery.latent_attention as la
 from gac.api import CompressConfig, compress_, gac_config_for_save, plan
-from gac.compat import cache_arg, output_cache
+from gac.compat import cache_arg
 from gac.errors import GacError
 from gac.surgery.latent_attention import LatentCache, latent_attention_paths, latent_modules
 from gac.testing import tiny_model
+
+from .test_palu import _applied
 
 GEOM = dict(hidden=120, layers=2, heads=4, kv_heads=2, head_dim=24)  # misaligned head_dim
 FAMILIES = ("llama", "qwen2", "qwen3", "granite")
@@ -45,28 +47,18 @@ def _plan(base, family: str, ratio: float = 0.5):
     return plan(copy.deepcopy(base), cfg, calib_batches=_batches())
 
 
-def _applied(base, p, dims, fold: bool):
-    m = copy.deepcopy(base)
-    c = p.compressor
-    old, c.fold_values = c.fold_values, fold
-    try:
-        c.apply(m, p.sites, dims)
-    finally:
-        c.fold_values = old
-    return m
-
-
 @pytest.fixture(scope="module", params=FAMILIES)
 def family_plan(request):
     base = tiny_model(request.param, **GEOM).double()
     return request.param, base, _plan(base, request.param)
 
 
-def _static_decode(model, ids, t0: int, steps: int) -> torch.Tensor:
-    """Logits of ``steps`` single-token steps after a ``t0``-token prefill into a static cache."""
+def _decode(model, ids, t0: int, steps: int, cache=None) -> torch.Tensor:
+    """Logits of ``steps`` single-token steps after a ``t0``-token prefill into ``cache`` (default:
+    a 40-slot static cache)."""
     from transformers import StaticCache
 
-    cache = StaticCache(config=model.config, max_cache_len=40)
+    cache = cache if cache is not None else StaticCache(config=model.config, max_cache_len=40)
     outs = []
     with torch.no_grad():
         model(ids[:, :t0], **cache_arg(model, cache), use_cache=True)
@@ -85,16 +77,14 @@ def test_full_rank_equals_the_dense_model_on_every_cache(family_plan, fold):
     assert (attn.k_norm is not None) == (family == "qwen3")
     assert (attn.k_proj.ups[0].bias is not None) == (family == "qwen2")
     ids = _ids()
+    from transformers import DynamicCache
+
     with torch.no_grad():
         assert torch.allclose(m(ids).logits, base(ids).logits, atol=1e-9, rtol=0)
-        # dynamic cache (the latent cache) against the dense model's own cache
-        out = m(ids[:, :10], **cache_arg(m, LatentCache()), use_cache=True)
-        ref = base(ids[:, :10], use_cache=True)
-        a = m(ids[:, 10:12], **cache_arg(m, output_cache(out))).logits
-        b = base(ids[:, 10:12], **cache_arg(base, output_cache(ref))).logits
-    assert torch.allclose(a, b, atol=1e-9, rtol=0)
-    # static cache, single-token decode steps (the decode path)
-    assert torch.allclose(_static_decode(m, ids, 9, 3), _static_decode(base, ids, 9, 3), atol=1e-9, rtol=0)
+    # the latent (dynamic) cache against the dense model's own; then static-cache decode steps
+    got, want = _decode(m, ids, 10, 2, LatentCache()), _decode(base, ids, 10, 2, DynamicCache())
+    assert torch.allclose(got, want, atol=1e-9, rtol=0)
+    assert torch.allclose(_decode(m, ids, 9, 3), _decode(base, ids, 9, 3), atol=1e-9, rtol=0)
     kw = dict(max_new_tokens=6, do_sample=False)
     assert torch.equal(m.generate(ids[:1, :8], **kw), base.generate(ids[:1, :8], **kw))
 
@@ -110,7 +100,7 @@ def test_compressed_paths_agree(family_plan):
         assert (full - base(ids).logits).abs().max() > 1e-3  # it is compressed
         assert torch.allclose(folded(ids).logits, full, atol=1e-9, rtol=0)
         for m in (ref, folded):
-            assert torch.allclose(_static_decode(m, ids, 9, 3), full[:, 9:12], atol=1e-9, rtol=0)
+            assert torch.allclose(_decode(m, ids, 9, 3), full[:, 9:12], atol=1e-9, rtol=0)
 
 
 def test_reference_path_is_grouped_cut_to_the_filled_length_with_one_rope_table(monkeypatch):
@@ -133,7 +123,7 @@ def test_reference_path_is_grouped_cut_to_the_filled_length_with_one_rope_table(
     )
     ids = _ids(2, 12)
     with torch.no_grad():
-        _static_decode(m, ids, 10, 1)  # a 40-slot static cache, 11 filled after the step
+        _decode(m, ids, 10, 1)  # a 40-slot static cache, 11 filled after the step
     q, k = seen[-1]
     assert k[1] == q[1] == GEOM["kv_heads"]  # attended on the KV heads: no repeat_kv copy
     assert q[2] == 2  # each KV head's 2 query heads become its query rows

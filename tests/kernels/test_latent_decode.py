@@ -24,13 +24,35 @@ if DEV == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("needs CUDA or TRITON_INTERPRET=1", allow_module_level=True)
 
 
+def _assert_kernel_matches_reference(m, attn, g, b: int = 2, t0: int = 45) -> None:
+    """One decode step of ``attn`` after a ``t0``-token prefill: ``_kernel_forward`` against the
+    reference path (``use_kernel=False``), both writing the token's latents at slot ``t0``."""
+    from transformers import StaticCache
+
+    cache = StaticCache(config=m.config, max_cache_len=70)
+    ids = torch.randint(3, 240, (b, t0), generator=g).to(DEV)
+    with torch.no_grad():
+        m(ids, **cache_arg(m, cache), use_cache=True)
+        h = torch.randn(b, 1, m.config.hidden_size, generator=g).to(DEV)
+        pos = torch.tensor([t0], device=DEV)
+        pe = m.model.rotary_emb(h, pos[None])
+        if DEV == "cuda":  # the kernel serves this layout: no reason to fall back
+            assert attn.decode_refusals(h, cache, pos, pos[None]) == []
+        attn.use_kernel = False
+        mask = (torch.arange(70, device=DEV) <= t0).view(1, 1, 1, 70).expand(b, 1, 1, 70)
+        ref, _ = attn(h, pe, mask, **cache_arg(attn, cache), position_ids=pos[None], cache_position=pos)
+        got = attn._kernel_forward(h, pe, cache, pos, pos[None])
+    # fp32 inputs: tl.dot runs in TF32 on a GPU (10-bit mantissa), exactly in the interpreter
+    tol = dict(atol=2e-4, rtol=1e-3) if DEV == "cpu" else dict(atol=2e-2, rtol=2e-2)
+    assert torch.allclose(got, ref, **tol), (got - ref).abs().max()
+
+
 @pytest.mark.parametrize(
     ("group_size", "ratio", "fold", "align"),
     [(2, 0.45, True, "none"), (2, 0.45, False, "none"), (1, 0.7, False, "none"), (4, 0.3, True, "none"),
      (2, 0.45, True, "round")],
 )  # fmt: skip
 def test_kernel_matches_reference(group_size, ratio, fold, align):
-    from transformers import StaticCache
 
     base = tiny_model("llama", hidden=128, layers=1, heads=8, kv_heads=4, head_dim=64)
     g = torch.Generator().manual_seed(3)
@@ -58,22 +80,7 @@ def test_kernel_matches_reference(group_size, ratio, fold, align):
         == latent_align(*koff, *kr)
         in ((8,) if align == "round" else (1, 2, 4, 8))
     )
-    b, t0 = 2, 45
-    cache = StaticCache(config=m.config, max_cache_len=70)
-    ids = torch.randint(3, 240, (b, t0 + 1), generator=g).to(DEV)
-    with torch.no_grad():
-        m(ids[:, :t0], **cache_arg(m, cache), use_cache=True)
-        h = torch.randn(b, 1, 128, generator=g).to(DEV)
-        pos = torch.tensor([t0], device=DEV)
-        pe = m.model.rotary_emb(h, pos[None])
-        attn.use_kernel = False
-        mask = (torch.arange(70, device=DEV) <= t0).view(1, 1, 1, 70).expand(b, 1, 1, 70)
-        ref, _ = attn(h, pe, mask, **cache_arg(attn, cache), position_ids=pos[None], cache_position=pos)
-        # the reference path wrote the token's latents at slot t0; the kernel path writes the same
-        got = attn._kernel_forward(h, pe, cache, pos, pos[None])
-    # fp32 inputs: tl.dot runs in TF32 on a GPU (10-bit mantissa), exactly in the interpreter
-    tol = dict(atol=2e-4, rtol=1e-3) if DEV == "cpu" else dict(atol=2e-2, rtol=2e-2)
-    assert torch.allclose(got, ref, **tol), (got - ref).abs().max()
+    _assert_kernel_matches_reference(m, attn, g)
 
 
 @pytest.mark.skipif(DEV != "cuda", reason="the model takes the kernel only on CUDA")
@@ -148,27 +155,11 @@ def _family_model(family, kg, vg, fold, layers=1, hidden=128):
 @pytest.mark.parametrize(("family", "kg", "vg", "fold"), FAMILY_CASES)
 def test_kernel_matches_reference_across_families(family, kg, vg, fold):
     """``LatentAttention._kernel_forward`` against the reference path, one decode step."""
-    from transformers import StaticCache
 
     m, g = _family_model(family, kg, vg, fold)
     attn = m.model.layers[0].self_attn
     assert attn.n_groups == (4 // kg, 4 // vg)
-    b, t0 = 2, 45
-    cache = StaticCache(config=m.config, max_cache_len=70)
-    ids = torch.randint(3, 240, (b, t0), generator=g).to(DEV)
-    with torch.no_grad():
-        m(ids, **cache_arg(m, cache), use_cache=True)
-        h = torch.randn(b, 1, 128, generator=g).to(DEV)
-        pos = torch.tensor([t0], device=DEV)
-        pe = m.model.rotary_emb(h, pos[None])
-        if DEV == "cuda":  # the kernel serves this layout: no reason to fall back
-            assert attn.decode_refusals(h, cache, pos, pos[None]) == []
-        attn.use_kernel = False
-        mask = (torch.arange(70, device=DEV) <= t0).view(1, 1, 1, 70).expand(b, 1, 1, 70)
-        ref, _ = attn(h, pe, mask, **cache_arg(attn, cache), position_ids=pos[None], cache_position=pos)
-        got = attn._kernel_forward(h, pe, cache, pos, pos[None])
-    tol = dict(atol=2e-4, rtol=1e-3) if DEV == "cpu" else dict(atol=2e-2, rtol=2e-2)
-    assert torch.allclose(got, ref, **tol), (got - ref).abs().max()
+    _assert_kernel_matches_reference(m, attn, g)
 
 
 @pytest.mark.gpu
