@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = speed_args(__doc__, prefill_seqs="512,2048", decode_kv="4096,16384,32768")
     ap.add_argument("--ratio", type=float, default=0.5, help="KV-cache fraction kept")
     ap.add_argument("--group-size", type=int, default=4)
+    ap.add_argument("--k-group-size", type=int, default=None, help="key group size (default: --group-size)")
     ap.add_argument(
         "--folded", default="gac", help="aligns also timed with values folded into o_proj (fold_values=True)"
     )
@@ -35,10 +36,11 @@ def main(argv: list[str] | None = None) -> int:
         compressor="palu",
         param_ratio=args.ratio,
         align="none",
-        options={"group_size": args.group_size, "svd_dtype": "float32"},
+        options={"group_size": args.group_size, "k_group_size": args.k_group_size, "svd_dtype": "float32"},
     )
     method = (
-        f"palu (fisher_uniform, whiten, group size {args.group_size}) at KV ratio {args.ratio}, "
+        f"palu (fisher_uniform, whiten, group size {args.group_size}, key group size "
+        f"{args.k_group_size or args.group_size}) at KV ratio {args.ratio}, "
         "then plan.allocation(align)"
     )
 
