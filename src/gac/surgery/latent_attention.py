@@ -128,7 +128,7 @@ def _warn_once(reason: str) -> None:
         return
     _WARNED.add(reason)
     log.warning(
-        "latent attention: decode takes the reference path (%s); the Triton kernel cannot serve it", reason
+        "latent attention: decode takes the reference path: %s (the Triton kernel cannot serve it)", reason
     )
 
 
@@ -351,7 +351,8 @@ class LatentAttention(nn.Module):
                 why.append(f"head_dim {hd} not a power of two >= 32")
             if n_rep > 16:
                 why.append(f"{n_rep} query heads per KV head (more than 16)")
-            out += why if kl.HAVE_TRITON else []
+            if kl.HAVE_TRITON:
+                out += why or [f"head_dim {hd} with {n_rep} query heads per KV head (kernel_supported)"]
         # what the kernel of this build takes (``FEATURES`` in gac.kernels.latent_attention)
         feats = getattr(kl, "FEATURES", frozenset())
         if self.k_proj.ups[0].bias is not None and "k_bias" not in feats:
