@@ -337,6 +337,8 @@ CASES: list[tuple[str, list[str], int, str, object]] = [
     ("demo-out-cwd", ["demo", "--out", "."], 2, "current directory", None),
     ("demo-out-cwd-overwrite", ["demo", "--overwrite", "--out", "."], 2, "current directory", None),
     ("demo-out-nonempty", ["demo", "--out", "{busy}"], 2, "not empty", s_nonempty_out),
+    ("generate-empty-prompt", ["generate", TINY, "-p", ""], 2, "the prompt is empty", None),
+    ("generate-zero-tokens", ["generate", TINY, "-p", "Hi", "-n", "0"], 2, "--max-new-tokens must be", None),
     ("profile-out-dir", ["profile", "--out", "{busy}"], 2, "directory", s_nonempty_out),
     ("profile-out-exists", ["profile", "--out", "{afile}"], 2, "already exists", s_file_out),
     ("ppl-out-proc", ["eval", "ppl", TINY, "--out", "/proc/x.json"], 2, "/proc", None),

@@ -10,7 +10,15 @@ import torch
 
 from gac.errors import GacError
 from gac.eval import infer
-from gac.eval.infer import DecodeStep, SweepConfig, Variant, run_sweep, weight_bytes_per_step, write_results
+from gac.eval.infer import (
+    DecodeStep,
+    SweepConfig,
+    Variant,
+    cache_kwargs,
+    run_sweep,
+    weight_bytes_per_step,
+    write_results,
+)
 from gac.surgery.factorized import FactorizedLinear, replace_module
 from gac.testing import tiny_model
 
@@ -144,7 +152,7 @@ def test_decode_steps_advance_the_static_cache_like_generate():
         for layer in step.cache.layers:
             layer.keys.zero_()
             layer.values.zero_()
-        m(input_ids=ids[:, :8], past_key_values=step.cache, use_cache=True)  # prefill 8 into the cache
+        m(input_ids=ids[:, :8], use_cache=True, **cache_kwargs(m, step.cache))  # prefill 8 into the cache
         got = []
         for t in range(8, 12):
             step.ids.copy_(ids[:, t : t + 1])

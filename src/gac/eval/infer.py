@@ -360,6 +360,19 @@ def compiled_frames() -> int:
         return 0
 
 
+def cache_kwargs(model: nn.Module, cache: Any) -> dict[str, Any]:
+    """``{"cache": cache}`` where the model's forward takes ``cache`` (transformers >= 5.24 renamed
+    ``past_key_values``, with a FutureWarning for the old name), else ``{"past_key_values": cache}``."""
+    import inspect
+
+    fwd = getattr(model, "forward", model)
+    try:
+        params = inspect.signature(fwd).parameters
+    except (TypeError, ValueError):
+        params = {}
+    return {"cache" if "cache" in params else "past_key_values": cache}
+
+
 def _capture(fn: Callable[[], Any], dev: torch.device) -> tuple[Callable[[], Any], Callable[[], None]]:
     """Warm ``fn`` up on a side stream, capture it as a CUDA graph; return (replay, release)."""
     s = torch.cuda.Stream(dev)
@@ -430,7 +443,7 @@ class DecodeStep:
         self.ids = torch.randint(0, _vocab(model), (batch, 1), generator=g).to(self.dev)
         # the first call allocates the cache (lazy in transformers): eager, so that the compiled
         # step sees the allocated cache only and compiles once per shape
-        self.model(input_ids=self.ids, past_key_values=self.cache, use_cache=True)
+        self.model(input_ids=self.ids, use_cache=True, **cache_kwargs(self.model, self.cache))
         for layer in self.cache.layers:  # random, not zero, keys and values
             layer.keys.normal_(0, 1)
             layer.values.normal_(0, 1)
@@ -462,7 +475,7 @@ class DecodeStep:
             layer.cumulative_length.fill_(pos)
 
     def _eager(self) -> Any:
-        return self.forward(input_ids=self.ids, past_key_values=self.cache, use_cache=True).logits
+        return self.forward(input_ids=self.ids, use_cache=True, **cache_kwargs(self.model, self.cache)).logits
 
     def __call__(self) -> Any:
         if self.graph is not None:
