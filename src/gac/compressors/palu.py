@@ -204,6 +204,8 @@ class PaluCompressor(Compressor):
                                 "group": g,
                                 "round_multiple": REF_ROUND,
                                 "flops_per_dim": ad.hidden + gd,  # a down row and an up column
+                                "params_per_dim": ad.hidden + gd,
+                                "dense_params": gd * ad.hidden,
                                 "cost_unit": "latent dims per token",
                             },
                         )
