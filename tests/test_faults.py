@@ -552,6 +552,13 @@ CASES: list[tuple[str, list[str], int, str, object]] = [
     ("demo-ratio", ["demo", "--param-ratio", "2", "--out", "{out}"], 2, "param", None),
     ("demo-probe-ratios", ["demo", "--probe-ratios", "a", "--out", "{out}"], 2, "probe-ratios", None),
     ("demo-device", ["demo", "--device", "tpu", "--out", "{out}"], 2, "unknown device", None),
+    (
+        "demo-cpu-too-slow",
+        ["demo", "-c", "asvd", "--device", "cpu", "--out", "{out}"],
+        2,
+        "over the CPU demo",
+        None,
+    ),
     ("report-missing", ["report", "/nonexistent/results"], 2, "", None),
     ("report-no-results", ["report", "{res}", "--out", "{out}"], 2, "", s_bad_report),
 ]
