@@ -835,14 +835,17 @@ def test_report_reads_demo_json(tmp_path, capsys):
     d.mkdir(parents=True)
     rows = [
         {"variant": "base", "params": 1000, "targeted_ratio": 1.0, "pct_aligned": None, "ppl": 10.0},
-        {"variant": "gac", "params": 900, "targeted_ratio": 0.9, "pct_aligned": 100.0, "ppl": 11.5},
-    ]
+        {"variant": "gac", "params": 900, "targeted_ratio": 0.9, "pct_aligned": 100.0, "ppl": 11.5,
+         "predicted_speedup": 1.234, "measured_prefill_speedup": 1.111, "measured_decode_speedup": 1.05},
+    ]  # fmt: skip
     (d / "demo.json").write_text(json.dumps({"schema": "gac.demo/1", "rows": rows}))
     assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "rep")]) == 0, (
         capsys.readouterr().err
     )
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "| gac |" in md and "11.500" in md and "100.0" in md
+    gac_row = next(ln for ln in md.splitlines() if ln.startswith("| gac |"))
+    assert "| 1.23 | 1.11 | 1.05 |" in gac_row  # predicted, measured prefill, measured decode: no "–"
 
 
 def test_infer_sweep_with_every_point_failed_is_nonzero(tmp_path, capsys, monkeypatch):

@@ -80,9 +80,11 @@ def collect(root: Path) -> dict[str, dict[str, Any]]:
                 for k in ("params", "pct_aligned", "ppl", "predicted_speedup"):
                     if dr.get(k) is not None:
                         r[k] = dr[k]
-                # measured on a GPU: prefill points (measured_speedup_b1_s1024, ...) and decode
+                # measured on a GPU: prefill (older records: one key per point) and decode
                 pre = [v for k, v in dr.items() if k.startswith("measured_speedup_b") and v]
-                if pre:
+                if dr.get("measured_prefill_speedup"):
+                    r["prefill_speedup"] = dr["measured_prefill_speedup"]
+                elif pre:
                     r["prefill_speedup"] = _geo(pre)
                 if dr.get("measured_decode_speedup"):
                     r["decode_speedup"] = dr["measured_decode_speedup"]
