@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
@@ -27,3 +28,19 @@ def test_measure_speed_reports_prefill_and_decode_over_the_base(monkeypatch):
 def test_the_default_compressor_fits_the_cpu_limit_and_the_grid_is_the_documented_one():
     assert CPU_SECONDS["llm-pruner"] <= CPU_LIMIT_S < CPU_SECONDS["asvd"]
     assert GPU_PREFILL == ((1, 512), (8, 512)) and GPU_DECODE == ((1, 512),)
+
+
+def test_gac_picks_one_thread_per_physical_core_unless_told(monkeypatch):
+    from gac.utils import physical_cores, pick_threads
+
+    n = physical_cores()
+    assert 1 <= n <= (len(os.sched_getaffinity(0)))
+    old = torch.get_num_threads()
+    try:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        assert pick_threads() == n and torch.get_num_threads() == n
+        assert os.environ["OMP_NUM_THREADS"] == str(n)
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        assert pick_threads() is None  # the user's setting stands
+    finally:
+        torch.set_num_threads(old)
