@@ -51,6 +51,24 @@ def test_compress_in_place_report(tmp_path):
     assert d["allocation"]["sites"][0]["native"] > 0 and "model_ratio" in d
 
 
+def test_per_site_table_names_sites_compactly_in_80_columns():
+    """``gac compress``'s per-site table, as a log (no terminal) of 80 columns shows it."""
+    import io
+
+    from rich.console import Console
+
+    m = tiny_model("llama")
+    r = compress_(m, CompressConfig(compressor="svd", param_ratio=0.9, align="gac", profile="default"))
+    buf = io.StringIO()
+    r.print(to=Console(file=buf, width=80, force_terminal=False, color_system=None))
+    lines = buf.getvalue().splitlines()
+    assert max(len(ln) for ln in lines) <= 80
+    text = buf.getvalue()
+    for name in ("L0.q_proj", "L0.k_proj", "L0.o_proj", "L1.mlp.gate", "L1.mlp.up", "L1.mlp.down"):
+        assert f" {name} " in text, name
+    assert "model.layers" not in text and "…" not in text
+
+
 def test_calibrating_compressor_needs_data():
     with pytest.raises(GacError, match="needs calibration data"):
         compress_(tiny_model("llama"), CompressConfig(compressor="svd-llm", param_ratio=0.9))

@@ -358,6 +358,8 @@ CASES: list[tuple[str, list[str], int, str, object]] = [
     ("demo-out-cwd", ["demo", "--out", "."], 2, "current directory", None),
     ("demo-out-cwd-overwrite", ["demo", "--overwrite", "--out", "."], 2, "current directory", None),
     ("demo-out-nonempty", ["demo", "--out", "{busy}"], 2, "not empty", s_nonempty_out),
+    ("generate-empty-prompt", ["generate", TINY, "-p", ""], 2, "the prompt is empty", None),
+    ("generate-zero-tokens", ["generate", TINY, "-p", "Hi", "-n", "0"], 2, "--max-new-tokens must be", None),
     ("profile-out-dir", ["profile", "--out", "{busy}"], 2, "directory", s_nonempty_out),
     ("profile-out-exists", ["profile", "--out", "{afile}"], 2, "already exists", s_file_out),
     ("ppl-out-proc", ["eval", "ppl", TINY, "--out", "/proc/x.json"], 2, "/proc", None),
@@ -571,6 +573,13 @@ CASES: list[tuple[str, list[str], int, str, object]] = [
     ("demo-ratio", ["demo", "--param-ratio", "2", "--out", "{out}"], 2, "param", None),
     ("demo-probe-ratios", ["demo", "--probe-ratios", "a", "--out", "{out}"], 2, "probe-ratios", None),
     ("demo-device", ["demo", "--device", "tpu", "--out", "{out}"], 2, "unknown device", None),
+    (
+        "demo-cpu-too-slow",
+        ["demo", "-c", "asvd", "--device", "cpu", "--out", "{out}"],
+        2,
+        "over the CPU demo",
+        None,
+    ),
     ("report-missing", ["report", "/nonexistent/results"], 2, "", None),
     ("report-no-results", ["report", "{res}", "--out", "{out}"], 2, "", s_bad_report),
 ]
@@ -847,14 +856,17 @@ def test_report_reads_demo_json(tmp_path, capsys):
     d.mkdir(parents=True)
     rows = [
         {"variant": "base", "params": 1000, "targeted_ratio": 1.0, "pct_aligned": None, "ppl": 10.0},
-        {"variant": "gac", "params": 900, "targeted_ratio": 0.9, "pct_aligned": 100.0, "ppl": 11.5},
-    ]
+        {"variant": "gac", "params": 900, "targeted_ratio": 0.9, "pct_aligned": 100.0, "ppl": 11.5,
+         "predicted_speedup": 1.234, "measured_prefill_speedup": 1.111, "measured_decode_speedup": 1.05},
+    ]  # fmt: skip
     (d / "demo.json").write_text(json.dumps({"schema": "gac.demo/1", "rows": rows}))
     assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "rep")]) == 0, (
         capsys.readouterr().err
     )
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "| gac |" in md and "11.500" in md and "100.0" in md
+    gac_row = next(ln for ln in md.splitlines() if ln.startswith("| gac |"))
+    assert "| 1.23 | 1.11 | 1.05 |" in gac_row  # predicted, measured prefill, measured decode: no "–"
 
 
 def test_infer_sweep_with_every_point_failed_is_nonzero(tmp_path, capsys, monkeypatch):

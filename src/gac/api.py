@@ -432,20 +432,28 @@ class CompressionReport:
         con = to if to is not None else console
 
         if per_site:
-            t = Table(title="per-site dims", show_lines=False)
+            from gac.sites import short_name
+
+            t = Table(title="per-site dims", show_lines=False, padding=(0, 1))
             for col in ("site", "shape", "max", "native", "chosen", "aligned", "params"):
-                t.add_column(col, justify="right" if col not in ("site", "aligned") else "left")
+                t.add_column(
+                    col,
+                    justify="right" if col not in ("site", "aligned") else "left",
+                    no_wrap=True,
+                    overflow="ellipsis",
+                )
             rows = self.allocation["sites"]
             for s in rows if max_rows is None else rows[:max_rows]:
                 ok = "dense" if s["dense"] else ("yes" if s["aligned"] else "[red]no[/red]")
+                params = s.get("params")
                 t.add_row(
-                    s["name"],
+                    short_name(s["name"]),
                     "x".join(map(str, s["shape"])),
                     str(s["max_dim"]),
                     str(s["native"]),
                     str(s["dim"]),
                     ok,
-                    f"{s['cost']:,}",
+                    f"{s['cost'] if params is None else params:,}",
                 )
             if max_rows is not None and len(rows) > max_rows:
                 t.add_row(f"... {len(rows) - max_rows} more", "", "", "", "", "", "")

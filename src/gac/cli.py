@@ -64,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     so we never touch click's exception classes (typer vendors its own copy). Everything else
     follows :func:`gac.guard.run_main` (``error: ...`` on one line, 130 on SIGINT, 1 for a bug).
     """
+    from gac.utils import pick_threads
+
+    pick_threads()
     return run_main(lambda: app(args=argv, prog_name="gac", standalone_mode=True))
 
 

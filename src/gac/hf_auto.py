@@ -11,6 +11,12 @@ instance of the base architecture's class with gac's modules at the recorded pla
 ``trust_remote_code``, no pickle. Without ``import gac``, transformers refuses the directory
 (unknown ``model_type``), never loads it wrong.
 
+A pruned directory whose widths vary by layer keeps its base ``model_type`` and carries the
+standard ``per_layer_config`` (transformers >= 5.24 reads it with plain ``AutoConfig``; its modeling
+side is not upstream yet, so plain ``AutoModelForCausalLM`` refuses it). After ``import gac``,
+``AutoModelForCausalLM.from_pretrained(DIR)`` builds it through :func:`gac.io.load` too: gac wraps
+that one classmethod, and only for local gac directories with a ``per_layer_config``.
+
 ``import gac`` stays cheap: when ``transformers`` is not imported yet, registration waits for its
 Auto module through a one-shot import hook.
 """
@@ -97,7 +103,43 @@ def register() -> None:
 
     AutoConfig.register(MODEL_TYPE, GacConfig, exist_ok=True)
     AutoModelForCausalLM.register(GacConfig, GacForCausalLM, exist_ok=True)
+    _route_per_layer_dirs(AutoModelForCausalLM, GacForCausalLM.from_pretrained)
     _registered = True
+
+
+def is_per_layer_dir(path: Any) -> bool:
+    """A local gac directory whose ``config.json`` is a base config with ``per_layer_config``."""
+    import json
+    import os
+
+    if not isinstance(path, (str, os.PathLike)) or not os.path.isdir(path):
+        return False
+    cfg = os.path.join(path, "config.json")
+    if not (os.path.isfile(os.path.join(path, "gac_config.json")) and os.path.isfile(cfg)):
+        return False
+    try:
+        with open(cfg) as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and doc.get("model_type") != MODEL_TYPE and "per_layer_config" in doc
+
+
+def _route_per_layer_dirs(auto_cls: Any, gac_from_pretrained: Any) -> None:
+    """Send ``auto_cls.from_pretrained`` of a per-layer gac directory to gac's loader (idempotent)."""
+    current = auto_cls.from_pretrained
+    if getattr(current, "_gac_routes_per_layer", False):
+        return
+    original = current.__func__
+
+    def from_pretrained(cls: Any, path: Any, *args: Any, **kwargs: Any) -> Any:
+        if is_per_layer_dir(path):
+            return gac_from_pretrained(path, *args, **kwargs)
+        return original(cls, path, *args, **kwargs)
+
+    from_pretrained._gac_routes_per_layer = True  # type: ignore[attr-defined]
+    from_pretrained.__doc__ = original.__doc__
+    auto_cls.from_pretrained = classmethod(from_pretrained)
 
 
 class _RegisterOnImport(importlib.abc.MetaPathFinder):

@@ -3,9 +3,12 @@
 A saved directory holds:
 
 * ``config.json``: the base architecture's Hugging Face config when the skeleton is the base
-  architecture's (e.g. uniformly pruned widths); otherwise a wrapping config (``model_type: gac``,
-  the base config under ``gac_base``) that ``transformers`` loads after ``import gac``
-  (:mod:`gac.hf_auto`) and refuses without it;
+  architecture's (e.g. uniformly pruned widths); for widths that vary by layer (LLM-Pruner under
+  ``gac``), the base config with transformers' standard ``per_layer_config`` (transformers >= 5.24:
+  a map from layer index to ``intermediate_size``, ``num_attention_heads`` and
+  ``num_key_value_heads``, written for every layer; :func:`per_layer_config`); otherwise a
+  wrapping config (``model_type: gac``, the base config under ``gac_base``) that ``transformers``
+  loads after ``import gac`` (:mod:`gac.hf_auto`) and refuses without it;
 * ``gac_config.json``: how the artefact was made (schema ``gac.model/1``): compressor, ratio,
   profile id, base model id and revision, gac version, and every factorized site with its
   ``(in, rank, out)`` and factor shapes, every module that rebuilds its own skeleton
@@ -193,21 +196,32 @@ def save(
     )
     out_dir = Path(out_dir)
     hf_config = model.config
+    layers: dict[str, dict[str, int]] | None = None
     if meta["pruned"]:
         uniform = uniform_pruned_config(model)
         meta["pruned_uniform"] = uniform is not None
+        meta["pruned_widths"] = pruned_widths(model)
         if uniform is not None:
             hf_config, meta["pruned"] = uniform, {}
-            meta["pruned_widths"] = pruned_widths(model)
         else:
-            meta["pruned_widths"] = pruned_widths(model)
+            layers = per_layer_config(model)
     with atomic_dir(out_dir, overwrite=overwrite) as tmp:
-        if meta["factorized"] or meta["modules"] or meta["pruned"]:
+        if meta["factorized"] or meta["modules"]:
             # the skeleton differs from the base architecture: a wrapping config that only
             # transformers-after-``import gac`` (or gac.load) reads, never a silently wrong model
             from gac.hf_auto import wrap_config
 
-            (tmp / "config.json").write_text(json.dumps(wrap_config(hf_config), indent=2, default=str) + "\n")
+            doc = wrap_config(hf_config)
+            if layers is not None:
+                doc["gac_base"].update(head_dim=get_head_dim(model), per_layer_config=layers)
+            (tmp / "config.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+        elif layers is not None:
+            # per-layer widths: the base config with the standard per_layer_config; transformers
+            # >= 5.24 reads it, and refuses to build the model from it without gac (the modeling
+            # side is not upstream yet), never a silently wrong model
+            doc = _config_dict(hf_config)
+            doc.update(head_dim=get_head_dim(model), per_layer_config=layers)
+            (tmp / "config.json").write_text(json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n")
         else:
             hf_config.save_pretrained(tmp)
         shards = _shards(tensors, max_shard_bytes)
@@ -258,6 +272,103 @@ def pruned_widths(model: nn.Module) -> list[dict[str, int]]:
             }
         )
     return out
+
+
+#: the per-layer attributes gac writes into ``per_layer_config``, and the width each comes from
+PER_LAYER_KEYS = {
+    "intermediate_size": "intermediate",
+    "num_attention_heads": "heads",
+    "num_key_value_heads": "kv_heads",
+}
+
+
+def get_head_dim(model: nn.Module) -> int:
+    from gac.models.adapters import get_adapter
+
+    return int(get_adapter(model).head_dim)
+
+
+def _config_dict(config: Any) -> dict[str, Any]:
+    """``config`` as ``config.json`` holds it (``to_dict``, plus transformers' version)."""
+    import transformers
+
+    d = config.to_dict()
+    d.setdefault("transformers_version", transformers.__version__)
+    return d
+
+
+def per_layer_config(model: nn.Module) -> dict[str, dict[str, int]]:
+    """transformers' ``per_layer_config`` for a model whose widths vary by layer: every layer's
+    ``intermediate_size``, ``num_attention_heads`` and ``num_key_value_heads`` (explicit for each
+    layer, keys zero-padded as transformers writes them)."""
+    widths = pruned_widths(model)
+    digits = len(str(len(widths) - 1))
+    return {
+        str(i).zfill(digits): {key: int(w[src]) for key, src in PER_LAYER_KEYS.items()}
+        for i, w in enumerate(widths)
+    }
+
+
+def read_per_layer_config(doc: dict[str, Any], where: str | Path) -> list[dict[str, int]]:
+    """Per-layer widths (``pruned_widths``' form) from a config dict with ``per_layer_config``.
+
+    Layers it leaves out take the global values (the standard's sparse form).
+
+    Raises:
+        GacError: its layers do not match ``num_hidden_layers``, or a value is not a positive int.
+    """
+    raw = doc.get("per_layer_config")
+    n = doc.get("num_hidden_layers")
+    if not isinstance(raw, dict) or not isinstance(n, int) or n < 1:
+        raise GacError(f"{where}: per_layer_config must be a map from layer index to overrides")
+    try:
+        per = {int(k): v for k, v in raw.items()}
+    except (TypeError, ValueError):
+        raise GacError(f"{where}: per_layer_config keys must be layer indices, got {sorted(raw)}") from None
+    bad = sorted(i for i in per if not 0 <= i < n)
+    if bad:
+        raise GacError(
+            f"{where}: per_layer_config names layer(s) {bad} but the model has {n} layers "
+            f"(0-{n - 1}); the layer count does not match"
+        )
+    out = []
+    for i in range(n):
+        over = per.get(i) or {}
+        w = {}
+        for key, dst in PER_LAYER_KEYS.items():
+            v = over.get(key, doc.get(key))
+            if key == "num_key_value_heads" and v is None:
+                v = over.get("num_attention_heads", doc.get("num_attention_heads"))
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise GacError(
+                    f"{where}: per_layer_config layer {i}: {key} must be a positive integer, got {v!r}"
+                )
+            w[dst] = v
+        out.append(w)
+    return out
+
+
+def per_layer_shapes(model: nn.Module, widths: list[dict[str, int]]) -> dict[str, list[int]]:
+    """``fqn -> [out, in]`` of every projection whose shape the per-layer widths change."""
+    from gac.models.adapters import get_adapter
+
+    ad = get_adapter(model)
+    hd = ad.head_dim
+    if len(widths) != ad.num_layers:
+        raise GacError(f"per-layer widths for {len(widths)} layers, but the model has {ad.num_layers}")
+    shapes: dict[str, list[int]] = {}
+    for i, w in enumerate(widths):
+        q, kv, inter = w["heads"] * hd, w["kv_heads"] * hd, w["intermediate"]
+        want = {"q": (q, None), "k": (kv, None), "v": (kv, None), "o": (None, q), "gate": (inter, None),
+                "up": (inter, None), "down": (None, inter), "qkv": (q + 2 * kv, None),
+                "gate_up": (2 * inter, None)}  # fmt: skip
+        for role, fqn in ad.projections(i).items():
+            mod = model.get_submodule(fqn)
+            out_f, in_f = want.get(role, (None, None))
+            shape = [out_f or mod.out_features, in_f or mod.in_features]
+            if shape != [mod.out_features, mod.in_features]:
+                shapes[fqn] = shape
+    return shapes
 
 
 def uniform_pruned_config(model: nn.Module) -> Any | None:
@@ -416,20 +527,50 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device: str | torch
     cfg = read_gac_config(path)
     if not (path / "config.json").is_file():
         raise GacError(f"{path} has no config.json")
+    widths: list[dict[str, int]] | None = None
     try:
         doc = json.loads((path / "config.json").read_text())
         if isinstance(doc, dict) and doc.get("model_type") == "gac":
-            from gac.hf_auto import base_config
+            from gac.hf_auto import BASE_KEY, base_config
 
+            if isinstance(doc.get(BASE_KEY), dict) and "per_layer_config" in doc[BASE_KEY]:
+                widths = read_per_layer_config(doc[BASE_KEY], path / "config.json")
+                doc = {**doc, BASE_KEY: {k: v for k, v in doc[BASE_KEY].items() if k != "per_layer_config"}}
             config = base_config(doc)
+        elif isinstance(doc, dict) and "per_layer_config" in doc:
+            # the standard per-layer form: gac builds the layers (transformers' modeling side cannot yet)
+            from transformers import CONFIG_MAPPING
+
+            widths = read_per_layer_config(doc, path / "config.json")
+            if doc.get("model_type") not in CONFIG_MAPPING:
+                raise GacError(f"{path / 'config.json'}: unknown model_type {doc.get('model_type')!r}")
+            config = CONFIG_MAPPING[doc["model_type"]].from_dict(
+                {k: v for k, v in doc.items() if k != "per_layer_config"}
+            )
         else:
             config = AutoConfig.from_pretrained(path, trust_remote_code=False)
     except (ValueError, OSError, KeyError, TypeError) as e:
         raise GacError(f"cannot read {path / 'config.json'}: {str(e).splitlines()[0]}") from None
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
-    if cfg.get("pruned"):
-        _apply_pruned_shapes(model, cfg["pruned"])
+    pruned = dict(cfg.get("pruned") or {})
+    if widths is not None:
+        shapes = per_layer_shapes(model, widths)
+        for fqn, shape in pruned.items():  # gac_config.json's record must agree with config.json
+            try:
+                mod = model.get_submodule(fqn)
+            except AttributeError:
+                raise GacError(
+                    f"{GAC_CONFIG} names pruned module {fqn!r}, absent from the architecture"
+                ) from None
+            if list(shapes.get(fqn, [mod.out_features, mod.in_features])) != list(shape):
+                raise GacError(
+                    f"{path}: config.json's per_layer_config gives {fqn} the shape "
+                    f"{shapes.get(fqn, [mod.out_features, mod.in_features])}, {GAC_CONFIG} records {list(shape)}"
+                )
+        pruned = shapes
+    if pruned:
+        _apply_pruned_shapes(model, pruned)
     for site in cfg.get("factorized", []):
         try:
             model.get_submodule(site["name"])

@@ -2,8 +2,32 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+_LAYER = re.compile(r"^(?:.*\.)?(?:layers|layer|h|blocks|block|decoder_layers)\.(\d+)\.")
+_ATTN = re.compile(r"^(self_attn|attn|attention|self_attention)\.")
+_MLP_PROJ = re.compile(r"^(mlp|feed_forward|ffn)\.(\w+?)_proj\b")
+
+
+def short_name(fqn: str) -> str:
+    """A module name as per-site tables print it: the layer as ``L<i>``, attention projections
+    by their own name, MLP projections as ``mlp.<role>``.
+
+    >>> short_name("model.layers.0.self_attn.q_proj"), short_name("model.layers.12.mlp.down_proj")
+    ('L0.q_proj', 'L12.mlp.down')
+    >>> short_name("model.layers.3.self_attn.k_proj:g1"), short_name("lm_head")
+    ('L3.k_proj:g1', 'lm_head')
+    >>> short_name("gpt_neox.layers.5.attention.query_key_value")
+    'L5.query_key_value'
+    """
+    m = _LAYER.match(fqn)
+    if m is None:
+        return fqn
+    rest = _ATTN.sub("", fqn[m.end() :])
+    rest = _MLP_PROJ.sub(lambda g: f"mlp.{g.group(2)}", rest)
+    return f"L{m.group(1)}.{rest}"
 
 
 @dataclass(frozen=True)
@@ -44,6 +68,23 @@ class Site:
         if d >= self.max_dim:
             return self.dense_cost
         return self.fixed_cost + self.unit_cost * int(d)
+
+    def params(self, d: int) -> int:
+        """Weight parameters when keeping dim ``d``: :meth:`cost` unless the budget counts
+        something else (PaLU's cost is latent dims per token; its ``meta`` then holds
+        ``params_per_dim`` and ``dense_params``).
+
+        >>> s = Site("k:g0", "lowrank_r", max_dim=64, unit_cost=1, dense_cost=64,
+        ...          meta={"params_per_dim": 576 + 64, "dense_params": 64 * 576})
+        >>> s.cost(16), s.params(16), s.params(64)
+        (16, 10240, 36864)
+        """
+        per = self.meta.get("params_per_dim")
+        if per is None:
+            return self.cost(d)
+        if d >= self.max_dim:
+            return int(self.meta.get("dense_params", self.dense_cost))
+        return int(per) * int(d)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

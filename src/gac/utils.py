@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
@@ -140,3 +141,46 @@ def resolve_device_dtype(device: str, dtype: str) -> tuple[str, Any]:
     if dtype not in dtypes:
         raise GacError(f"unknown dtype {dtype!r}; use auto, {', '.join(dtypes)}")
     return dev, dtypes[dtype]
+
+
+def physical_cores() -> int:
+    """Physical CPU cores this process may run on (hyper-threads counted once)."""
+    try:
+        allowed = os.sched_getaffinity(0)
+    except AttributeError:  # not Linux
+        return max(1, (os.cpu_count() or 1))
+    cores: set[tuple[str, str]] = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu, phys = None, "0"
+            for line in f:
+                key, _, val = line.partition(":")
+                key, val = key.strip(), val.strip()
+                if key == "processor":
+                    cpu = int(val)
+                elif key == "physical id":
+                    phys = val
+                elif key == "core id" and cpu in allowed:
+                    cores.add((phys, val))
+    except (OSError, ValueError):
+        pass
+    return max(1, min(len(cores), len(allowed)) if cores else len(allowed))
+
+
+def pick_threads() -> int | None:
+    """Use one CPU thread per physical core unless ``OMP_NUM_THREADS`` says otherwise.
+
+    PyTorch's default counts every logical CPU and oversubscribes a shared or hyper-threaded
+    machine (stages 10-100x slower when other work runs beside it). Set before torch is imported
+    (the environment variable), else through ``torch.set_num_threads``. Returns the count set, or
+    None when the user's ``OMP_NUM_THREADS`` stands.
+    """
+    if os.environ.get("OMP_NUM_THREADS"):
+        return None
+    n = physical_cores()
+    os.environ["OMP_NUM_THREADS"] = str(n)
+    if "torch" in sys.modules:
+        import torch
+
+        torch.set_num_threads(n)
+    return n

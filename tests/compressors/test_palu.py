@@ -73,6 +73,19 @@ def test_sites_and_native_allocation(planned):
             assert len(r) == 1
 
 
+def test_per_site_params_are_weights_not_latent_dims(llama64, planned):
+    """The allocation's ``params`` (the per-site table's column) counts the down and up weights the
+    latent site holds at its rank; its ``cost`` is the budget's unit, latent dims."""
+    m = copy.deepcopy(llama64)
+    rep = apply_(m, planned, planned.allocation("none"))
+    rows = rep.allocation["sites"]
+    assert len(rows) == 8
+    for r in rows:
+        gd = 48  # group of 2 KV heads x 24
+        assert r["cost"] == (gd if r["dense"] else r["dim"])
+        assert r["params"] == (gd * 120 if r["dense"] else r["dim"] * (120 + gd))
+
+
 def test_full_rank_is_exact(llama64, planned):
     full = {s.name: s.max_dim for s in planned.sites}
     m = _applied(llama64, planned, full)

@@ -37,6 +37,40 @@ def test_generate_equals_greedy_generate(compressor):
     assert got.token_ids == _reference(m, tok, prompt, 12)
     assert got.new_tokens == 12 and got.prompt_tokens == len(prompt)
     assert got.ttft_s > 0 and got.tokens_per_s > 0 and not got.compiled and not got.graphs
+    assert got.first_prefill_s >= 0 and got.setup_s >= 0 and got.decode_setup_s == 0.0
+    # the cache of one token, all layers: 2 layers x (K + V) x 2 KV heads x 24 x 4 bytes when dense
+    kv = got.kv_bytes_per_token
+    assert kv["dense"] == 2 * 2 * 2 * 24 * 4
+    assert (kv["cache"] < kv["dense"]) == (compressor == "palu")
+    assert got.paths["latent_attention"] == (2 if compressor == "palu" else 0)
+    assert set(got.paths["kernels"]) == {"gemv", "fused_lowrank", "branches"}
+
+
+def test_generate_passes_the_cache_under_the_installed_transformers_name(recwarn):
+    """No deprecation warning for ``past_key_values`` (transformers >= 5.24 calls it ``cache``)."""
+    import inspect
+    import logging
+
+    tok = char_tokenizer()
+    m = tiny_model("llama", hidden=96, layers=1, heads=4, kv_heads=2, head_dim=24, vocab=128)
+    from gac.compat import cache_arg
+
+    renamed = "cache" in inspect.signature(m.forward).parameters
+    assert list(cache_arg(m, None)) == (["cache"] if renamed else ["past_key_values"])
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    h = Keep()
+    logging.getLogger("transformers").addHandler(h)
+    try:
+        generate(m, tok, "Hello", max_new_tokens=3, stop_at_eos=False)
+    finally:
+        logging.getLogger("transformers").removeHandler(h)
+    said = [str(w.message) for w in recwarn] + [r.getMessage() for r in records]
+    assert not [w for w in said if "past_key_values" in w], said
 
 
 def test_compile_on_cpu_falls_back_with_a_notice(capsys):
@@ -53,7 +87,7 @@ def test_compile_on_cpu_falls_back_with_a_notice(capsys):
 def test_bad_input():
     tok = char_tokenizer()
     m = tiny_model("llama", hidden=96, layers=1, heads=4, kv_heads=2, head_dim=24, vocab=128)
-    with pytest.raises(GacError, match="max_new_tokens must be positive"):
+    with pytest.raises(GacError, match="max_new_tokens must be at least 1"):
         generate(m, tok, "Hello", max_new_tokens=0)
     with pytest.raises(GacError, match="empty"):
         generate(m, tok, "", max_new_tokens=2)

@@ -11,7 +11,14 @@ import torch
 from gac.compat import cache_arg
 from gac.errors import GacError
 from gac.eval import infer
-from gac.eval.infer import DecodeStep, SweepConfig, Variant, run_sweep, weight_bytes_per_step, write_results
+from gac.eval.infer import (
+    DecodeStep,
+    SweepConfig,
+    Variant,
+    run_sweep,
+    weight_bytes_per_step,
+    write_results,
+)
 from gac.surgery.factorized import FactorizedLinear, replace_module
 from gac.testing import tiny_model
 

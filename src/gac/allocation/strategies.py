@@ -79,6 +79,8 @@ class SiteAllocation:
     native_ms: float
     ms: float
     dense_ms: float
+    #: weight parameters at ``dim`` (``cost`` unless the budget counts something else, e.g. PaLU)
+    params: int | None = None
 
 
 @dataclass
@@ -642,6 +644,7 @@ def _record(
                 native_ms=site_ms(profile, s, dn, tokens),
                 ms=site_ms(profile, s, d, tokens),
                 dense_ms=site_ms(profile, s, s.max_dim, tokens),
+                params=s.params(d),
             )
         )
     comp = [s for s in sites if dims[s.name] < s.max_dim]

@@ -25,6 +25,8 @@ def render_analysis(an, console) -> None:
     """Print the grouped table and the misaligned dims of an :class:`~gac.models.inventory.Analysis`."""
     from rich.table import Table
 
+    from gac.sites import short_name
+
     t = Table(title=f"{an.family} dims under {an.profile['id']}", show_lines=False)
     for col, just in (
         ("kind", "left"),
@@ -57,7 +59,9 @@ def render_analysis(an, console) -> None:
             mt.add_column(col, justify="right" if col in ("dim", "penalty", "pad to", "n") else "left")
         for (kind, value), ds in sorted(seen.items(), key=lambda kv: -kv[1][0].penalty):
             d = ds[0]
-            mt.add_row(kind, str(value), d.op, f"{d.penalty:.2f}x", str(d.target), d.where, str(len(ds)))
+            mt.add_row(
+                kind, str(value), d.op, f"{d.penalty:.2f}x", str(d.target), short_name(d.where), str(len(ds))
+            )
         console.print(mt)
     n = len(an.judged)
     console.print(

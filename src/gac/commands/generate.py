@@ -47,8 +47,9 @@ def register(app: typer.Typer) -> None:
         ),
         json_out: bool = typer.Option(False, "--json", help="Print the result as JSON instead of text."),
     ) -> None:
-        """Greedy-decode after PROMPT (static cache; compiled step and CUDA graph on a GPU); print
-        the text, time to first token and tokens/s (compile and capture time reported apart)."""
+        """Greedy-decode after PROMPT (static cache; compiled steps and CUDA graphs on a GPU); print
+        the text, the steady time to first token and decode tokens/s (one-time compile and capture
+        costs reported apart), the paths that ran and the KV bytes per token (all in --json)."""
         import json
 
         from gac.errors import GacError
@@ -56,8 +57,10 @@ def register(app: typer.Typer) -> None:
         from gac.models import load_model
         from gac.utils import console, out_console, resolve_device_dtype
 
+        if not prompt.strip():
+            raise GacError("the prompt is empty; give --prompt the text to continue")
         if max_new_tokens < 1:
-            raise GacError(f"--max-new-tokens must be positive, got {max_new_tokens}")
+            raise GacError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
         dev, dt = resolve_device_dtype(device, dtype)
         lm = load_model(model, dtype=dt, device=dev)
         tok = lm.tokenizer if tokenizer is None else load_model(tokenizer, device="cpu").tokenizer
@@ -84,11 +87,21 @@ def register(app: typer.Typer) -> None:
             out_console.print_json(json.dumps({"model": model, **g.to_dict(), **paths}))
             return
         out_console.print(prompt + g.text, markup=False, highlight=False, soft_wrap=True)
+        kernels = [k for k, v in g.paths["kernels"].items() if v.get("modules")]
         console.print(
             f"{g.new_tokens} tokens on {g.device}: time to first token {g.ttft_s * 1e3:.1f} ms "
-            f"({g.prompt_tokens} prompt tokens), {g.tokens_per_s:.1f} tokens/s after it"
-            + (f"; compile + graph capture {g.setup_s:.1f} s (not in the latency)" if g.setup_s else "")
-            + f" [compiled={g.compiled}, graphs={g.graphs}]",
+            f"(steady prefill of {g.prompt_tokens} prompt tokens), {g.tokens_per_s:.1f} tokens/s "
+            f"steady decode; one-time costs apart: first prefill {g.first_prefill_s:.2f} s, "
+            f"decode step setup {g.decode_setup_s:.2f} s\n"
+            f"path: compiled={g.compiled}, graphs={g.graphs}, attention={g.paths['attention']}"
+            + (
+                f", latent attention in {g.paths['latent_attention']} layers"
+                if g.paths["latent_attention"]
+                else ""
+            )
+            + f", decode kernels: {', '.join(kernels) or 'none'}; "
+            f"KV cache {g.kv_bytes_per_token['cache']:,} bytes/token (dense {g.kv_bytes_per_token['dense']:,})",
             markup=False,
             highlight=False,
+            soft_wrap=True,
         )

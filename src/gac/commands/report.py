@@ -77,9 +77,17 @@ def collect(root: Path) -> dict[str, dict[str, Any]]:
                 if not isinstance(dr, dict) or not dr.get("variant"):
                     continue
                 r = row(str(dr["variant"]))
-                for k in ("params", "pct_aligned", "ppl"):
+                for k in ("params", "pct_aligned", "ppl", "predicted_speedup"):
                     if dr.get(k) is not None:
                         r[k] = dr[k]
+                # measured on a GPU: prefill (older records: one key per point) and decode
+                pre = [v for k, v in dr.items() if k.startswith("measured_speedup_b") and v]
+                if dr.get("measured_prefill_speedup"):
+                    r["prefill_speedup"] = dr["measured_prefill_speedup"]
+                elif pre:
+                    r["prefill_speedup"] = _geo(pre)
+                if dr.get("measured_decode_speedup"):
+                    r["decode_speedup"] = dr["measured_decode_speedup"]
                 if dr.get("targeted_ratio") is not None:
                     r["param_ratio"] = dr["targeted_ratio"]
                 r.setdefault("sources", []).append(str(p.relative_to(root)))
@@ -131,7 +139,7 @@ def render(rows: dict[str, dict[str, Any]], out: Path, root: Path | None = None)
         if r.get("param_ratio") is None and base_params and r.get("params"):
             r["param_ratio"] = r["params"] / base_params
     head = ["variant", "params", "param ratio", "aligned %", "ppl", *tasks, "mean acc",
-            "prefill ×", "decode ×", "decode B=1 × (ideal)", "decode BW"]  # fmt: skip
+            "predicted ×", "prefill ×", "decode ×", "decode B=1 × (ideal)", "decode BW"]  # fmt: skip
     lines = ["# gac report", "", f"Results under `{root or out}`.", "", "| " + " | ".join(head) + " |",
              "|" + "---|" * len(head)]  # fmt: skip
     for n in names:
@@ -147,6 +155,7 @@ def render(rows: dict[str, dict[str, Any]], out: Path, root: Path | None = None)
             _f(r.get("ppl"), ".3f"),
             *[_f(a, ".4f") for a in accs],
             _f(sum(vals) / len(vals) if vals else None, ".4f"),
+            _f(r.get("predicted_speedup"), ".2f"),
             _f(r.get("prefill_speedup"), ".2f"),
             _f(r.get("decode_speedup"), ".2f"),
             _f(r.get("decode_b1_speedup"), ".2f") + (f" ({ideal:.2f})" if ideal else ""),
@@ -156,7 +165,8 @@ def render(rows: dict[str, dict[str, Any]], out: Path, root: Path | None = None)
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
-        "prefill × / decode ×: geometric mean over the sweep's points of the baseline's median time "
+        "predicted ×: the latency model's speedup over dense from the profile (not measured); "
+        "prefill × / decode ×: measured, geometric mean over the sweep's points of the baseline's median time "
         "over the variant's; decode B=1 × (ideal): the smallest batch and KV point, with the weight+KV "
         "bytes ratio in brackets; decode BW: weight bytes/s at that point over the measured copy bandwidth.",
         "",

@@ -297,8 +297,9 @@ class AsvdCompressor(LowRankCompressor):
         if est_s > 120:
             console.print(
                 f"[yellow]asvd sensitivity: about {est_s / 60:.0f} min at this machine's speed[/yellow] "
-                f"({n_sites * n_r:,} probes); -o sensitivity_samples=N (now {n_w} window(s)) or fewer "
-                "-o probe_ratios=... make it shorter"
+                f"({n_sites * n_r:,} probes); fewer probe windows (now {n_w}) or probe ratios make it "
+                "shorter: options sensitivity_samples and probe_ratios (gac compress: -o KEY=VALUE; "
+                "gac demo: --probe-samples, --probe-ratios)"
             )
         desc = (
             f"asvd sensitivity: {n_sites:,} sites x {n_r} ratios = {n_sites * n_r:,} probes "

@@ -253,6 +253,8 @@ class PaluCompressor(Compressor):
                                 # (G_k·hd/2 FLOP per latent byte in 16 bits); values are never rebuilt.
                                 # Not priced by the knapsack yet: no latent-attention operator class.
                                 "rebuild_flops_per_dim_per_cached_token": 2 * gd if r == "k" else 0,
+                                "params_per_dim": ad.hidden + gd,
+                                "dense_params": gd * ad.hidden,
                                 "cost_unit": "latent dims per token",
                             },
                         )

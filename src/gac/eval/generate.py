@@ -1,16 +1,22 @@
-"""Greedy generation on gac's fast path: a static KV cache, a compiled decode step, CUDA graphs.
+"""Greedy generation on gac's fast path: a static KV cache, a compiled step, CUDA graphs.
 
 :func:`generate` works for dense and gac models alike (factorized, pruned, PaLU's latent cache):
 
 1. **prefill** runs the prompt through the model into a :class:`transformers.StaticCache` sized
-   ``prompt + max_new_tokens`` (eager: one prompt, one shape); its wall time up to the first
-   generated token is the *time to first token*;
+   ``prompt + max_new_tokens``. The first prefill pays one-time costs (on CUDA: compiling the
+   step for the prompt's shape and capturing it as a CUDA graph; everywhere: first-use
+   allocations); it is timed apart (``first_prefill_s``). The cache is then rewound and the prompt
+   run again, warm: the *time to first token* ``ttft_s`` is the median of these steady prefills,
+   prompt in, first token out, which is what a served request sees;
 2. **decode** runs one-token steps. On CUDA the step is ``torch.compile``'d and captured as a CUDA
    graph once (the cache advances its own position inside the graph, as in
-   :class:`gac.eval.infer.DecodeStep`); that setup is timed separately as ``setup_s`` and never
-   counted in the latency. On CPU the same static-cache loop runs eagerly, with a one-line notice.
+   :class:`gac.eval.infer.DecodeStep`); that setup is timed separately (``decode_setup_s``) and
+   never counted in ``tokens_per_s``. On CPU the same static-cache loop runs eagerly, with a
+   one-line notice.
 
 The output equals ``model.generate(..., do_sample=False)`` token for token (tested on CPU).
+:attr:`Generation.paths` records which attention implementation and decode kernels ran, and
+:attr:`Generation.kv_bytes_per_token` what one token costs in the cache.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gac.compat import with_cache
+from gac.compat import cache_arg
 from gac.errors import GacError
 
 
@@ -33,12 +39,20 @@ class Generation:
     Attributes:
         text: the decoded new tokens.
         prompt_tokens / new_tokens: token counts.
-        ttft_s: prompt in, first new token out (prefill + its argmax).
+        ttft_s: steady time to first token: prompt in, first new token out (a warm prefill and
+            its argmax; median of ``prefill_reps``), one-time costs excluded.
+        first_prefill_s: the first prefill, one-time costs (compile, capture, first use) included.
         decode_s: the remaining ``new_tokens - 1`` steps.
-        tokens_per_s: decode throughput, ``(new_tokens - 1) / decode_s``.
-        setup_s: compile and CUDA-graph capture (outside every latency).
+        tokens_per_s: steady decode throughput, ``(new_tokens - 1) / decode_s``.
+        setup_s: every one-time cost outside the latencies: ``first_prefill_s - ttft_s`` plus
+            ``decode_setup_s`` (compiling and capturing the decode step).
+        decode_setup_s: compiling and capturing the decode step.
         compiled / graphs: which parts of the fast path ran.
         device: where it ran.
+        kv_bytes_per_token: cache bytes one token costs, all layers (``cache``), and for the
+            dense original (``dense``); :func:`gac.surgery.latent_attention.kv_bytes_per_token`.
+        paths: which attention implementation ran (``attention``; ``latent_attention`` counts
+            PaLU's latent modules) and what each decode kernel switch did (``kernels``).
     """
 
     text: str
@@ -46,12 +60,16 @@ class Generation:
     prompt_tokens: int
     new_tokens: int
     ttft_s: float
+    first_prefill_s: float
     decode_s: float
     tokens_per_s: float
     setup_s: float
+    decode_setup_s: float
     compiled: bool
     graphs: bool
     device: str
+    kv_bytes_per_token: dict[str, int]
+    paths: dict[str, Any]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,6 +94,7 @@ def generate(
     fused_lowrank: bool = True,
     branches: bool = True,
     combo_kernels: bool = True,
+    prefill_reps: int = 3,
 ) -> Generation:
     """Greedy-decode ``max_new_tokens`` after ``prompt`` on the fast path (see the module docstring).
 
@@ -96,6 +115,7 @@ def generate(
         branches: on CUDA, run the second stages of fused q/k/v and gate/up groups on parallel
             streams where measured faster (:func:`gac.kernels.branches.use_branches_`, in place).
         combo_kernels: compile with Inductor's combo kernels (:func:`gac.eval.infer.compile_step`).
+        prefill_reps: steady prefills of the prompt timed for ``ttft_s`` (their median).
 
     Raises:
         GacError: an empty prompt, a non-positive token count, or no tokenizer.
@@ -106,9 +126,17 @@ def generate(
 
     if tokenizer is None:
         raise GacError("generate needs the model's tokenizer")
+    if not prompt:
+        raise GacError("the prompt is empty; give text to continue")
     if max_new_tokens < 1:
-        raise GacError(f"max_new_tokens must be positive, got {max_new_tokens}")
+        raise GacError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    if prefill_reps < 1:
+        raise GacError(f"prefill_reps must be at least 1, got {prefill_reps}")
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    if ids.numel() == 0:
+        raise GacError("the prompt is empty after tokenization; give text to continue")
     dev = next(model.parameters()).device
+    ids = ids.to(dev)
     on_cuda = dev.type == "cuda"
     want_compile = on_cuda if compile is None else compile
     want_graphs = on_cuda if graphs is None else graphs
@@ -119,64 +147,69 @@ def generate(
         )
         want_compile = want_graphs = False
     from gac.eval.infer import compile_step, use_decode_kernels_
+    from gac.surgery.latent_attention import kv_bytes_per_token, latent_modules
 
-    use_decode_kernels_(model, gqa_decode, gemv, fused_lowrank, branches)
-    ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(dev)
-    if ids.numel() == 0:
-        raise GacError("the prompt is empty after tokenization")
+    kernels = use_decode_kernels_(model, gqa_decode, gemv, fused_lowrank, branches)
+    paths = {
+        "attention": str(getattr(model.config, "_attn_implementation", None)),
+        "latent_attention": len(latent_modules(model)),
+        "kernels": kernels,
+    }
     n_prompt = ids.shape[1]
     eos = getattr(tokenizer, "eos_token_id", None) if stop_at_eos else None
     was_training = model.training
     model.eval()
     cache = StaticCache(config=model.config, max_cache_len=n_prompt + max_new_tokens)
+    ckw = cache_arg(model, cache)
+    forward = model.forward
+    if want_compile:
+        forward = compile_step(model.forward, combo_kernels=combo_kernels, dynamic=False)
     try:
+        # the first prefill allocates the cache (lazily, in transformers) and pays the one-time costs
         _sync(dev)
         t0 = time.perf_counter()
-        out = model(**with_cache(model, cache, input_ids=ids, use_cache=True))
-        token = out.logits[:, -1].argmax(-1, keepdim=True)
-        tokens = [int(token)]
+        model(input_ids=ids, use_cache=True, logits_to_keep=1, **ckw)
+        pos0 = [0] * len(_positions(cache))
+
+        def prefill_eager() -> torch.Tensor:
+            return forward(input_ids=ids, use_cache=True, logits_to_keep=1, **ckw).logits
+
+        prefill = prefill_eager
+        if want_graphs:
+            _rewind(cache, pos0)
+            prefill = _capture_rewinding(prefill_eager, dev, cache, pos0)
+        elif want_compile:
+            _rewind(cache, pos0)
+            prefill()  # compiles for the prompt's shape
         _sync(dev)
-        ttft = time.perf_counter() - t0
-        setup = 0.0
+        first_prefill = time.perf_counter() - t0
+        times = []
+        for _ in range(prefill_reps):  # steady prefills of the same prompt: the time to first token
+            _rewind(cache, pos0)
+            _sync(dev)
+            t1 = time.perf_counter()
+            token = prefill()[:, -1].argmax(-1, keepdim=True)
+            tokens = [int(token)]
+            times.append(time.perf_counter() - t1)
+        ttft = sorted(times)[len(times) // 2]
+        decode_setup = 0.0
         step_ids = token.clone()  # the step's static input
 
-        def eager() -> torch.Tensor:
-            return model(**with_cache(model, cache, input_ids=step_ids, use_cache=True)).logits
+        def step_eager() -> torch.Tensor:
+            return forward(input_ids=step_ids, use_cache=True, **ckw).logits
 
-        step = eager
+        step = step_eager
         remaining = max_new_tokens - 1
         if remaining > 0 and (eos is None or tokens[-1] != eos) and (want_compile or want_graphs):
             t1 = time.perf_counter()
-            forward = (
-                compile_step(model.forward, combo_kernels=combo_kernels) if want_compile else model.forward
-            )
-
-            def compiled() -> torch.Tensor:
-                return forward(**with_cache(model, cache, input_ids=step_ids, use_cache=True)).logits
-
-            step = compiled
             if want_graphs:
+                step = _capture_rewinding(step_eager, dev, cache, _positions(cache))
+            else:
                 pos = _positions(cache)
-                # warm-up (compiles) on a side stream, then capture; the cache is rewound after each
-                s = torch.cuda.Stream(dev)
-                s.wait_stream(torch.cuda.current_stream(dev))
-                with torch.cuda.stream(s):
-                    for _ in range(2):
-                        compiled()
-                        _rewind(cache, pos)
-                torch.cuda.current_stream(dev).wait_stream(s)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    static_out = compiled()
+                step_eager()  # compiles for the one-token shape
                 _rewind(cache, pos)
-
-                def replay() -> torch.Tensor:
-                    graph.replay()
-                    return static_out
-
-                step = replay
             _sync(dev)
-            setup = time.perf_counter() - t1
+            decode_setup = time.perf_counter() - t1
         _sync(dev)
         t2 = time.perf_counter()
         for _ in range(remaining):
@@ -197,13 +230,39 @@ def generate(
         prompt_tokens=n_prompt,
         new_tokens=len(tokens),
         ttft_s=ttft,
+        first_prefill_s=first_prefill,
         decode_s=decode_s,
         tokens_per_s=n_dec / decode_s if n_dec and decode_s > 0 else 0.0,
-        setup_s=setup,
+        setup_s=max(0.0, first_prefill - ttft) + decode_setup,
+        decode_setup_s=decode_setup,
         compiled=bool(want_compile),
         graphs=bool(want_graphs),
         device=str(dev),
+        kv_bytes_per_token=kv_bytes_per_token(model),
+        paths=paths,
     )
+
+
+def _capture_rewinding(fn: Any, dev: torch.device, cache: Any, pos: list[int]) -> Any:
+    """Warm ``fn`` (a step that writes into ``cache``) on a side stream and capture it as a CUDA
+    graph, rewinding the cache to ``pos`` after every call; return the replay."""
+    s = torch.cuda.Stream(dev)
+    s.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+            _rewind(cache, pos)
+    torch.cuda.current_stream(dev).wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = fn()
+    _rewind(cache, pos)
+
+    def replay() -> torch.Tensor:
+        graph.replay()
+        return static_out
+
+    return replay
 
 
 def _positions(cache: Any) -> list[int]:

@@ -727,8 +727,12 @@ def latent_attention_paths(model: nn.Module) -> dict[str, Any] | None:
 def kv_bytes_per_token(model: nn.Module, dtype: torch.dtype | None = None) -> dict[str, int]:
     """Cache bytes per token (all layers) as the model is, and for its dense original.
 
+    A layer with latent attention caches its latent ranks; any other layer its K and V heads, read
+    from its own ``k_proj``/``v_proj`` widths where the family's projections are found (pruned
+    models keep different KV heads per layer), else from the config.
+
     Returns:
-        ``{"cache": bytes, "dense": bytes}``; equal when the model has no latent attention.
+        ``{"cache": bytes, "dense": bytes}``; equal for a model that is neither latent nor pruned.
     """
     cfg = model.config
     dt = dtype or next(model.parameters()).dtype
@@ -737,13 +741,26 @@ def kv_bytes_per_token(model: nn.Module, dtype: torch.dtype | None = None) -> di
     kvh = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
     hd = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
     dense = layers * 2 * kvh * hd * el
-    lat = [m for _, m in latent_modules(model)]
-    cache = 0
-    for m in lat:
-        rk, rv = m.latent_dims()
-        cache += (rk + rv) * el
-    cache += (layers - len(lat)) * 2 * kvh * hd * el
-    return {"cache": cache, "dense": dense}
+    lat = dict(latent_modules(model))
+    per_layer = [2 * kvh * hd * el] * layers
+    try:
+        from gac.models.adapters import get_adapter
+
+        ad = get_adapter(model)
+        for i in range(min(ad.num_layers, layers)):
+            attn = ad.attention_fqn(i)
+            if attn in lat:
+                rk, rv = lat[attn].latent_dims()
+                per_layer[i] = (rk + rv) * el
+                continue
+            p = ad.projections(i)
+            if "k" in p and "v" in p:
+                k, v = model.get_submodule(p["k"]), model.get_submodule(p["v"])
+                per_layer[i] = (int(k.out_features) + int(v.out_features)) * el
+    except GacError:  # a family the adapter does not know: latent layers by count, the rest from the config
+        per_layer = [2 * kvh * hd * el] * (layers - len(lat))
+        per_layer += [(rk + rv) * el for rk, rv in (m.latent_dims() for m in lat.values())]
+    return {"cache": int(sum(per_layer)), "dense": dense}
 
 
 def _latent_cache_base() -> type:
