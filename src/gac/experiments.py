@@ -77,6 +77,8 @@ from pathlib import Path
 from typing import Any
 
 from gac.errors import GacError
+from gac.runtime import fastpath
+from gac.runtime.fastpath import FastPath
 
 try:  # Python 3.11+
     import tomllib
@@ -98,8 +100,7 @@ EVAL_KINDS = {
     "predict": {"kind", "tokens", "models"},
     "infer": {
         "kind", "models", "prefill_batches", "prefill_seqs", "decode_batches", "decode_kv",
-        "prefill_reps", "decode_reps", "compile", "graphs", "fuse", "gqa_decode", "gemv",
-        "fused_lowrank", "branches", "combo_kernels",
+        "prefill_reps", "decode_reps", *fastpath.plan_keys(),
     },
 }  # fmt: skip
 #: ``[[benches]]``: one ``gac bench`` experiment per cell (kernel-level tables), sizes as its CLI.
@@ -403,16 +404,7 @@ def parse_plan(data: dict[str, Any], source: str = "") -> ExperimentPlan:
                 v = e.get(k)
                 if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                     raise GacError(f"plan: [[evals]] #{i + 1}: {k} must be a positive integer, got {v!r}")
-            for k in (
-                "compile",
-                "graphs",
-                "fuse",
-                "gqa_decode",
-                "gemv",
-                "fused_lowrank",
-                "branches",
-                "combo_kernels",
-            ):
+            for k in sorted(fastpath.plan_keys()):
                 if k in e and not isinstance(e[k], bool):
                     raise GacError(f"plan: [[evals]] #{i + 1}: {k} must be true or false")
         if kind == "ppl":
@@ -578,8 +570,9 @@ def _infer(model: Any, e: dict[str, Any], label: str) -> dict[str, Any]:
     CUDA graphs on CUDA). ``fuse``, ``compile``, ``graphs`` = false turn each off."""
     from gac.eval.infer import SweepConfig, copy_bandwidth, model_device, sweep_model
 
+    fast = FastPath(**{k: e[k] for k in fastpath.plan_keys() if k in e})
     fused = []
-    if e.get("fuse", True):
+    if fast.fuse:
         from gac.kernels.fusion import fuse_projections_
 
         fused = fuse_projections_(model)
@@ -591,13 +584,7 @@ def _infer(model: Any, e: dict[str, Any], label: str) -> dict[str, Any]:
     cfg = SweepConfig(
         **grid,
         **reps,
-        compile=e.get("compile"),
-        graphs=e.get("graphs"),
-        gqa_decode=e.get("gqa_decode", True),
-        gemv=e.get("gemv", True),
-        fused_lowrank=e.get("fused_lowrank", True),
-        branches=e.get("branches", True),
-        combo_kernels=e.get("combo_kernels", True),
+        **fast.to_dict(),
         profile_kernels=False,
     )
     dev = model_device(model)

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from gac.errors import GacError
+from gac.runtime.fastpath import FastPath
 
 
 @dataclass
@@ -67,14 +68,10 @@ def generate(
     tokenizer: Any,
     prompt: str,
     max_new_tokens: int = 32,
-    compile: bool | None = None,
-    graphs: bool | None = None,
+    *,
     stop_at_eos: bool = True,
-    gqa_decode: bool = True,
-    gemv: bool = True,
-    fused_lowrank: bool = True,
-    branches: bool = True,
-    combo_kernels: bool = True,
+    fast: FastPath | None = None,
+    **switches: Any,
 ) -> Generation:
     """Greedy-decode ``max_new_tokens`` after ``prompt`` on the fast path (see the module docstring).
 
@@ -83,18 +80,16 @@ def generate(
         tokenizer: its tokenizer.
         prompt: the text to continue.
         max_new_tokens: tokens to generate (fewer when ``stop_at_eos`` and EOS comes first).
-        compile: ``torch.compile`` the decode step (default: on CUDA).
-        graphs: capture the decode step as a CUDA graph (default: on CUDA).
         stop_at_eos: stop after the tokenizer's EOS token.
-        gqa_decode: switch a grouped-query model to ``gac_sdpa`` (decode attention on the KV heads,
-            exact; :mod:`gac.kernels.attention`) in place.
-        gemv: on CUDA, route decode GEMVs to the Triton kernel where it was measured faster than
-            cuBLAS (:func:`gac.kernels.gemv.use_triton_gemv_`, in place).
-        fused_lowrank: on CUDA, run each factorized site's two stages in one Triton launch where
-            measured faster (:func:`gac.kernels.lowrank_fused.use_fused_lowrank_`, in place).
-        branches: on CUDA, run the second stages of fused q/k/v and gate/up groups on parallel
-            streams where measured faster (:func:`gac.kernels.branches.use_branches_`, in place).
-        combo_kernels: compile with Inductor's combo kernels (:func:`gac.eval.infer.compile_step`).
+        fast: the fast-path switches (:class:`gac.runtime.FastPath`; default: the default path).
+            generate reads those ``gac generate`` exposes: ``compile`` and ``graphs`` (default: on
+            CUDA), ``gqa_decode`` (``gac_sdpa`` decode attention on the KV heads of a grouped-query
+            model, exact; :mod:`gac.kernels.attention`), and on CUDA ``gemv``
+            (:func:`gac.kernels.gemv.use_triton_gemv_`), ``fused_lowrank``
+            (:func:`gac.kernels.lowrank_fused.use_fused_lowrank_`), ``branches``
+            (:func:`gac.kernels.branches.use_branches_`), each in place where measured faster, and
+            ``combo_kernels`` (:func:`gac.eval.infer.compile_step`).
+        **switches: a switch by name (``gemv=False``), over ``fast``.
 
     Raises:
         GacError: an empty prompt, a non-positive token count, or no tokenizer.
@@ -103,14 +98,15 @@ def generate(
 
     from gac.utils import console
 
+    fast = FastPath.of(fast, **switches)
     if tokenizer is None:
         raise GacError("generate needs the model's tokenizer")
     if max_new_tokens < 1:
         raise GacError(f"max_new_tokens must be positive, got {max_new_tokens}")
     dev = next(model.parameters()).device
     on_cuda = dev.type == "cuda"
-    want_compile = on_cuda if compile is None else compile
-    want_graphs = on_cuda if graphs is None else graphs
+    want_compile = on_cuda if fast.compile is None else fast.compile
+    want_graphs = on_cuda if fast.graphs is None else fast.graphs
     if (want_compile or want_graphs) and not on_cuda:
         console.print(
             f"notice: torch.compile and CUDA graphs need CUDA; generating eagerly on {dev.type}",
@@ -119,7 +115,7 @@ def generate(
         want_compile = want_graphs = False
     from gac.eval.infer import compile_step, use_decode_kernels_
 
-    use_decode_kernels_(model, gqa_decode, gemv, fused_lowrank, branches)
+    use_decode_kernels_(model, fast.gqa_decode, fast.gemv, fast.fused_lowrank, fast.branches)
     ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(dev)
     if ids.numel() == 0:
         raise GacError("the prompt is empty after tokenization")
@@ -147,7 +143,9 @@ def generate(
         if remaining > 0 and (eos is None or tokens[-1] != eos) and (want_compile or want_graphs):
             t1 = time.perf_counter()
             forward = (
-                compile_step(model.forward, combo_kernels=combo_kernels) if want_compile else model.forward
+                compile_step(model.forward, combo_kernels=fast.combo_kernels)
+                if want_compile
+                else model.forward
             )
 
             def compiled() -> torch.Tensor:
