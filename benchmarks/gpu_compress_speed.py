@@ -48,7 +48,7 @@ from gac.allocation import STRATEGIES
 from gac.api import CompressConfig, plan
 from gac.commands.demo import pick_profile
 from gac.hardware.timing import bench, environment
-from gac.surgery.factorized import FactorizedLinear, replace_module
+from gac.nn import FactorizedLinear, replace_module
 from gac.utils import atomic_write_text
 
 

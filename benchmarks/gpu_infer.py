@@ -40,7 +40,7 @@ from gac.eval.infer import SweepConfig, add_speedups, copy_bandwidth, sweep_mode
 from gac.hardware.profile import load_profile
 from gac.hardware.timing import environment, resolve_device
 from gac.sites import lowrank_site
-from gac.surgery.factorized import FactorizedLinear, replace_module
+from gac.nn import FactorizedLinear, replace_module
 
 ROLES = {  # role -> (module path inside a layer, out, in) for Llama-3-8B
     "q": ("self_attn.q_proj", 4096, 4096),

@@ -36,7 +36,7 @@ DIMS = ROOT / "benchmarks/results/h200/speed/cells/shape-llama3-8b-8/svd-llm-r0.
 def build(spec: str, dims: dict[str, int] | None, device: str = "cuda"):
     from gac.kernels.fusion import fuse_projections_
     from gac.models import load_model
-    from gac.surgery.factorized import FactorizedLinear, replace_module
+    from gac.nn import FactorizedLinear, replace_module
 
     m = load_model(spec, dtype=torch.bfloat16, device=device).model
     if dims:

@@ -36,7 +36,7 @@ import torch
 from gac.api import CompressConfig, compress_
 from gac.hardware.timing import environment
 from gac.models.shapes import shape_model
-from gac.surgery.factorized import FactorizedLinear
+from gac.nn import FactorizedLinear
 from gac.utils import atomic_write_text
 
 

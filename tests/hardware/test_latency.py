@@ -20,7 +20,7 @@ from gac.hardware.profile import (
     load_profile,
 )
 from gac.kernels.fusion import fuse_projections_
-from gac.surgery.factorized import FactorizedLinear, replace_module
+from gac.nn import FactorizedLinear, replace_module
 from gac.testing import tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ from gac.errors import GacError
 from gac.hardware import refine as rf
 from gac.hardware.profile import load_profile
 from gac.hardware.profiler import _flops_fn, build_profile, plans
-from gac.surgery.factorized import FactorizedLinear, replace_module
+from gac.nn import FactorizedLinear, replace_module
 from gac.testing import tiny_model
 
 PEAK = 2e12  # FLOP/s of the synthetic GPU

@@ -23,7 +23,7 @@ INTERPRETED = textwrap.dedent(
     from torch import nn
     from gac.kernels import gemv as G
     from gac.kernels.fusion import fuse_projections_
-    from gac.surgery.factorized import FactorizedLinear
+    from gac.nn import FactorizedLinear
     from gac.testing import assert_compiled_grads_match
 
     torch.manual_seed(0)

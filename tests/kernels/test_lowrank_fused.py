@@ -17,7 +17,7 @@ from torch import nn
 from gac.eval.infer import _capture
 from gac.kernels import lowrank_fused as L
 from gac.kernels.fusion import FusedInputProjection, FusedSlice, fuse_projections_
-from gac.surgery.factorized import FactorizedLinear
+from gac.nn import FactorizedLinear
 
 from .interp import needs_triton, pythonpath, run_interpreted
 
@@ -64,8 +64,7 @@ class Block(nn.Module):
 
 #: an interpreter script's imports and ``Block`` (``run_interpreted``)
 BLOCK_SCRIPT = (
-    "import torch\nfrom torch import nn\nfrom gac.surgery.factorized import FactorizedLinear\n"
-    + inspect.getsource(Block)
+    "import torch\nfrom torch import nn\nfrom gac.nn import FactorizedLinear\n" + inspect.getsource(Block)
 )
 
 INTERPRETED = textwrap.dedent(

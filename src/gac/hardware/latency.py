@@ -15,7 +15,7 @@ The formula (every term below is one line of :func:`launches`)::
   ``launch_us`` (that fit's intercept) for a GEMM and ``aux_us`` for any other kernel.
 * **GEMMs**: every module that owns a 2-D ``weight`` (``nn.Linear``, a
   :class:`~gac.kernels.fusion.FusedInputProjection`, the factors inside a
-  :class:`~gac.surgery.factorized.FactorizedLinear`...) except the input embedding is one
+  :class:`~gac.nn.FactorizedLinear`...) except the input embedding is one
   launch of ``[rows, k] @ [k, n]``: rows = ``B·S`` (prefill) or ``B`` (decode), and ``B`` for
   the output head (the sweep keeps only the last position's logits). So a fused q/k/v group is
   one launch, a factorized layer two, a :class:`~gac.kernels.fusion.FusedSlice` of a factorized
@@ -235,7 +235,7 @@ def launches(
     """
     from torch import nn
 
-    from gac.surgery.factorized import FactorizedLinear
+    from gac.nn import FactorizedLinear
     from gac.surgery.latent_attention import LatentProjection
 
     c = constants(profile)
@@ -331,7 +331,7 @@ def _one_launch_sites(model: Any, rows: int) -> dict[int, str]:
     its first stage and every member's second factor, in one launch.  Returns ``{id(module): site}``.
     """
     from gac.kernels.lowrank_fused import MAX_ROWS, row_class
-    from gac.surgery.factorized import FactorizedLinear
+    from gac.nn import FactorizedLinear
 
     out: dict[int, str] = {}
     if not 0 < rows <= MAX_ROWS:
@@ -445,7 +445,7 @@ def skeleton(
 
     from gac.kernels.fusion import fuse_projections_
     from gac.models.adapters import ROLE_NAMES
-    from gac.surgery.factorized import FactorizedLinear, replace_module
+    from gac.nn import FactorizedLinear, replace_module
 
     dt = getattr(torch, dtype, torch.bfloat16)
     if spec.startswith("tiny:"):

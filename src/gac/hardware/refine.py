@@ -43,6 +43,7 @@ from torch import nn
 from gac.alignment import pow2_class
 from gac.errors import GacError
 from gac.hardware.profile import Profile
+from gac.nn import FactorizedLinear
 
 #: dims that are multiples of this are on every measured GPU's fastest path: a GEMM made only of
 #: them that disagrees with the profile does so for its shape, not for a cliff (never refined)
@@ -97,7 +98,6 @@ def model_gemms(model: nn.Module, tokens: int) -> list[Gemm]:
     factorized site's two GEMMs are named ``<fqn>.v`` and ``<fqn>.u``).
     """
     from gac.models.adapters import get_adapter, in_features, out_features
-    from gac.surgery.factorized import FactorizedLinear
 
     if tokens < 1:
         raise GacError(f"--tokens must be a positive integer, got {tokens}")

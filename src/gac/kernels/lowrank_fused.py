@@ -44,7 +44,7 @@ from torch import nn
 
 from gac.kernels import gemv as _gemv
 from gac.kernels.fusion import FusedInputProjection, aligned_split
-from gac.surgery.factorized import FactorizedLinear
+from gac.nn import FactorizedLinear
 
 try:  # Triton is optional: only the GPU path needs it (and the CPU interpreter in tests).
     import triton

@@ -8,7 +8,7 @@ longest ``ModuleList`` of identical blocks, the embeddings come from ``get_input
 projections, and the projections are named by role from a small table of the names
 ``transformers`` uses (:data:`ROLE_NAMES`).  Dims are read from the modules themselves (not only
 the config), so they stay right after pruning or factorization: ``intermediate(i)`` may differ per
-layer, and a projection may be an ``nn.Linear`` or a :class:`gac.surgery.factorized.FactorizedLinear`.
+layer, and a projection may be an ``nn.Linear`` or a :class:`gac.nn.FactorizedLinear`.
 
 Layouts found this way (each tested on a tiny model built in code): separate q/k/v/o (Llama,
 Mistral, Qwen2 with q/k/v biases, Qwen3 with per-head q/k norms, OLMo-2 with full-width q/k norms
@@ -36,6 +36,7 @@ from typing import Any
 from torch import nn
 
 from gac.errors import GacError
+from gac.nn import FactorizedLinear
 
 #: projection roles of one decoder layer, in forward order (unfused layout)
 ROLES: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
@@ -77,7 +78,6 @@ def in_features(mod: nn.Module) -> int:
 
 
 def _is_linear(mod: nn.Module) -> bool:
-    from gac.surgery.factorized import FactorizedLinear
     from gac.surgery.latent_attention import LatentProjection
 
     return isinstance(mod, nn.Linear | FactorizedLinear | LatentProjection)
