@@ -135,7 +135,7 @@ def slug(s: str) -> str:
 
 def check_model_spec(spec: str) -> None:
     """Refuse a model spec that cannot name a model (cheap checks only: nothing is loaded)."""
-    from gac.models.loading import _HUB_ID, ALIASES
+    from gac.models.loading import ALIASES, HUB_ID
     from gac.models.shapes import parse_shape_spec
 
     try:
@@ -155,7 +155,7 @@ def check_model_spec(spec: str) -> None:
     p = Path(spec).expanduser()
     if p.exists():
         return
-    if spec.startswith((".", "/", "~")) or "/" not in spec or not _HUB_ID.match(spec):
+    if spec.startswith((".", "/", "~")) or "/" not in spec or not HUB_ID.match(spec):
         raise GacError(
             f"plan: unknown model {spec!r}: not an alias ({', '.join(ALIASES)}), tiny:<family>, "
             "an existing path or a hub id (owner/name)"
@@ -697,9 +697,9 @@ def run_group(plan: ExperimentPlan, plan_dir: str | Path, group: str, force: boo
             prof = p.profile
             shared["plan_s"] = time.perf_counter() - t0
         else:
-            from gac.api import _profile_for
+            from gac.api import profile_for
 
-            prof = _profile_for(base, plan.compress.get("profile"), None)
+            prof = profile_for(base, plan.compress.get("profile"), None)
     except Exception as e:  # noqa: BLE001 - recorded per cell, the plan goes on
         err = f"{type(e).__name__}: {e}" if not isinstance(e, GacError) else str(e)
         for c in todo:

@@ -118,7 +118,7 @@ def lm_eval_cmd(
     overwrite: bool = typer.Option(False, "--overwrite"),
 ) -> None:
     """Downstream accuracy (lm-eval tasks) or perplexity of a variant: the `python -m gac.llm_eval` entry point."""
-    from gac.llm_eval import _limit, evaluate
+    from gac.llm_eval import evaluate, parse_limit
 
     evaluate(
         variant,
@@ -126,7 +126,7 @@ def lm_eval_cmd(
         baseline_model_id,
         out,
         tasks=[t.strip() for t in tasks.split(",") if t.strip()] if tasks else None,
-        limit=_limit(limit),
+        limit=parse_limit(limit),
         batch_size=batch_size,
         num_fewshot=num_fewshot,
         include_path=include_path or None,

@@ -235,7 +235,7 @@ def _sdpa_pt(exp: str, cfg: Config, dim: int, series: str, op: str = "sdpa_head_
     return _pt(exp, op, group, series, dim, "sdpa", B=cfg.batch, H=cfg.heads, S=cfg.seq, D=dim, **extra)
 
 
-def _op_pt(
+def op_point(
     exp: str, cfg: Config, op: str, dim: int, series: str, group: str | None = None, **extra: Any
 ) -> dict:
     """A point of operator class ``op`` with its swept dim set to ``dim``."""
@@ -280,20 +280,20 @@ def points_for(name: str, cfg: Config) -> list[dict[str, Any]]:
                 letter = op[-1].upper()
                 for d in cfg.window(c):
                     grp = f"{letter}~{c}" if cfg.dims is None else letter
-                    p = _op_pt(name, cfg, op, d, "linear")
+                    p = op_point(name, cfg, op, d, "linear")
                     p["group"] = f"{grp} " + p["group"].split(" ", 1)[1]
                     pts.append(p)
     elif name == "gemv":
         for op in ("gemv_n", "gemv_k"):
             for c in cfg.centers if cfg.dims is None else [0]:
                 for d in cfg.window(c):
-                    p = _op_pt(name, cfg, op, d, "M=1")
+                    p = op_point(name, cfg, op, d, "M=1")
                     p["group"] = (f"~{c} " if cfg.dims is None else "") + p["group"]
                     pts.append(p)
     elif name == "lowrank":
         for c in cfg.lowrank_centers if cfg.dims is None else [0]:
             for d in cfg.window(c):
-                p = _op_pt(name, cfg, "lowrank_r", d, "x->r->d")
+                p = op_point(name, cfg, "lowrank_r", d, "x->r->d")
                 p["group"] = (f"~{c} " if cfg.dims is None else "") + p["group"]
                 pts.append(p)
     elif name == "padding_rescue":
@@ -309,7 +309,7 @@ def points_for(name: str, cfg: Config) -> list[dict[str, Any]]:
             ]
             for var, d in variants:
                 pts.append(
-                    _op_pt(
+                    op_point(
                         name,
                         cfg,
                         op,
@@ -568,7 +568,7 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def _append_jsonl(f: io.TextIOBase, rec: dict[str, Any]) -> None:
+def append_jsonl(f: io.TextIOBase, rec: dict[str, Any]) -> None:
     f.write(json.dumps(rec) + "\n")
     f.flush()
     os.fsync(f.fileno())
@@ -811,7 +811,7 @@ def run_experiment(
     records: list[dict[str, Any]] = []
     with open(jsonl, mode) as f:
         if mode == "w":
-            _append_jsonl(
+            append_jsonl(
                 f,
                 {
                     "type": "meta",
@@ -838,7 +838,7 @@ def run_experiment(
                     res = measure(p) if measure is not None else measure_point(p, dev, dt, cfg)
                     cache[sk] = res
                 rec = {"type": "point", **p, **res}
-                _append_jsonl(f, rec)
+                append_jsonl(f, rec)
                 records.append(rec)
                 bar.advance(task)
     _postprocess(name, records)

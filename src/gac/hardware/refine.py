@@ -553,14 +553,14 @@ def context_config(profile: Profile, op: str, device: torch.device):
 
 def real_measure_point(profile: Profile, device: torch.device, dtype: torch.dtype) -> MeasurePoint:
     """``(op, dim) -> ms`` of one profile point at the profile's context (``gac profile``'s measurement)."""
-    from gac.hardware.experiments import _op_pt, measure_point
+    from gac.hardware.experiments import measure_point, op_point
 
     cfgs: dict[str, Any] = {}
 
     def f(op: str, d: int) -> float | None:
         if op not in cfgs:
             cfgs[op] = context_config(profile, op, device)
-        p = _op_pt("profile", cfgs[op], op, d, "refine")
+        p = op_point("profile", cfgs[op], op, d, "refine")
         res = measure_point(p, device, dtype, cfgs[op])
         return res.get("median_ms") if res.get("status") == "ok" else None
 

@@ -62,8 +62,8 @@ ROLE_NAMES: dict[str, tuple[str, ...]] = {
 EXCEPTIONS: dict[str, dict[str, Any]] = {
     "gpt_neox": {"qkv_layout": "interleaved"},  # query_key_value holds [q_h, k_h, v_h] per head
 }
-_ATTN_NAMES = ("self_attn", "attention", "attn", "self_attention")
-_MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe")
+ATTN_NAMES = ("self_attn", "attention", "attn", "self_attention")
+MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe")
 _NO_ROTARY = "<no rotary embedding>"
 
 
@@ -284,7 +284,7 @@ class FamilyAdapter:
 SUPPORTED: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "gpt_neox", "granite")
 
 
-def _find_layers(model: nn.Module) -> str:
+def find_layers(model: nn.Module) -> str:
     best: tuple[int, str] | None = None
     no_linear: tuple[int, str, set[str]] | None = None
     for name, mod in model.named_modules():
@@ -313,7 +313,7 @@ def _find_layers(model: nn.Module) -> str:
     return best[1]
 
 
-def _child(layer: nn.Module, names: tuple[str, ...], word: str) -> str | None:
+def find_child(layer: nn.Module, names: tuple[str, ...], word: str) -> str | None:
     kids = dict(layer.named_children())
     for n in names:
         if n in kids:
@@ -361,7 +361,7 @@ def get_adapter(model: nn.Module) -> FamilyAdapter:
         raise GacError(
             f"{arch} ({mt}) has no language-model head (get_output_embeddings): load it with AutoModelForCausalLM"
         )
-    layers_fqn = _find_layers(model)
+    layers_fqn = find_layers(model)
     layers = model.get_submodule(layers_fqn)
     ad = FamilyAdapter(
         model,
@@ -380,10 +380,10 @@ def get_adapter(model: nn.Module) -> FamilyAdapter:
         ad._attr = {r: f"{ad.attn_name if r in ATTN_ROLES else ad.mlp_name}.{r}_proj" for r in ROLES}
         return ad
     layer0 = layers[0]
-    attn = _child(layer0, _ATTN_NAMES, "attention")
+    attn = find_child(layer0, ATTN_NAMES, "attention")
     if attn is None:
         raise GacError(f"{arch}: no attention found in {layers_fqn}.0 (it holds {_describe(layer0)})")
-    mlp = _child(layer0, _MLP_NAMES, "mlp")
+    mlp = find_child(layer0, MLP_NAMES, "mlp")
     if mlp is None:
         raise GacError(f"{arch}: no MLP found in {layers_fqn}.0 (it holds {_describe(layer0)})")
     ad.attn_name, ad.mlp_name = attn, mlp
