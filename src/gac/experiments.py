@@ -429,7 +429,7 @@ def parse_plan(data: dict[str, Any], source: str = "") -> ExperimentPlan:
 
 def _parse_benches(benches: Any) -> list[dict[str, Any]]:
     """Validate ``[[benches]]``: a known experiment, sizes as ``gac bench`` takes them, unique names."""
-    from gac.hardware.experiments import EXPERIMENTS, parse_dims
+    from gac.hardware.sweeps import EXPERIMENTS, parse_dims
 
     if isinstance(benches, dict):
         benches = [benches]
@@ -761,7 +761,7 @@ def _release_memory() -> None:
 
 def run_bench_cell(plan: ExperimentPlan, plan_dir: Path, cell: Cell, force: bool = False) -> str:
     """Run one ``[[benches]]`` experiment; raw points, CSV and plot under ``PLAN_DIR/kernels/<name>/``."""
-    from gac.hardware.experiments import Config, parse_dims, run_experiment
+    from gac.hardware.sweeps import Config, parse_dims, run_experiment
     from gac.hardware.timing import resolve_device
     from gac.utils import console
 

@@ -228,7 +228,7 @@ def test_cli_refine_real_cpu_timing(cpu_profile, tmp_path):
 
 def test_real_measurements_use_the_profile_context():
     """The CUDA path's plumbing, run on CPU: each op's point is built from ``curve.context``."""
-    from gac.hardware.experiments import op_point
+    from gac.hardware.sweeps import op_point
 
     prof = coarse_profile()
     dev = torch.device("cpu")

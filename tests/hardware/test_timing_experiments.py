@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-import gac.hardware.experiments as ex
+import gac.hardware.sweeps as ex
 import gac.hardware.timing as tm
 from gac.cli import main
 from gac.errors import GacError

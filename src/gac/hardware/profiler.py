@@ -52,8 +52,8 @@ import torch
 
 from gac.alignment import pow2_class
 from gac.errors import GacError
-from gac.hardware.experiments import Config, append_jsonl, measure_point, op_point
 from gac.hardware.profile import OPS, SCHEMA, OpRule, Profile
+from gac.hardware.sweeps import Config, append_jsonl, measure_point, op_point
 from gac.hardware.timing import dtype_name, environment, gpu_slug, resolve_device, resolve_dtype
 from gac.utils import atomic_write_text, console, progress, track
 

@@ -484,7 +484,7 @@ def refine_profile(
 
 # --------------------------------------------------------------------------- real measurements
 def _timing_cfg(device: torch.device):
-    from gac.hardware.experiments import Config
+    from gac.hardware.sweeps import Config
 
     if device.type == "cuda":
         c = Config.gpu()
@@ -534,7 +534,7 @@ def real_measure_gemm(device: torch.device, dtype: torch.dtype) -> MeasureGemm:
 
 
 def context_config(profile: Profile, op: str, device: torch.device):
-    """The :class:`~gac.hardware.experiments.Config` whose ``op`` point matches the profile's context."""
+    """The :class:`~gac.hardware.sweeps.Config` whose ``op`` point matches the profile's context."""
     ctx = profile.ops[op].curve.get("context") or {}
     flops_fn(op, ctx)  # refuses a curve without its context
     c = _timing_cfg(device)
@@ -553,7 +553,7 @@ def context_config(profile: Profile, op: str, device: torch.device):
 
 def real_measure_point(profile: Profile, device: torch.device, dtype: torch.dtype) -> MeasurePoint:
     """``(op, dim) -> ms`` of one profile point at the profile's context (``gac profile``'s measurement)."""
-    from gac.hardware.experiments import measure_point, op_point
+    from gac.hardware.sweeps import measure_point, op_point
 
     cfgs: dict[str, Any] = {}
 
