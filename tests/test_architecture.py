@@ -68,6 +68,14 @@ def modules(src: Path = SRC) -> dict[str, Path]:
     return out
 
 
+#: The import cycles of today (docs/architecture.md); a cycle must stay inside one of them.
+KNOWN_CYCLES = (
+    {"gac.kernels.branches", "gac.kernels.fusion", "gac.kernels.gemv", "gac.kernels.lowrank_fused"},
+    {"gac.models.adapters", "gac.surgery.latent_attention"},
+    {"gac.hf_auto", "gac.io"},
+)
+
+
 def _resolve(name: str, known: dict[str, Path]) -> str | None:
     """The longest known module that ``name`` (a module or a name inside one) starts with."""
     while name and name not in known:
@@ -208,6 +216,11 @@ def test_every_module_has_a_floor():
 def test_no_new_import_goes_up_a_floor():
     new = sorted(upward(import_graph()) - KNOWN_UPWARD)
     assert not new, f"imports up a floor (docs/architecture.md): {new}"
+
+
+def test_no_new_import_cycle():
+    new = [c for c in cycles(import_graph()) if not any(set(c) <= k for k in KNOWN_CYCLES)]
+    assert not new, f"import cycles beyond docs/architecture.md's: {new}"
 
 
 def test_nothing_low_imports_the_user_facing_layer():

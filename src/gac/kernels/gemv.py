@@ -617,7 +617,7 @@ def _tried_current(rec: dict[str, Any], rows: int) -> bool:
 
 
 def _cache_path(name: str = "gemv_dispatch.json") -> Path:
-    from gac.models.loading import cache_root
+    from gac.utils import cache_root
 
     return cache_root() / name
 

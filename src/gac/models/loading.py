@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import io
 import json
 import os
 import re
@@ -33,6 +32,7 @@ import torch
 from torch import nn
 
 from gac.errors import GacError
+from gac.utils import cache_root, quiet_hf
 
 #: alias -> (importable package holding the file, file name, description)
 ALIASES: dict[str, tuple[str, str, str]] = {
@@ -58,11 +58,6 @@ class LoadedModel:
     model: nn.Module
     tokenizer: Any | None = None
     source: dict[str, Any] = field(default_factory=dict)
-
-
-def cache_root() -> Path:
-    """The gac cache directory: ``$GAC_CACHE`` or ``~/.cache/gac``."""
-    return Path(os.environ.get("GAC_CACHE") or Path.home() / ".cache" / "gac").expanduser()
 
 
 def load(
@@ -177,18 +172,6 @@ def load_model(
 def _looks_local(s: str) -> bool:
     """A spec that can only mean a local path (so a miss is "no such file", not a hub lookup)."""
     return s.startswith((".", "/", "~")) or s.count("/") > 1 or s.lower().endswith((".gguf", ".json"))
-
-
-def quiet_hf():
-    """Silence transformers' own progress bars (gac prints its own)."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    return (
-        contextlib.redirect_stderr(io.StringIO())
-        if os.environ.get("GAC_VERBOSE") != "1"
-        else contextlib.nullcontext()
-    )
 
 
 def _tokenizer(path: str | Path, **kw: Any) -> Any | None:

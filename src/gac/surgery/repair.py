@@ -690,7 +690,7 @@ def load_repaired(
     if doc.get("plain_transformers") or not any(m["type"] == "factorized" for m in modules.values()):
         # transformers' own loader (it knows each family's checkpoint key names), then gac's runtime state
         try:
-            from gac.models.loading import quiet_hf
+            from gac.utils import quiet_hf
 
             with quiet_hf():
                 model = AutoModelForCausalLM.from_pretrained(str(path), config=config, dtype=dtype)
