@@ -22,7 +22,7 @@ from gac.allocation import STRATEGIES
 from gac.api import CompressConfig, apply_, plan
 from gac.compressors.base import available_compressors
 from gac.hardware.profile import OpRule, default_profile
-from gac.surgery.factorized import FactorizedLinear
+from gac.nn import FactorizedLinear
 from gac.surgery.latent_attention import LatentAttention
 from gac.testing import tiny_model
 

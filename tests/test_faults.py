@@ -752,7 +752,7 @@ DRIVER = textwrap.dedent(
         "save": ("safetensors.torch", "save_file"),
         "ppl": ("gac.eval.ppl", "perplexity"),
         "repair": ("gac.surgery.repair", "repair_"),
-        "bench": ("gac.hardware.experiments", "run_experiment"),
+        "bench": ("gac.hardware.sweeps", "run_experiment"),
     }[stage]
     mod = importlib.import_module(mod_name)
     real = getattr(mod, attr)

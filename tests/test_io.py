@@ -9,7 +9,7 @@ import torch
 
 from gac import io
 from gac.errors import GacError
-from gac.surgery.factorized import FactorizedLinear, replace_module
+from gac.nn import FactorizedLinear, replace_module
 from gac.testing import tiny_model
 
 

@@ -11,7 +11,7 @@ import torch
 import gac
 from gac import io
 from gac.errors import GacError
-from gac.surgery.factorized import FactorizedLinear, replace_module
+from gac.nn import FactorizedLinear, replace_module
 from gac.surgery.repair import repair_, save_repaired
 from gac.testing import tiny_model
 

@@ -210,7 +210,7 @@ class Plan:
         )
 
 
-def _profile_for(model: nn.Module, spec: str | None, profile: Profile | None) -> Profile:
+def profile_for(model: nn.Module, spec: str | None, profile: Profile | None) -> Profile:
     if profile is not None:
         return profile
     dt = next(model.parameters()).dtype
@@ -248,7 +248,7 @@ def plan(
     config.validate()
     timings: dict[str, float] = {}
     comp = get_compressor(config.compressor, **config.options)
-    prof = _profile_for(model, config.profile, profile)
+    prof = profile_for(model, config.profile, profile)
     sites = comp.sites(model)
     if config.max_gpu_memory is not None:
         need = sum(p.numel() * p.element_size() for p in model.parameters())

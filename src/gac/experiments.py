@@ -77,6 +77,8 @@ from pathlib import Path
 from typing import Any
 
 from gac.errors import GacError
+from gac.runtime import fastpath
+from gac.runtime.fastpath import FastPath
 
 try:  # Python 3.11+
     import tomllib
@@ -98,8 +100,7 @@ EVAL_KINDS = {
     "predict": {"kind", "tokens", "models"},
     "infer": {
         "kind", "models", "prefill_batches", "prefill_seqs", "decode_batches", "decode_kv",
-        "prefill_reps", "decode_reps", "compile", "graphs", "fuse", "gqa_decode", "gemv",
-        "fused_lowrank", "branches", "combo_kernels",
+        "prefill_reps", "decode_reps", *fastpath.plan_keys(),
     },
 }  # fmt: skip
 #: ``[[benches]]``: one ``gac bench`` experiment per cell (kernel-level tables), sizes as its CLI.
@@ -134,7 +135,7 @@ def slug(s: str) -> str:
 
 def check_model_spec(spec: str) -> None:
     """Refuse a model spec that cannot name a model (cheap checks only: nothing is loaded)."""
-    from gac.models.loading import _HUB_ID, ALIASES
+    from gac.models.loading import ALIASES, HUB_ID
     from gac.models.shapes import parse_shape_spec
 
     try:
@@ -154,7 +155,7 @@ def check_model_spec(spec: str) -> None:
     p = Path(spec).expanduser()
     if p.exists():
         return
-    if spec.startswith((".", "/", "~")) or "/" not in spec or not _HUB_ID.match(spec):
+    if spec.startswith((".", "/", "~")) or "/" not in spec or not HUB_ID.match(spec):
         raise GacError(
             f"plan: unknown model {spec!r}: not an alias ({', '.join(ALIASES)}), tiny:<family>, "
             "an existing path or a hub id (owner/name)"
@@ -403,16 +404,7 @@ def parse_plan(data: dict[str, Any], source: str = "") -> ExperimentPlan:
                 v = e.get(k)
                 if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                     raise GacError(f"plan: [[evals]] #{i + 1}: {k} must be a positive integer, got {v!r}")
-            for k in (
-                "compile",
-                "graphs",
-                "fuse",
-                "gqa_decode",
-                "gemv",
-                "fused_lowrank",
-                "branches",
-                "combo_kernels",
-            ):
+            for k in sorted(fastpath.plan_keys()):
                 if k in e and not isinstance(e[k], bool):
                     raise GacError(f"plan: [[evals]] #{i + 1}: {k} must be true or false")
         if kind == "ppl":
@@ -437,7 +429,7 @@ def parse_plan(data: dict[str, Any], source: str = "") -> ExperimentPlan:
 
 def _parse_benches(benches: Any) -> list[dict[str, Any]]:
     """Validate ``[[benches]]``: a known experiment, sizes as ``gac bench`` takes them, unique names."""
-    from gac.hardware.experiments import EXPERIMENTS, parse_dims
+    from gac.hardware.sweeps import EXPERIMENTS, parse_dims
 
     if isinstance(benches, dict):
         benches = [benches]
@@ -578,8 +570,9 @@ def _infer(model: Any, e: dict[str, Any], label: str) -> dict[str, Any]:
     CUDA graphs on CUDA). ``fuse``, ``compile``, ``graphs`` = false turn each off."""
     from gac.eval.infer import SweepConfig, copy_bandwidth, model_device, sweep_model
 
+    fast = FastPath(**{k: e[k] for k in fastpath.plan_keys() if k in e})
     fused = []
-    if e.get("fuse", True):
+    if fast.fuse:
         from gac.kernels.fusion import fuse_projections_
 
         fused = fuse_projections_(model)
@@ -591,13 +584,7 @@ def _infer(model: Any, e: dict[str, Any], label: str) -> dict[str, Any]:
     cfg = SweepConfig(
         **grid,
         **reps,
-        compile=e.get("compile"),
-        graphs=e.get("graphs"),
-        gqa_decode=e.get("gqa_decode", True),
-        gemv=e.get("gemv", True),
-        fused_lowrank=e.get("fused_lowrank", True),
-        branches=e.get("branches", True),
-        combo_kernels=e.get("combo_kernels", True),
+        **fast.to_dict(),
         profile_kernels=False,
     )
     dev = model_device(model)
@@ -710,9 +697,9 @@ def run_group(plan: ExperimentPlan, plan_dir: str | Path, group: str, force: boo
             prof = p.profile
             shared["plan_s"] = time.perf_counter() - t0
         else:
-            from gac.api import _profile_for
+            from gac.api import profile_for
 
-            prof = _profile_for(base, plan.compress.get("profile"), None)
+            prof = profile_for(base, plan.compress.get("profile"), None)
     except Exception as e:  # noqa: BLE001 - recorded per cell, the plan goes on
         err = f"{type(e).__name__}: {e}" if not isinstance(e, GacError) else str(e)
         for c in todo:
@@ -774,7 +761,7 @@ def _release_memory() -> None:
 
 def run_bench_cell(plan: ExperimentPlan, plan_dir: Path, cell: Cell, force: bool = False) -> str:
     """Run one ``[[benches]]`` experiment; raw points, CSV and plot under ``PLAN_DIR/kernels/<name>/``."""
-    from gac.hardware.experiments import Config, parse_dims, run_experiment
+    from gac.hardware.sweeps import Config, parse_dims, run_experiment
     from gac.hardware.timing import resolve_device
     from gac.utils import console
 

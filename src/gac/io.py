@@ -22,7 +22,7 @@ Non-persistent buffers (e.g. the rotary ``inv_freq``) are stored too, under the
 ``__buffers__.`` prefix, so a model whose buffers were edited (repair) reloads exactly.
 
 :func:`load` rebuilds the skeleton with its parameters on the meta device, swaps in
-:class:`~gac.surgery.factorized.FactorizedLinear` at the recorded sites, memory-maps the
+:class:`~gac.nn.FactorizedLinear` at the recorded sites, memory-maps the
 shards and assigns the tensors (``load_state_dict(assign=True)``). No pickles, no
 ``trust_remote_code``.
 """
@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from gac.errors import GacError, check_schema
-from gac.surgery.factorized import FactorizedLinear, replace_module
+from gac.nn import FactorizedLinear, replace_module
 from gac.utils import atomic_dir, console
 
 SCHEMA = "gac.model/1"

@@ -136,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _limit(x: float | None) -> float | int | None:
+def parse_limit(x: float | None) -> float | int | None:
     return None if x is None else (int(x) if float(x).is_integer() and x >= 1 else float(x))
 
 
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             a.baseline_model_id,
             a.out,
             tasks=[t.strip() for t in a.tasks.split(",") if t.strip()] if a.tasks else None,
-            limit=_limit(a.limit),
+            limit=parse_limit(a.limit),
             batch_size=a.batch_size,
             num_fewshot=a.num_fewshot,
             include_path=a.include_path,

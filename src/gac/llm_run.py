@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gac.errors import GacError
+from gac.runtime.fastpath import INFER, FastPath, add_arguments, from_namespace
 
 SUITES = ("infer_sweep",)
 
@@ -46,32 +47,28 @@ def run(
     prefill_seqs: str | tuple[int, ...] = (128, 512, 1024, 2048),
     decode_batches: str | tuple[int, ...] = (1, 16, 64),
     decode_kv: str | tuple[int, ...] = (512, 4096),
-    graphs: bool | None = None,
-    compile: bool | None = None,
-    compile_mode: str | None = None,
-    fuse: bool = True,
-    triton: bool = False,
-    gqa_decode: bool = True,
-    gemv: bool = True,
-    fused_lowrank: bool = True,
-    branches: bool = True,
-    combo_kernels: bool = True,
     prefill_reps: int = 10,
     decode_reps: int = 30,
     device: str = "auto",
     dtype: str = "auto",
     overwrite: bool = False,
     plots: bool = True,
+    fast: FastPath | None = None,
+    **switches: Any,
 ) -> dict[str, Any]:
     """Time the baseline and ``variant`` on the fast path (fused, compiled, graphs) and write the results.
 
-    ``graphs`` and ``compile`` default to on where CUDA is; ``fuse`` applies to the baseline and
-    the variant alike, so the speedup compares like with like.
+    ``fast`` holds the switches (:class:`gac.runtime.FastPath`; default: the default path), and a
+    switch may also be given by name (``gemv=False``).  ``graphs`` and ``compile`` default to on
+    where CUDA is; ``fuse`` applies to the baseline and the variant alike, so the speedup
+    compares like with like.
     """
     from gac.eval.infer import SweepConfig, Variant, run_sweep, write_results
     from gac.eval.variants import load_variant, parse_variant
     from gac.utils import resolve_device_dtype
 
+    fast = FastPath.of(fast, **switches)
+    fuse, triton = fast.fuse, fast.triton
     if suite not in SUITES:
         raise GacError(f"unknown suite {suite!r}; choose one of: {', '.join(SUITES)}")
     spec = parse_variant(variant)
@@ -91,16 +88,9 @@ def run(
         prefill_seqs=_ints(prefill_seqs),
         decode_batches=_ints(decode_batches),
         decode_kv=_ints(decode_kv),
-        graphs=graphs,
-        compile=compile,
-        compile_mode=compile_mode,
         prefill_reps=prefill_reps,
         decode_reps=decode_reps,
-        gqa_decode=gqa_decode,
-        gemv=gemv,
-        fused_lowrank=fused_lowrank,
-        branches=branches,
-        combo_kernels=combo_kernels,
+        **fast.to_dict(),
     )
     if min(cfg.decode_kv) < cfg.decode_warmup + cfg.decode_reps:
         raise GacError(
@@ -130,17 +120,7 @@ def run(
         variants.append(Variant(name_of(spec, True), builder(spec, True)))
     res = run_sweep(variants, cfg, dev)
     res["command"] = " ".join(sys.argv)
-    res["options"] = {
-        "fuse": fuse,
-        "triton": triton,
-        "compile": compile,
-        "graphs": graphs,
-        "gqa_decode": gqa_decode,
-        "gemv": gemv,
-        "fused_lowrank": fused_lowrank,
-        "branches": branches,
-        "combo_kernels": combo_kernels,
-    }
+    res["options"] = fast.only(INFER)
     for name, info in infos.items():
         if name in res["variants"]:
             res["variants"][name]["meta"] = info
@@ -179,64 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--prefill-seqs", default="128,512,1024,2048")
     ap.add_argument("--decode-batches", default="1,16,64")
     ap.add_argument("--decode-kv", default="512,4096")
-    g = ap.add_mutually_exclusive_group()
-    g.add_argument(
-        "--graphs", dest="graphs", action="store_true", default=None, help="CUDA-graph decode (GPU default)"
-    )
-    g.add_argument("--no-graphs", dest="graphs", action="store_false")
-    g = ap.add_mutually_exclusive_group()
-    g.add_argument(
-        "--compile",
-        dest="compile",
-        action="store_true",
-        default=None,
-        help="torch.compile steps (GPU default)",
-    )
-    g.add_argument("--no-compile", dest="compile", action="store_false")
-    ap.add_argument(
-        "--compile-mode", default=None, help="default | max-autotune-no-cudagraphs (Inductor autotunes GEMMs)"
-    )
-    g = ap.add_mutually_exclusive_group()
-    g.add_argument(
-        "--fuse", dest="fuse", action="store_true", default=True, help="fuse q/k/v and gate/up (default)"
-    )
-    g.add_argument("--no-fuse", dest="fuse", action="store_false")
-    ap.add_argument(
-        "--no-gqa-decode",
-        dest="gqa_decode",
-        action="store_false",
-        help="keep transformers' sdpa decode attention (repeat_kv copy of a GQA cache)",
-    )
-    ap.add_argument(
-        "--no-gemv",
-        dest="gemv",
-        action="store_false",
-        help="cuBLAS for every decode GEMV (no Triton GEMV where it was measured faster)",
-    )
-    ap.add_argument(
-        "--no-fused-lowrank",
-        dest="fused_lowrank",
-        action="store_false",
-        help="decode: keep each factorized site's two GEMVs (no one-launch Triton kernel where it was measured faster)",
-    )
-    ap.add_argument(
-        "--no-branches",
-        dest="branches",
-        action="store_false",
-        help="run the second stages of a fused group's factorized members one after the other "
-        "(no parallel CUDA-stream branches where they were measured faster)",
-    )
-    ap.add_argument(
-        "--no-combo-kernels",
-        dest="combo_kernels",
-        action="store_false",
-        help="compile each step without Inductor's combo kernels (independent kernels launched together)",
-    )
-    ap.add_argument(
-        "--triton",
-        action="store_true",
-        help="the earlier fused low-rank GEMV (split over the rank, atomics; CUDA)",
-    )
+    add_arguments(ap, INFER)  # --graphs/--no-graphs, --no-fuse, --no-gemv, ...: gac.runtime.fastpath
     ap.add_argument("--prefill-reps", type=int, default=10)
     ap.add_argument("--decode-reps", type=int, default=30)
     ap.add_argument("--device", default="auto")
@@ -259,16 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             prefill_seqs=a.prefill_seqs,
             decode_batches=a.decode_batches,
             decode_kv=a.decode_kv,
-            graphs=a.graphs,
-            compile=a.compile,
-            compile_mode=a.compile_mode,
-            fuse=a.fuse,
-            gqa_decode=a.gqa_decode,
-            gemv=a.gemv,
-            fused_lowrank=a.fused_lowrank,
-            branches=a.branches,
-            combo_kernels=a.combo_kernels,
-            triton=a.triton,
+            fast=from_namespace(a, INFER),
             prefill_reps=a.prefill_reps,
             decode_reps=a.decode_reps,
             device=a.device,

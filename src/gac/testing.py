@@ -16,6 +16,8 @@ from transformers import (
     Qwen3Config,
 )
 
+from gac.nn import FactorizedLinear, replace_module
+
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 #: families with other layouts, found by structural discovery (:mod:`gac.models.adapters`)
 OTHER_FAMILIES = ("phi3", "olmo2", "gpt_neox", "granite")
@@ -115,8 +117,6 @@ def factorize_at_odd_ranks(
     device and dtype, scaled to keep activations of order one.  For tests and diagnostics of
     misaligned slices and kernels.
     """
-    from gac.surgery.factorized import FactorizedLinear, replace_module
-
     names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and "layers" in n]
     for i, n in enumerate(names):
         lin = model.get_submodule(n)

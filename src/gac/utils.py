@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import sys
 import time
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 from rich.console import Console
@@ -25,6 +28,23 @@ console = Console(stderr=True)
 #: Results (the report tables a command exists to print) go to stdout; progress and notes to stderr.
 out_console = Console()
 T = TypeVar("T")
+
+
+def cache_root() -> Path:
+    """The gac cache directory: ``$GAC_CACHE`` or ``~/.cache/gac`` (models, dispatch tables)."""
+    return Path(os.environ.get("GAC_CACHE") or Path.home() / ".cache" / "gac").expanduser()
+
+
+def quiet_hf() -> contextlib.AbstractContextManager[Any]:
+    """Silence transformers' own progress bars (gac prints its own); ``GAC_VERBOSE=1`` keeps its stderr."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    return (
+        contextlib.redirect_stderr(io.StringIO())
+        if os.environ.get("GAC_VERBOSE") != "1"
+        else contextlib.nullcontext()
+    )
 
 
 def _fmt_s(s: float) -> str:

@@ -13,7 +13,7 @@ from gac.compressors.base import available_compressors, get_compressor
 from gac.compressors.lowrank import ratio_rank, uniform_ratio_dims
 from gac.compressors.svdllm import whitening_factor
 from gac.errors import GacError
-from gac.surgery.factorized import FactorizedLinear
+from gac.nn import FactorizedLinear
 from gac.testing import tiny_model
 
 COMPRESSORS = ("svd", "asvd", "svd-llm")

@@ -1,7 +1,7 @@
 """PaLU on the real SmolLM2 (slow): gac's aligned latent ranks cost no quality against ``none``.
 
 One calibration (Fisher pass + whitening Gram) at KV ratio 0.5 serves ``none`` and ``gac``; both
-are scored on the Britannica test half. The committed run (``benchmarks/quality_palu.py``,
+are scored on the Britannica test half. The committed run (``benchmarks/tools/quality_palu.py``,
 32 x 256 calibration tokens) measured none 35.80 and gac 35.13.
 """
 

@@ -9,7 +9,7 @@ import torch
 
 from gac.api import CompressConfig, apply_, plan
 from gac.errors import GacError
-from gac.surgery.factorized import FactorizedLinear
+from gac.nn import FactorizedLinear
 from gac.testing import tiny_model
 
 

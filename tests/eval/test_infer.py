@@ -11,15 +11,8 @@ import torch
 from gac.compat import cache_arg
 from gac.errors import GacError
 from gac.eval import infer
-from gac.eval.infer import (
-    DecodeStep,
-    SweepConfig,
-    Variant,
-    run_sweep,
-    weight_bytes_per_step,
-    write_results,
-)
-from gac.surgery.factorized import FactorizedLinear, replace_module
+from gac.eval.infer import DecodeStep, SweepConfig, Variant, run_sweep, weight_bytes_per_step, write_results
+from gac.nn import FactorizedLinear, replace_module
 from gac.testing import tiny_model
 
 TINY = SweepConfig(
@@ -180,7 +173,7 @@ def test_prefill_flops_counts_linears_attention_and_last_token_head():
 
     from gac.eval.infer import prefill_flops
     from gac.models.shapes import shape_config
-    from gac.surgery.factorized import FactorizedLinear, replace_module
+    from gac.nn import FactorizedLinear, replace_module
 
     cfg = shape_config("shape:llama3-8b:2:8")
     with torch.device("meta"):

@@ -20,7 +20,7 @@ from gac.hardware.profile import (
     load_profile,
 )
 from gac.kernels.fusion import fuse_projections_
-from gac.surgery.factorized import FactorizedLinear, replace_module
+from gac.nn import FactorizedLinear, replace_module
 from gac.testing import tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,7 +55,7 @@ def test_launch_counting_fused_factorized_dense():
 
 
 def test_sites_on_the_fused_low_rank_kernel_are_one_launch_where_their_row_class_is():
-    from gac.kernels.lowrank_fused import _sites, switch_
+    from gac.kernels.lowrank_fused import decode_sites, switch_
 
     m = tiny_model()
     for li in range(2):
@@ -66,7 +66,7 @@ def test_sites_on_the_fused_low_rank_kernel_are_one_launch_where_their_row_class
     # per layer: q/k/v first stage + q's u + k's u, o (2), gate/up (1), down (2) = 8; + lm_head
     assert _gemms(m, dec) == 2 * 8 + 1
     before = predict(m, _prof(), dec)
-    for _, mod, _ in _sites(m):  # the kernel measured faster at 1 row only
+    for _, mod, _ in decode_sites(m):  # the kernel measured faster at 1 row only
         switch_(mod, {1: [4, 1024, 4, 1024, 4, 1, 8], 16: None})
     after = predict(m, _prof(), dec)
     assert after["gemm_launches"] == 2 * 4 + 1  # each site one launch, as many as dense
@@ -334,12 +334,12 @@ def test_fused_lowrank_measured_on_the_gpu_fits_its_winning_shapes(tmp_path, mon
 
 def test_a_recorded_cell_is_priced_with_the_sites_its_infer_switched_to_the_fused_kernel():
     from gac.hardware.latency import cell_skeleton
-    from gac.kernels.lowrank_fused import _sites, site_key
+    from gac.kernels.lowrank_fused import decode_sites, site_key
 
     dims = {"model.layers.0.self_attn.q_proj": 8, "model.layers.0.mlp.down_proj": 16}
     _, plain = _cell("tiny/svd", "svd", dims, {"p": 1.0, "d": 1.0})
     _, switched = _cell("tiny/svd", "svd", dims, {"p": 1.0, "d": 1.0})
-    keys = [site_key(k, list(s), list(o)) for _, _, (k, s, o) in _sites(cell_skeleton(plain))]
+    keys = [site_key(k, list(s), list(o)) for _, _, (k, s, o) in decode_sites(cell_skeleton(plain))]
     assert len(keys) == 2  # layer 0's q/k/v group (q factorized) and its down_proj
     # as use_fused_lowrank_ records it: JSON keys, the 16-row class not measured or not faster
     switched["results"]["evals"]["infer"]["fused_lowrank"] = {

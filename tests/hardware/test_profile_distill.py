@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from gac.errors import GacError
-from gac.hardware.experiments import Config
 from gac.hardware.profile import OPS, load_profile, shipped_profiles
 from gac.hardware.profiler import Curve, OpPlan, build_profile, discover_rule, redistil, sweep
+from gac.hardware.sweeps import Config
 
 
 def period(m: int, slow: float = 3.0, boundary: int | None = None, after: float = 1.5):

@@ -13,7 +13,7 @@ from gac.errors import GacError
 from gac.hardware import refine as rf
 from gac.hardware.profile import load_profile
 from gac.hardware.profiler import _flops_fn, build_profile, plans
-from gac.surgery.factorized import FactorizedLinear, replace_module
+from gac.nn import FactorizedLinear, replace_module
 from gac.testing import tiny_model
 
 PEAK = 2e12  # FLOP/s of the synthetic GPU
@@ -228,7 +228,7 @@ def test_cli_refine_real_cpu_timing(cpu_profile, tmp_path):
 
 def test_real_measurements_use_the_profile_context():
     """The CUDA path's plumbing, run on CPU: each op's point is built from ``curve.context``."""
-    from gac.hardware.experiments import _op_pt
+    from gac.hardware.sweeps import op_point
 
     prof = coarse_profile()
     dev = torch.device("cpu")
@@ -236,7 +236,7 @@ def test_real_measurements_use_the_profile_context():
         old = prof.ops[op].curve["context"]  # other sizes than Config.cpu()'s, so the mapping shows
         ctx = {k: 1 if (op, k) == ("gemv", "M") else 9 + j for j, k in enumerate(old)}
         prof.ops[op].curve["context"] = ctx
-        p = _op_pt("profile", rf.context_config(prof, op, dev), op, 21, "refine")
+        p = op_point("profile", rf.context_config(prof, op, dev), op, 21, "refine")
         assert all(p[k if k != "d" else "D"] == v for k, v in ctx.items()), (op, p)
         ms = rf.real_measure_point(prof, dev, torch.float32)(op, 21)
         assert ms is not None and ms > 0

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-import gac.hardware.experiments as ex
+import gac.hardware.sweeps as ex
 import gac.hardware.timing as tm
 from gac.cli import main
 from gac.errors import GacError
@@ -80,7 +80,7 @@ def test_backend_refusal_and_oom_are_cells(tmp_path, monkeypatch):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     monkeypatch.setattr(ex.F, "linear", oom)
-    p = ex._op_pt("t", cfg, "gemm_n", 61, "s")
+    p = ex.op_point("t", cfg, "gemm_n", 61, "s")
     res = ex.measure_point(p, torch.device("cpu"), torch.float32, cfg)
     assert res == {"status": "oom", "reason": "CUDA out of memory. Tried to allocate 2.00 GiB"}
 

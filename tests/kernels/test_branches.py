@@ -372,7 +372,7 @@ class _AlignedQKV(torch.nn.Module):
 
     def __init__(self, d: int = 256) -> None:
         super().__init__()
-        from gac.surgery.factorized import FactorizedLinear
+        from gac.nn import FactorizedLinear
 
         self.q_proj = FactorizedLinear(d, 64, 256)
         self.k_proj = FactorizedLinear(d, 32, 64)

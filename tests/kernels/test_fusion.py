@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gac.kernels.fusion import FusedInputProjection, FusedSlice, fuse_projections_, unfuse_projections_
-from gac.surgery.factorized import FactorizedLinear, replace_module
+from gac.nn import FactorizedLinear, replace_module
 from gac.testing import tiny_model
 
 

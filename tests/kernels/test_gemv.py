@@ -23,7 +23,7 @@ INTERPRETED = textwrap.dedent(
     from torch import nn
     from gac.kernels import gemv as G
     from gac.kernels.fusion import fuse_projections_
-    from gac.surgery.factorized import FactorizedLinear
+    from gac.nn import FactorizedLinear
     from gac.testing import assert_compiled_grads_match
 
     torch.manual_seed(0)
@@ -324,7 +324,7 @@ def test_measure_shape_disqualifies_wrong_results_and_tickets_left_set(monkeypat
     real_new = G.new_counters
     monkeypatch.setattr(G, "new_counters", lambda n, d=None: made.append(real_new(n, d)) or made[-1])
     monkeypatch.setattr(G, "_launch", launch)
-    monkeypatch.setattr(G, "_bench_graph", bench)
+    monkeypatch.setattr(G, "bench_graph", bench)
     configs = (wrong, stuck, stuck_in_replay, good)
     rec = G.measure_shape(40, 64, 4, torch.float32, torch.device("cpu"), configs=configs)
     assert rec["config"] == list(good) and rec["triton_us"] == 9.0 and rec["use"] is True

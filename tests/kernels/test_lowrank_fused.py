@@ -17,7 +17,7 @@ from torch import nn
 from gac.eval.infer import _capture
 from gac.kernels import lowrank_fused as L
 from gac.kernels.fusion import FusedInputProjection, FusedSlice, fuse_projections_
-from gac.surgery.factorized import FactorizedLinear
+from gac.nn import FactorizedLinear
 
 from .interp import needs_triton, pythonpath, run_interpreted
 
@@ -64,8 +64,7 @@ class Block(nn.Module):
 
 #: an interpreter script's imports and ``Block`` (``run_interpreted``)
 BLOCK_SCRIPT = (
-    "import torch\nfrom torch import nn\nfrom gac.surgery.factorized import FactorizedLinear\n"
-    + inspect.getsource(Block)
+    "import torch\nfrom torch import nn\nfrom gac.nn import FactorizedLinear\n" + inspect.getsource(Block)
 )
 
 INTERPRETED = textwrap.dedent(
@@ -143,7 +142,7 @@ INTERPRETED = textwrap.dedent(
         fuse_projections_(blk)
         ref_fused = blk(x)
         table = {1: list(L.CONFIGS[1][1]), 16: list(L.CONFIGS[16][0])}
-        sites = L._sites(blk)
+        sites = L.decode_sites(blk)
         assert len(sites) == 4, [s[0] for s in sites]  # q/k/v group, gate/up group, o_proj, down_proj
         for _, m, _ in sites:
             L.switch_(m, table)
@@ -211,7 +210,7 @@ def test_switched_modules_without_a_usable_config_take_the_existing_path_exactly
     with torch.no_grad():
         fuse_projections_(blk)
         want_x, want_long = blk(x), blk(long)
-        sites = L._sites(blk)
+        sites = L.decode_sites(blk)
         for _, m, _ in sites:
             L.switch_(m, {1: None, 16: None})  # measured slower everywhere
         assert sum(isinstance(m, (L.FusedLowRankLinear, L.FusedLowRankGroup)) for m in blk.modules()) == 4
@@ -233,12 +232,12 @@ def test_switched_modules_without_a_usable_config_take_the_existing_path_exactly
 def test_sites_find_factorized_layers_and_groups_with_a_factorized_member():
     blk = Block()
     fuse_projections_(blk)
-    keys = {L.site_key(k, list(s), list(o)) for _, _, (k, s, o) in L._sites(blk)}
+    keys = {L.site_key(k, list(s), list(o)) for _, _, (k, s, o) in L.decode_sites(blk)}
     assert keys == {"48:7x40+13x24+24d", "48:11x70+37x70", "40:9x48", "70:5x48"}
     dense = nn.Module()
     dense.q_proj, dense.k_proj, dense.v_proj = nn.Linear(8, 8), nn.Linear(8, 4), nn.Linear(8, 4)
     fuse_projections_(dense)
-    assert L._sites(dense) == []  # an all-dense group is one GEMV already
+    assert L.decode_sites(dense) == []  # an all-dense group is one GEMV already
 
 
 def test_use_fused_lowrank_leaves_a_cpu_model_alone():
@@ -393,7 +392,7 @@ def test_switched_tiny_model_under_compile_and_cuda_graph_equals_eager(rows):
     with torch.no_grad():
         want = model(ids, use_cache=False).logits.float()
         table = {c: list(cfgs[0]) for c, cfgs in L.CONFIGS.items()}
-        sites = L._sites(model)
+        sites = L.decode_sites(model)
         assert len(sites) == 4 * 2  # per layer: q/k/v, gate/up, o_proj, down_proj
         for _, m, _ in sites:
             L.switch_(m, table)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gac.surgery.factorized import FactorizedLinear
+from gac.nn import FactorizedLinear
 
 pytestmark = pytest.mark.gpu
 

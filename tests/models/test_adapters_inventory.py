@@ -9,7 +9,7 @@ from gac.errors import GacError
 from gac.hardware.profile import default_profile
 from gac.models import ROLES, get_adapter
 from gac.models.inventory import analyze, inventory, plot_histogram
-from gac.surgery.factorized import FactorizedLinear, replace_module
+from gac.nn import FactorizedLinear, replace_module
 from gac.testing import FAMILIES, tiny_model
 
 

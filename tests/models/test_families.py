@@ -17,7 +17,7 @@ from gac.errors import GacError
 from gac.hardware.profile import default_profile
 from gac.models.adapters import get_adapter
 from gac.models.inventory import analyze
-from gac.surgery.factorized import FactorizedLinear
+from gac.nn import FactorizedLinear
 from gac.surgery.repair import repair_, save_repaired
 from gac.testing import OTHER_FAMILIES, tiny_model
 

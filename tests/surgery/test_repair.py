@@ -12,7 +12,7 @@ from gac.errors import GacError
 from gac.hardware.profile import default_profile
 from gac.models import get_adapter, load_model
 from gac.models.inventory import analyze
-from gac.surgery.factorized import FactorizedLinear, replace_module
+from gac.nn import FactorizedLinear, replace_module
 from gac.surgery.padding import head_end_placement, pad_in_, pad_out_
 from gac.surgery.repair import load_repaired, repair_, save_repaired
 from gac.testing import FAMILIES, tiny_model

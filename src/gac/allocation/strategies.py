@@ -28,7 +28,7 @@ The knapsack's value (``objective``, minimised):
   dense dim only where the window reaches it).
 * ``curve``: the compressor's whole loss curve ``loss(d)`` as the value, with "keep dense"
   (``d = site.max_dim``) as an extra candidate. It trusts the curve's values across sites;
-  ``benchmarks/quality_smollm2.py`` measures where that holds (docs/allocation.md).
+  ``benchmarks/tools/quality_smollm2.py`` measures where that holds (docs/allocation.md).
 * ``gac-latency``: the same knapsack with the profile's predicted latency as a second cost,
   handled by a Lagrange multiplier found by bisection: either the least quality loss whose
   predicted latency meets ``latency_target`` (a fraction of the sites' dense latency), or the

@@ -38,7 +38,7 @@ def register(app: typer.Typer) -> None:
         resume: bool = typer.Option(False, "--resume", help="keep and skip points already in the JSONL"),
     ) -> None:
         """Measure how GPU kernels' latency depends on tensor dims (staircase plots, console table)."""
-        from gac.hardware.experiments import Config, parse_dims, run_experiment
+        from gac.hardware.sweeps import Config, parse_dims, run_experiment
         from gac.hardware.timing import resolve_device
 
         for name, v in (

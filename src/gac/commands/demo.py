@@ -331,7 +331,7 @@ def run_demo(
     if compressor == "palu":
         console.print(
             "PaLU: predicted speedups price the K/V projections' GEMMs only; the latent cache's decode "
-            "speed is measured in benchmarks/results/h100/palu (benchmarks/gpu_palu.py)"
+            "speed is measured in benchmarks/results/h100/palu (benchmarks/tools/gpu_palu.py)"
         )
     console.print(f"wall time {timings['total_s']:.0f} s")
 

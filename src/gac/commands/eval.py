@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from gac.runtime.fastpath import INFER, FastPath, typer_options
+
 eval_app = typer.Typer(
     help="Evaluate a model: perplexity, lm-eval tasks, inference speed.", no_args_is_help=True
 )
@@ -116,7 +118,7 @@ def lm_eval_cmd(
     overwrite: bool = typer.Option(False, "--overwrite"),
 ) -> None:
     """Downstream accuracy (lm-eval tasks) or perplexity of a variant: the `python -m gac.llm_eval` entry point."""
-    from gac.llm_eval import _limit, evaluate
+    from gac.llm_eval import evaluate, parse_limit
 
     evaluate(
         variant,
@@ -124,7 +126,7 @@ def lm_eval_cmd(
         baseline_model_id,
         out,
         tasks=[t.strip() for t in tasks.split(",") if t.strip()] if tasks else None,
-        limit=_limit(limit),
+        limit=parse_limit(limit),
         batch_size=batch_size,
         num_fewshot=num_fewshot,
         include_path=include_path or None,
@@ -138,6 +140,7 @@ def lm_eval_cmd(
 
 
 @eval_app.command("infer")
+@typer_options(INFER)
 def infer_cmd(
     variant: str = typer.Option(
         "baseline", "--variant", help="baseline | a model directory | SPEC (asvd:0.85:gac)."
@@ -150,42 +153,7 @@ def infer_cmd(
     prefill_seqs: str = typer.Option("128,512,1024,2048", "--prefill-seqs"),
     decode_batches: str = typer.Option("1,16,64", "--decode-batches"),
     decode_kv: str = typer.Option("512,4096", "--decode-kv"),
-    graphs: bool | None = typer.Option(
-        None, "--graphs/--no-graphs", help="CUDA-graph decode (default: on GPU)."
-    ),
-    compile: bool | None = typer.Option(
-        None, "--compile/--no-compile", help="torch.compile each static shape (default: on GPU)."
-    ),
-    compile_mode: str | None = typer.Option(
-        None, "--compile-mode", help="default | max-autotune-no-cudagraphs."
-    ),
-    fuse: bool = typer.Option(True, "--fuse/--no-fuse", help="Fuse q/k/v and gate/up (exact; default)."),
-    triton: bool = typer.Option(False, "--triton", help="Fused Triton low-rank GEMV for decode (CUDA)."),
-    gqa_decode: bool = typer.Option(
-        True,
-        "--gqa-decode/--no-gqa-decode",
-        help="Decode attention on the KV heads of a GQA cache (exact; default) or transformers' sdpa.",
-    ),
-    gemv: bool = typer.Option(
-        True,
-        "--gemv/--no-gemv",
-        help="Triton decode GEMVs where measured faster than cuBLAS (CUDA; default).",
-    ),
-    fused_lowrank: bool = typer.Option(
-        True,
-        "--fused-lowrank/--no-fused-lowrank",
-        help="Decode: both stages of each factorized site in one Triton launch where measured faster (CUDA; default).",
-    ),
-    branches: bool = typer.Option(
-        True,
-        "--branches/--no-branches",
-        help="Second stages of a fused group's factorized members on parallel CUDA streams where measured faster (default).",
-    ),
-    combo_kernels: bool = typer.Option(
-        True,
-        "--combo-kernels/--no-combo-kernels",
-        help="Compiled steps: Inductor launches independent kernels together (default).",
-    ),
+    fast: FastPath = None,  # type: ignore[assignment]  # one option per switch: gac.runtime.fastpath
     prefill_reps: int = typer.Option(10, "--prefill-reps"),
     decode_reps: int = typer.Option(30, "--decode-reps"),
     device: str = typer.Option("auto", "--device"),
@@ -203,16 +171,7 @@ def infer_cmd(
         prefill_seqs=prefill_seqs,
         decode_batches=decode_batches,
         decode_kv=decode_kv,
-        graphs=graphs,
-        compile=compile,
-        compile_mode=compile_mode,
-        fuse=fuse,
-        triton=triton,
-        gqa_decode=gqa_decode,
-        gemv=gemv,
-        fused_lowrank=fused_lowrank,
-        branches=branches,
-        combo_kernels=combo_kernels,
+        fast=fast,
         prefill_reps=prefill_reps,
         decode_reps=decode_reps,
         device=device,

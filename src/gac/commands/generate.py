@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import typer
 
+from gac.runtime.fastpath import GENERATE, FastPath, typer_options
+
 
 def register(app: typer.Typer) -> None:
     @app.command("generate")
+    @typer_options(GENERATE)
     def generate_cmd(
         model: str = typer.Argument(
             ..., help="Model: alias (smollm2), gac/HF directory, .gguf file or hub id."
@@ -17,31 +20,7 @@ def register(app: typer.Typer) -> None:
         dtype: str = typer.Option(
             "auto", "--dtype", help="auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16 | float16."
         ),
-        no_compile: bool = typer.Option(False, "--no-compile", help="Do not torch.compile the decode step."),
-        no_graphs: bool = typer.Option(
-            False, "--no-graphs", help="Do not capture the decode step as a CUDA graph."
-        ),
-        no_gqa_decode: bool = typer.Option(
-            False, "--no-gqa-decode", help="Keep transformers' sdpa (repeat_kv) for decode attention."
-        ),
-        no_gemv: bool = typer.Option(
-            False, "--no-gemv", help="cuBLAS for every decode GEMV (no Triton-GEMV dispatch)."
-        ),
-        no_fused_lowrank: bool = typer.Option(
-            False,
-            "--no-fused-lowrank",
-            help="Keep each factorized site's two GEMVs (no one-launch Triton kernel where measured faster).",
-        ),
-        no_branches: bool = typer.Option(
-            False,
-            "--no-branches",
-            help="Second stages of fused q/k/v and gate/up one after the other (no parallel CUDA streams).",
-        ),
-        no_combo_kernels: bool = typer.Option(
-            False,
-            "--no-combo-kernels",
-            help="Compile the decode step without Inductor's combo kernels (independent kernels launched together).",
-        ),
+        fast: FastPath = None,  # type: ignore[assignment]  # one option per switch: gac.runtime.fastpath
         tokenizer: str | None = typer.Option(
             None, "--tokenizer", help="Take the tokenizer from this model spec."
         ),
@@ -71,13 +50,7 @@ def register(app: typer.Typer) -> None:
             tok,
             prompt,
             max_new_tokens,
-            compile=False if no_compile else None,
-            graphs=False if no_graphs else None,
-            gqa_decode=not no_gqa_decode,
-            gemv=not no_gemv,
-            fused_lowrank=not no_fused_lowrank,
-            branches=not no_branches,
-            combo_kernels=not no_combo_kernels,
+            fast=fast,
         )
         from gac.surgery.latent_attention import latent_attention_paths
 

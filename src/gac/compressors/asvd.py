@@ -44,8 +44,8 @@ from gac.compressors.calibration import LinearStats, collect_stats, model_device
 from gac.compressors.lowrank import LowRankCompressor, ratio_rank, tail_energy_curve
 from gac.errors import GacError
 from gac.eval.ppl import nll_from_logits
+from gac.nn import FactorizedLinear, replace_module
 from gac.sites import Site
-from gac.surgery.factorized import FactorizedLinear, replace_module
 from gac.utils import console, track
 
 log = logging.getLogger(__name__)

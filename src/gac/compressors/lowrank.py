@@ -22,8 +22,8 @@ from torch import nn
 
 from gac.compressors.base import Compressor
 from gac.errors import GacError
+from gac.nn import FactorizedLinear, replace_module
 from gac.sites import Site, lowrank_site
-from gac.surgery.factorized import FactorizedLinear, replace_module
 from gac.utils import track
 
 

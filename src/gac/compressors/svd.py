@@ -1,6 +1,6 @@
 """``svd``: plain truncated SVD, ``W ≈ U_r Σ_r V_rᵀ``, no calibration.
 
-Stored as a :class:`~gac.surgery.factorized.FactorizedLinear` with ``u = U_r Σ_r^{1/2}`` and
+Stored as a :class:`~gac.nn.FactorizedLinear` with ``u = U_r Σ_r^{1/2}`` and
 ``v = Σ_r^{1/2} V_rᵀ``. The loss curve is the sum of the truncated squared singular values, which
 equals ``‖W − W_r‖²_F`` exactly (Eckart-Young). Native allocation: one uniform parameter ratio.
 """

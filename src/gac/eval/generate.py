@@ -30,6 +30,7 @@ from torch import nn
 
 from gac.compat import cache_arg
 from gac.errors import GacError
+from gac.runtime.fastpath import FastPath
 
 
 @dataclass
@@ -86,15 +87,11 @@ def generate(
     tokenizer: Any,
     prompt: str,
     max_new_tokens: int = 32,
-    compile: bool | None = None,
-    graphs: bool | None = None,
+    *,
     stop_at_eos: bool = True,
-    gqa_decode: bool = True,
-    gemv: bool = True,
-    fused_lowrank: bool = True,
-    branches: bool = True,
-    combo_kernels: bool = True,
     prefill_reps: int = 3,
+    fast: FastPath | None = None,
+    **switches: Any,
 ) -> Generation:
     """Greedy-decode ``max_new_tokens`` after ``prompt`` on the fast path (see the module docstring).
 
@@ -103,18 +100,16 @@ def generate(
         tokenizer: its tokenizer.
         prompt: the text to continue.
         max_new_tokens: tokens to generate (fewer when ``stop_at_eos`` and EOS comes first).
-        compile: ``torch.compile`` the decode step (default: on CUDA).
-        graphs: capture the decode step as a CUDA graph (default: on CUDA).
         stop_at_eos: stop after the tokenizer's EOS token.
-        gqa_decode: switch a grouped-query model to ``gac_sdpa`` (decode attention on the KV heads,
-            exact; :mod:`gac.kernels.attention`) in place.
-        gemv: on CUDA, route decode GEMVs to the Triton kernel where it was measured faster than
-            cuBLAS (:func:`gac.kernels.gemv.use_triton_gemv_`, in place).
-        fused_lowrank: on CUDA, run each factorized site's two stages in one Triton launch where
-            measured faster (:func:`gac.kernels.lowrank_fused.use_fused_lowrank_`, in place).
-        branches: on CUDA, run the second stages of fused q/k/v and gate/up groups on parallel
-            streams where measured faster (:func:`gac.kernels.branches.use_branches_`, in place).
-        combo_kernels: compile with Inductor's combo kernels (:func:`gac.eval.infer.compile_step`).
+        fast: the fast-path switches (:class:`gac.runtime.FastPath`; default: the default path).
+            generate reads those ``gac generate`` exposes: ``compile`` and ``graphs`` (default: on
+            CUDA), ``gqa_decode`` (``gac_sdpa`` decode attention on the KV heads of a grouped-query
+            model, exact; :mod:`gac.kernels.attention`), and on CUDA ``gemv``
+            (:func:`gac.kernels.gemv.use_triton_gemv_`), ``fused_lowrank``
+            (:func:`gac.kernels.lowrank_fused.use_fused_lowrank_`), ``branches``
+            (:func:`gac.kernels.branches.use_branches_`), each in place where measured faster, and
+            ``combo_kernels`` (:func:`gac.eval.infer.compile_step`).
+        **switches: a switch by name (``gemv=False``), over ``fast``.
         prefill_reps: steady prefills of the prompt timed for ``ttft_s`` (their median).
 
     Raises:
@@ -124,6 +119,7 @@ def generate(
 
     from gac.utils import console
 
+    fast = FastPath.of(fast, **switches)
     if tokenizer is None:
         raise GacError("generate needs the model's tokenizer")
     if not prompt:
@@ -138,8 +134,8 @@ def generate(
     dev = next(model.parameters()).device
     ids = ids.to(dev)
     on_cuda = dev.type == "cuda"
-    want_compile = on_cuda if compile is None else compile
-    want_graphs = on_cuda if graphs is None else graphs
+    want_compile = on_cuda if fast.compile is None else fast.compile
+    want_graphs = on_cuda if fast.graphs is None else fast.graphs
     if (want_compile or want_graphs) and not on_cuda:
         console.print(
             f"notice: torch.compile and CUDA graphs need CUDA; generating eagerly on {dev.type}",
@@ -149,7 +145,7 @@ def generate(
     from gac.eval.infer import compile_step, use_decode_kernels_
     from gac.surgery.latent_attention import kv_bytes_per_token, latent_modules
 
-    kernels = use_decode_kernels_(model, gqa_decode, gemv, fused_lowrank, branches)
+    kernels = use_decode_kernels_(model, fast.gqa_decode, fast.gemv, fast.fused_lowrank, fast.branches)
     paths = {
         "attention": str(getattr(model.config, "_attn_implementation", None)),
         "latent_attention": len(latent_modules(model)),
@@ -163,7 +159,7 @@ def generate(
     ckw = cache_arg(model, cache)
     forward = model.forward
     if want_compile:
-        forward = compile_step(model.forward, combo_kernels=combo_kernels, dynamic=False)
+        forward = compile_step(model.forward, combo_kernels=fast.combo_kernels, dynamic=False)
     try:
         # the first prefill allocates the cache (lazily, in transformers) and pays the one-time costs
         _sync(dev)

@@ -30,7 +30,7 @@ import math
 import re
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,21 +40,26 @@ from torch import nn
 
 from gac.compat import with_cache
 from gac.errors import GacError
+from gac.runtime.fastpath import FastPath
 from gac.utils import atomic_write_text, console
 
 SCHEMA = "gac.infer/1"
 
 
 @dataclass
-class SweepConfig:
-    """What to measure. Defaults are the issue's grid."""
+class SweepConfig(FastPath):
+    """What to measure, and on which path. Defaults are the issue's grid and the default fast path.
+
+    The fast-path switches (``compile``, ``graphs``, ``compile_mode``, ``gqa_decode``, ``gemv``,
+    ``fused_lowrank``, ``branches``, ``combo_kernels``) are :class:`gac.runtime.FastPath`'s fields,
+    declared there once.  ``fuse`` and ``triton`` transform the model before it is timed: the
+    caller applies them (``gac.llm_run``, a plan's infer eval) and they are recorded here.
+    """
 
     prefill_batches: tuple[int, ...] = (1, 8)
     prefill_seqs: tuple[int, ...] = (128, 512, 1024, 2048)
     decode_batches: tuple[int, ...] = (1, 16, 64)
     decode_kv: tuple[int, ...] = (512, 4096)
-    #: CUDA-graph replay of decode steps (None = on where CUDA is).
-    graphs: bool | None = None
     prefill_warmup: int = 2
     prefill_reps: int = 10
     decode_warmup: int = 5
@@ -63,35 +68,6 @@ class SweepConfig:
     profile_kernels: bool = True
     #: bytes of the copy used to measure the bandwidth ceiling (CUDA only).
     copy_bytes: int = 2 * 2**30
-    #: run prefill and decode steps through ``torch.compile`` (default mode: fused elementwise
-    #: kernels), one static-shape compile per grid point, then capture the compiled step as a
-    #: CUDA graph as usual.  None = on where CUDA is (the default path); on CPU a request falls
-    #: back to eager with a one-line notice.
-    compile: bool | None = None
-    #: ``torch.compile`` mode when ``compile`` is on (None = default; ``"max-autotune-no-cudagraphs"``
-    #: lets Inductor benchmark its own GEMM/GEMV kernels; modes that capture CUDA graphs themselves
-    #: are refused: the step is captured here).
-    compile_mode: str | None = None
-    #: single-token decode attention of grouped-query models on their KV heads (``gac_sdpa``,
-    #: :mod:`gac.kernels.attention`: exact, no ``repeat_kv`` copy of the cache); False keeps
-    #: transformers' ``sdpa``.
-    gqa_decode: bool = True
-    #: decode GEMVs through the Triton kernel at the shapes where it was measured faster than cuBLAS
-    #: on this GPU (:mod:`gac.kernels.gemv`; measured once per machine and cached; CUDA only).
-    gemv: bool = True
-    #: decode: both stages of a factorized layer, or of a fused q/k/v or gate/up group, in one
-    #: persistent Triton launch (:mod:`gac.kernels.lowrank_fused`) at the shapes where it was
-    #: measured faster than the existing path (cached per machine; CUDA only).
-    fused_lowrank: bool = True
-    #: the second stages of a fused group's factorized members as parallel CUDA-stream branches
-    #: (:mod:`gac.kernels.branches`) at the row classes where measured faster (cached per machine).
-    branches: bool = True
-    #: compiled steps: Inductor may launch kernels of a step that do not depend on each other as one
-    #: (``combo_kernels``, :func:`compile_step`); False compiles without.
-    combo_kernels: bool = True
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass

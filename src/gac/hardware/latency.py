@@ -4,7 +4,7 @@ The inference sweep (:mod:`gac.eval.infer`) times prefill ``B x S`` and decode `
 on its default path (q/k/v and gate/up fused by :mod:`gac.kernels.fusion`, ``torch.compile``,
 one CUDA graph per step). This module predicts the same points from the model's structure and a
 :class:`~gac.hardware.profile.Profile`, so that predicted and measured speedups can be put side
-by side (``gac report``, ``benchmarks/latency_model.py``).
+by side (``gac report``, ``benchmarks/tools/latency_model.py``).
 
 The formula (every term below is one line of :func:`launches`)::
 
@@ -15,7 +15,7 @@ The formula (every term below is one line of :func:`launches`)::
   ``launch_us`` (that fit's intercept) for a GEMM and ``aux_us`` for any other kernel.
 * **GEMMs**: every module that owns a 2-D ``weight`` (``nn.Linear``, a
   :class:`~gac.kernels.fusion.FusedInputProjection`, the factors inside a
-  :class:`~gac.surgery.factorized.FactorizedLinear`...) except the input embedding is one
+  :class:`~gac.nn.FactorizedLinear`...) except the input embedding is one
   launch of ``[rows, k] @ [k, n]``: rows = ``B·S`` (prefill) or ``B`` (decode), and ``B`` for
   the output head (the sweep keeps only the last position's logits). So a fused q/k/v group is
   one launch, a factorized layer two, a :class:`~gac.kernels.fusion.FusedSlice` of a factorized
@@ -172,12 +172,12 @@ def fit_fused_lowrank(records: list[dict[str, Any]], source: str) -> dict[str, A
 # ------------------------------------------------------------------------------- structure
 def _layer_dims(layer: Any, config: Any, hidden: int) -> dict[str, int]:
     """Widths of one decoder layer: ``q`` and ``kv`` features, head dim, MLP width ``inter``."""
-    from gac.models.adapters import _ATTN_NAMES, _MLP_NAMES, ROLE_NAMES, _child
+    from gac.models.adapters import ATTN_NAMES, MLP_NAMES, ROLE_NAMES, find_child
 
     heads = int(getattr(config, "num_attention_heads", 1) or 1)
     kvh = int(getattr(config, "num_key_value_heads", None) or heads)
     hd = int(getattr(config, "head_dim", None) or hidden // heads)
-    attn_name = _child(layer, _ATTN_NAMES, "attention")
+    attn_name = find_child(layer, ATTN_NAMES, "attention")
     attn = getattr(layer, attn_name) if attn_name else None
     q, kv = heads * hd, kvh * hd
     if attn is not None:
@@ -197,7 +197,7 @@ def _layer_dims(layer: Any, config: Any, hidden: int) -> dict[str, int]:
             q = wqkv * heads // (heads + 2 * kvh)
             kv = (wqkv - q) // 2
     inter = int(getattr(config, "intermediate_size", 4 * hidden) or 4 * hidden)
-    mlp_name = _child(layer, _MLP_NAMES, "mlp")
+    mlp_name = find_child(layer, MLP_NAMES, "mlp")
     mlp = getattr(layer, mlp_name) if mlp_name else None
     if mlp is not None:
         for n in ROLE_NAMES["down"]:
@@ -209,10 +209,10 @@ def _layer_dims(layer: Any, config: Any, hidden: int) -> dict[str, int]:
 
 
 def _layers(model: Any) -> list[Any]:
-    from gac.models.adapters import _find_layers
+    from gac.models.adapters import find_layers
 
     try:
-        return list(model.get_submodule(_find_layers(model)))
+        return list(model.get_submodule(find_layers(model)))
     except (GacError, AttributeError):
         return []
 
@@ -235,7 +235,7 @@ def launches(
     """
     from torch import nn
 
-    from gac.surgery.factorized import FactorizedLinear
+    from gac.nn import FactorizedLinear
     from gac.surgery.latent_attention import LatentProjection
 
     c = constants(profile)
@@ -331,7 +331,7 @@ def _one_launch_sites(model: Any, rows: int) -> dict[int, str]:
     its first stage and every member's second factor, in one launch.  Returns ``{id(module): site}``.
     """
     from gac.kernels.lowrank_fused import MAX_ROWS, row_class
-    from gac.surgery.factorized import FactorizedLinear
+    from gac.nn import FactorizedLinear
 
     out: dict[int, str] = {}
     if not 0 < rows <= MAX_ROWS:
@@ -445,7 +445,7 @@ def skeleton(
 
     from gac.kernels.fusion import fuse_projections_
     from gac.models.adapters import ROLE_NAMES
-    from gac.surgery.factorized import FactorizedLinear, replace_module
+    from gac.nn import FactorizedLinear, replace_module
 
     dt = getattr(torch, dtype, torch.bfloat16)
     if spec.startswith("tiny:"):

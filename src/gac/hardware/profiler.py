@@ -52,8 +52,8 @@ import torch
 
 from gac.alignment import pow2_class
 from gac.errors import GacError
-from gac.hardware.experiments import Config, _append_jsonl, _op_pt, measure_point
 from gac.hardware.profile import OPS, SCHEMA, OpRule, Profile
+from gac.hardware.sweeps import Config, append_jsonl, measure_point, op_point
 from gac.hardware.timing import dtype_name, environment, gpu_slug, resolve_device, resolve_dtype
 from gac.utils import atomic_write_text, console, progress, track
 
@@ -380,16 +380,16 @@ def build_profile(
         rd = Path(results_dir)
         rd.mkdir(parents=True, exist_ok=True)
         raw_f = open(rd / f"profile-{dname}{'-quick' if quick else ''}.jsonl", "w")  # noqa: SIM115
-        _append_jsonl(raw_f, {"type": "meta", "env": env, "command": command, "quick": quick})
+        append_jsonl(raw_f, {"type": "meta", "env": env, "command": command, "quick": quick})
     points: dict[str, dict[str, Any]] = {}
 
     def real_measure(op: str, d: int, plan: OpPlan) -> float | None:
-        p = _op_pt("profile", plan.cfg, op, d, "profile")
+        p = op_point("profile", plan.cfg, op, d, "profile")
         res = measure_point(p, dev, dt, plan.cfg)
         rec = {"type": "point", **p, **res}
         points.setdefault(op, {})[str(d)] = res
         if raw_f is not None:
-            _append_jsonl(raw_f, rec)
+            append_jsonl(raw_f, rec)
         return res.get("median_ms") if res.get("status") == "ok" else None
 
     ops: dict[str, OpRule] = {}
@@ -405,7 +405,7 @@ def build_profile(
                     if measure is not None:
                         v = measure(op, d)
                         if raw_f is not None:
-                            _append_jsonl(raw_f, {"type": "point", "op": op, "dim": d, "median_ms": v})
+                            append_jsonl(raw_f, {"type": "point", "op": op, "dim": d, "median_ms": v})
                         return v
                     return real_measure(op, d, plan)
 
@@ -481,7 +481,7 @@ def measure_launch_constants(device: torch.device, dtype: torch.dtype) -> dict[s
     ``aux_us`` is the time of a small elementwise kernel (``x.mul_(1)`` on 4096 elements) in a graph.
     """
     from gac.hardware.latency import fit_launch
-    from gac.kernels.gemv import _bench_graph, copies_past_l2
+    from gac.kernels.gemv import bench_graph, copies_past_l2
 
     if device.type != "cuda":
         raise GacError("the launch constants are measured on CUDA only")
@@ -496,13 +496,13 @@ def measure_launch_constants(device: torch.device, dtype: torch.dtype) -> dict[s
             continue
         x = torch.randn(1, k, device=device, dtype=dtype)
         y = torch.empty(1, n, device=device, dtype=dtype)
-        us.append(_bench_graph(lambda i, ws=ws, x=x, y=y: torch.mm(x, ws[i % len(ws)].t(), out=y)))
+        us.append(bench_graph(lambda i, ws=ws, x=x, y=y: torch.mm(x, ws[i % len(ws)].t(), out=y)))
         nbytes.append(w_bytes)
         del ws
         torch.cuda.empty_cache()
     t0, gbps = fit_launch(nbytes, us)
     z = torch.randn(4096, device=device, dtype=dtype)
-    aux = _bench_graph(lambda i: z.mul_(1.0))
+    aux = bench_graph(lambda i: z.mul_(1.0))
     return {
         "launch_us": t0,
         "copy_gbps": gbps,

@@ -43,6 +43,7 @@ from torch import nn
 from gac.alignment import pow2_class
 from gac.errors import GacError
 from gac.hardware.profile import Profile
+from gac.nn import FactorizedLinear
 
 #: dims that are multiples of this are on every measured GPU's fastest path: a GEMM made only of
 #: them that disagrees with the profile does so for its shape, not for a cliff (never refined)
@@ -97,7 +98,6 @@ def model_gemms(model: nn.Module, tokens: int) -> list[Gemm]:
     factorized site's two GEMMs are named ``<fqn>.v`` and ``<fqn>.u``).
     """
     from gac.models.adapters import get_adapter, in_features, out_features
-    from gac.surgery.factorized import FactorizedLinear
 
     if tokens < 1:
         raise GacError(f"--tokens must be a positive integer, got {tokens}")
@@ -484,7 +484,7 @@ def refine_profile(
 
 # --------------------------------------------------------------------------- real measurements
 def _timing_cfg(device: torch.device):
-    from gac.hardware.experiments import Config
+    from gac.hardware.sweeps import Config
 
     if device.type == "cuda":
         c = Config.gpu()
@@ -534,7 +534,7 @@ def real_measure_gemm(device: torch.device, dtype: torch.dtype) -> MeasureGemm:
 
 
 def context_config(profile: Profile, op: str, device: torch.device):
-    """The :class:`~gac.hardware.experiments.Config` whose ``op`` point matches the profile's context."""
+    """The :class:`~gac.hardware.sweeps.Config` whose ``op`` point matches the profile's context."""
     ctx = profile.ops[op].curve.get("context") or {}
     flops_fn(op, ctx)  # refuses a curve without its context
     c = _timing_cfg(device)
@@ -553,14 +553,14 @@ def context_config(profile: Profile, op: str, device: torch.device):
 
 def real_measure_point(profile: Profile, device: torch.device, dtype: torch.dtype) -> MeasurePoint:
     """``(op, dim) -> ms`` of one profile point at the profile's context (``gac profile``'s measurement)."""
-    from gac.hardware.experiments import _op_pt, measure_point
+    from gac.hardware.sweeps import measure_point, op_point
 
     cfgs: dict[str, Any] = {}
 
     def f(op: str, d: int) -> float | None:
         if op not in cfgs:
             cfgs[op] = context_config(profile, op, device)
-        p = _op_pt("profile", cfgs[op], op, d, "refine")
+        p = op_point("profile", cfgs[op], op, d, "refine")
         res = measure_point(p, device, dtype, cfgs[op])
         return res.get("median_ms") if res.get("status") == "ok" else None
 

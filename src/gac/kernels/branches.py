@@ -233,7 +233,7 @@ def second_stages(
     """The members' second factors by the path ``how`` names: True, parallel streams
     (:func:`branch_linears`); a configuration (list), one grouped launch (:func:`group_gemv`)."""
     if isinstance(how, (list, tuple)):  # a configuration of ints (:func:`_how`)
-        return group_gemv(t, offs, ws, bs, *how[:4], _gemv._swap(how))
+        return group_gemv(t, offs, ws, bs, *how[:4], _gemv.swap_of(how))
     return branch_linears(t, offs, ws, bs)
 
 
@@ -296,8 +296,8 @@ def measure_group(
     branched = branched_fn(s, splits, outs)
     rec: dict[str, Any] = {"k": k, "splits": list(splits), "outs": list(outs), "rows": rows,
                            "revision": _gemv.REVISION}  # fmt: skip
-    rec["sequential_us"] = _gemv._bench_graph(s.existing)
-    rec["branched_us"] = _gemv._bench_graph(branched)
+    rec["sequential_us"] = _gemv.bench_graph(s.existing)
+    rec["branched_us"] = _gemv.bench_graph(branched)
     best: tuple[float, Any] = (rec["branched_us"], True)
     tried: list[list[Any]] = []
     for cfg in _gemv.GROUP_CONFIGS[_gemv.row_class(rows)] if _gemv.HAVE_TRITON else ():
@@ -308,7 +308,7 @@ def measure_group(
             if not err < 2e-2:
                 rec.setdefault("failed", []).append(f"{list(cfg)}: rel err {err:.2e}")
                 continue
-            us = _gemv._bench_graph(grouped)
+            us = _gemv.bench_graph(grouped)
         except Exception as e:  # noqa: BLE001 - a configuration that does not compile/fit is skipped
             rec.setdefault("failed", []).append(f"{list(cfg)}: {type(e).__name__}: {str(e)[:120]}")
             continue
@@ -383,13 +383,13 @@ def measured(dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
 
 
 def _groups(model: nn.Module) -> list:
-    """``lowrank_fused._sites`` entries of fused groups with at least two factorized members."""
+    """``lowrank_fused.decode_sites`` entries of fused groups with at least two factorized members."""
     from gac.kernels.fusion import FusedInputProjection
-    from gac.kernels.lowrank_fused import _sites
+    from gac.kernels.lowrank_fused import decode_sites
 
     return [
         s
-        for s in _sites(model)
+        for s in decode_sites(model)
         if isinstance(s[1], FusedInputProjection) and sum(o is not None for o in s[2][2]) >= 2
     ]
 

@@ -6,7 +6,7 @@ GEMV, so launches and tails dominate.  :func:`fuse_projections_` replaces such a
 
 * one :class:`FusedInputProjection` on the parent module, holding the rows of every
   member's *first stage* concatenated: the full weight of a dense ``nn.Linear`` member,
-  the ``v`` factor of a :class:`~gac.surgery.factorized.FactorizedLinear` member;
+  the ``v`` factor of a :class:`~gac.nn.FactorizedLinear` member;
 * one :class:`FusedSlice` per member, in the member's place: it asks the group for its
   slice of the fused product (computed once per input) and, for a factorized member,
   applies the member's own ``u`` factor.
@@ -25,7 +25,7 @@ from torch import nn
 
 from gac.kernels import branches
 from gac.kernels.gemv import dispatch_linear
-from gac.surgery.factorized import FactorizedLinear
+from gac.nn import FactorizedLinear
 
 DEFAULT_GROUPS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 

@@ -262,14 +262,15 @@ def vector_align(*values: int) -> int:
     return a
 
 
-_align = vector_align  # what _launch calls (benchmarks/gpu_gemv_sweep.py --no-align-hint replaces it)
+_align = vector_align  # what _launch calls (benchmarks/tools/gpu_gemv_sweep.py --no-align-hint replaces it)
 
 
 def _split(cfg: tuple[int, ...] | list[int]) -> int:
     return int(cfg[4]) if len(cfg) > 4 else 1
 
 
-def _swap(cfg: tuple[int, ...] | list[int]) -> int:
+def swap_of(cfg: tuple[int, ...] | list[int]) -> int:
+    """1 where a configuration swaps the roles of the tile axes (its sixth entry), else 0."""
     return int(cfg[5]) if len(cfg) > 5 else 0
 
 
@@ -320,7 +321,7 @@ def _launch(
         SPLIT=split,
         KA=ka,
         NA=na,
-        SWAP=bool(_swap(cfg)) and m > 1,
+        SWAP=bool(swap_of(cfg)) and m > 1,
         num_warps=warps,
         num_stages=stages,
     )
@@ -369,7 +370,7 @@ def group_launch(
         *(n // na for n in n3), tiles[0], tiles[1],
         B0=has_b[0], B1=has_b[1], B2=has_b[2], MEMBERS=n_m,
         BLOCK_M=1 if m == 1 else max(16, 1 << (m - 1).bit_length()), BLOCK_N=block_n, BLOCK_K=block_k,
-        KA=ka, NA=na, SWAP=bool(_swap(cfg)) and m > 1, num_warps=warps, num_stages=stages,
+        KA=ka, NA=na, SWAP=bool(swap_of(cfg)) and m > 1, num_warps=warps, num_stages=stages,
     )  # fmt: skip
 
 
@@ -452,7 +453,7 @@ def gemv(
         counters,
         *cfg[:4],
         _split(cfg),
-        _swap(cfg),
+        swap_of(cfg),
     )
     return y.reshape(*lead, w.shape[0])
 
@@ -528,7 +529,7 @@ def graph_timings(
     return sorted(ts)
 
 
-def _bench_graph(fn: Callable[[int], Any], reps: int = 64, samples: int = 15) -> float:
+def bench_graph(fn: Callable[[int], Any], reps: int = 64, samples: int = 15) -> float:
     """Median µs per call of ``fn(i)`` captured ``reps`` times in a CUDA graph (:func:`graph_timings`)."""
     ts = graph_timings(fn, reps, samples)
     return ts[len(ts) // 2]
@@ -556,7 +557,7 @@ def measure_shape(
     y = torch.empty(rows, n, device=device, dtype=dtype)
     counters = new_counters(n, device)
     rec: dict[str, Any] = {"n": n, "k": k, "rows": rows, "bytes": w_bytes, "revision": REVISION}
-    rec["cublas_us"] = _bench_graph(lambda i: torch.mm(x, ws[i % copies].t(), out=y))
+    rec["cublas_us"] = bench_graph(lambda i: torch.mm(x, ws[i % copies].t(), out=y))
     ref = (x @ ws[0].t()).float()
     best, tried = None, []
     for cfg in configs or CONFIGS[row_class(rows)]:
@@ -572,7 +573,7 @@ def measure_shape(
                 )
                 counters.zero_()
                 continue
-            t = _bench_graph(lambda i, cfg=cfg: _launch(x, ws[i % copies], None, y, cfg, counters))
+            t = bench_graph(lambda i, cfg=cfg: _launch(x, ws[i % copies], None, y, cfg, counters))
         except Exception as e:  # noqa: BLE001 - a configuration that does not compile/fit is skipped
             rec.setdefault("failed", []).append(f"{list(cfg)}: {type(e).__name__}")
             continue
@@ -616,7 +617,7 @@ def _tried_current(rec: dict[str, Any], rows: int) -> bool:
 
 
 def _cache_path(name: str = "gemv_dispatch.json") -> Path:
-    from gac.models.loading import cache_root
+    from gac.utils import cache_root
 
     return cache_root() / name
 

@@ -197,10 +197,10 @@ def _(q, zk, uk, koff, kr, inv_freq, cache_len, scale, rope_scale, rk_max, kv_he
 
 
 #: the alignment of the key latents' offsets, ranks and strides (what _launch calls;
-#: ``benchmarks/gpu_latent_kernel.py --no-align-hint`` replaces it)
+#: ``benchmarks/tools/gpu_latent_kernel.py --no-align-hint`` replaces it)
 latent_align = vector_align
 
-#: launch parameters (swept on an H100 with ``benchmarks/gpu_latent_kernel.py``); the environment
+#: launch parameters (swept on an H100 with ``benchmarks/tools/gpu_latent_kernel.py``); the environment
 #: variable ``GAC_LATENT_LAUNCH="block_t,block_r,num_warps,num_stages"`` overrides them
 LAUNCH = {"block_t": 128, "block_r": 64, "num_warps": 8, "num_stages": 2}
 if os.environ.get("GAC_LATENT_LAUNCH"):

@@ -44,7 +44,7 @@ from torch import nn
 
 from gac.kernels import gemv as _gemv
 from gac.kernels.fusion import FusedInputProjection, aligned_split
-from gac.surgery.factorized import FactorizedLinear
+from gac.nn import FactorizedLinear
 
 try:  # Triton is optional: only the GPU path needs it (and the CPU interpreter in tests).
     import triton
@@ -692,7 +692,7 @@ def site_setup(
     device: torch.device,
     l2_bytes: int = 128 * 2**20,
 ) -> SimpleNamespace:
-    """One site's timing setup (the dispatch's, and ``benchmarks/gpu_lowrank_fused.py``'s).
+    """One site's timing setup (the dispatch's, and ``benchmarks/tools/gpu_lowrank_fused.py``'s).
 
     Random weights in enough copies to rotate past ``l2_bytes`` of L2 (``ws``: ``(v, us)`` per copy),
     an input ``x`` of ``rows`` rows, ``existing(i)``: the existing path (cuBLAS: first stage into ``t``,
@@ -750,7 +750,7 @@ def measure_site(
     configs = configs or CONFIGS[row_class(rows)]
     rec: dict[str, Any] = {"site": site_key(k, splits, outs), "rows": rows, "bytes": su.nbytes}
     tried: list[list[Any]] = []  # [config, µs | None (failed)]
-    rec["existing_us"] = _gemv._bench_graph(su.existing)
+    rec["existing_us"] = _gemv.bench_graph(su.existing)
     v0, us0 = ws[0]
     y = torch.empty(rows, sum(real), device=device, dtype=dtype)
     counters = new_counters(device)
@@ -788,7 +788,7 @@ def measure_site(
 
 def _bench_graph_fused(ws, copies, x, splits, outs, y, counters, cfg) -> float:  # noqa: ANN001
     nones = [None] * len(splits)
-    return _gemv._bench_graph(
+    return _gemv.bench_graph(
         lambda i: _launch(
             x, ws[i % copies][0], None, ws[i % copies][1], nones, splits, outs, y, counters, cfg
         )
@@ -826,7 +826,7 @@ def measured(dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
 # ------------------------------------------------------------------------------ switching
 
 
-def _sites(model: nn.Module):  # noqa: ANN202
+def decode_sites(model: nn.Module):  # noqa: ANN202
     """``(name, module, (k, splits, outs))`` for every factorized layer and fused group with a factorized member."""
     found = []
     for name, m in model.named_modules():
@@ -857,7 +857,7 @@ def use_fused_lowrank_(model: nn.Module, skip: tuple[str, ...] = ()) -> dict[str
         return {"modules": 0, "of": 0, "reason": "not on CUDA"}
     if not HAVE_TRITON:
         return {"modules": 0, "of": 0, "reason": "Triton is not installed"}
-    sites = [s for s in _sites(model) if not s[0].endswith(skip or ("\0",))]
+    sites = [s for s in decode_sites(model) if not s[0].endswith(skip or ("\0",))]
     table = decisions(sorted({s[2] for s in sites}, key=str), p.dtype, p.device)
     n = _switch_sites(sites, table)
     used = {key: {str(r): c for r, c in row.items()} for key, row in table.items() if any(row.values())}
@@ -881,7 +881,7 @@ def switch_recorded_(model: nn.Module, shapes: dict[str, dict[str, Any]]) -> int
     (:func:`gac.hardware.latency.cell_skeleton`): nothing is measured.  Returns the modules switched.
     """
     rows = {key: {int(r): c for r, c in row.items()} for key, row in (shapes or {}).items()}
-    return _switch_sites(_sites(model), rows)
+    return _switch_sites(decode_sites(model), rows)
 
 
 def switch_(m: nn.Module, table: dict[int, Any]) -> nn.Module:

@@ -7,7 +7,7 @@ into an fp32 output.  Every byte of ``V`` and ``U`` is read exactly once and the
 intermediate never leaves the chip.  The caller zeroes the fp32 output first and casts it
 back (two tiny launches); under CUDA graphs all three replay back to back.
 
-:class:`TritonLowRankLinear` wraps a :class:`~gac.surgery.factorized.FactorizedLinear`:
+:class:`TritonLowRankLinear` wraps a :class:`~gac.nn.FactorizedLinear`:
 inputs with at most ``max_rows`` token rows (decode) take the kernel, longer ones (prefill)
 take the two cuBLAS GEMMs.  ``Uᵀ`` is stored contiguous (``[rank, out]``) so the kernel's
 loads are coalesced.
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gac.errors import GacError
-from gac.surgery.factorized import FactorizedLinear
+from gac.nn import FactorizedLinear, replace_module
 
 try:  # Triton is optional: only the GPU path needs it.
     import triton
@@ -194,7 +194,6 @@ class TritonLowRankLinear(nn.Module):
 
 def use_triton_lowrank_(model: nn.Module, max_rows: int = 64) -> int:
     """Swap every ``FactorizedLinear`` in ``model`` for a :class:`TritonLowRankLinear`. Returns the count."""
-    from gac.surgery.factorized import replace_module
 
     names = [n for n, m in model.named_modules() if isinstance(m, FactorizedLinear)]
     for n in names:

@@ -8,7 +8,7 @@ longest ``ModuleList`` of identical blocks, the embeddings come from ``get_input
 projections, and the projections are named by role from a small table of the names
 ``transformers`` uses (:data:`ROLE_NAMES`).  Dims are read from the modules themselves (not only
 the config), so they stay right after pruning or factorization: ``intermediate(i)`` may differ per
-layer, and a projection may be an ``nn.Linear`` or a :class:`gac.surgery.factorized.FactorizedLinear`.
+layer, and a projection may be an ``nn.Linear`` or a :class:`gac.nn.FactorizedLinear`.
 
 Layouts found this way (each tested on a tiny model built in code): separate q/k/v/o (Llama,
 Mistral, Qwen2 with q/k/v biases, Qwen3 with per-head q/k norms, OLMo-2 with full-width q/k norms
@@ -36,6 +36,7 @@ from typing import Any
 from torch import nn
 
 from gac.errors import GacError
+from gac.nn import FactorizedLinear
 
 #: projection roles of one decoder layer, in forward order (unfused layout)
 ROLES: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
@@ -61,8 +62,8 @@ ROLE_NAMES: dict[str, tuple[str, ...]] = {
 EXCEPTIONS: dict[str, dict[str, Any]] = {
     "gpt_neox": {"qkv_layout": "interleaved"},  # query_key_value holds [q_h, k_h, v_h] per head
 }
-_ATTN_NAMES = ("self_attn", "attention", "attn", "self_attention")
-_MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe")
+ATTN_NAMES = ("self_attn", "attention", "attn", "self_attention")
+MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe")
 _NO_ROTARY = "<no rotary embedding>"
 
 
@@ -77,7 +78,6 @@ def in_features(mod: nn.Module) -> int:
 
 
 def _is_linear(mod: nn.Module) -> bool:
-    from gac.surgery.factorized import FactorizedLinear
     from gac.surgery.latent_attention import LatentProjection
 
     return isinstance(mod, nn.Linear | FactorizedLinear | LatentProjection)
@@ -284,7 +284,7 @@ class FamilyAdapter:
 SUPPORTED: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "gpt_neox", "granite")
 
 
-def _find_layers(model: nn.Module) -> str:
+def find_layers(model: nn.Module) -> str:
     best: tuple[int, str] | None = None
     no_linear: tuple[int, str, set[str]] | None = None
     for name, mod in model.named_modules():
@@ -313,7 +313,7 @@ def _find_layers(model: nn.Module) -> str:
     return best[1]
 
 
-def _child(layer: nn.Module, names: tuple[str, ...], word: str) -> str | None:
+def find_child(layer: nn.Module, names: tuple[str, ...], word: str) -> str | None:
     kids = dict(layer.named_children())
     for n in names:
         if n in kids:
@@ -361,7 +361,7 @@ def get_adapter(model: nn.Module) -> FamilyAdapter:
         raise GacError(
             f"{arch} ({mt}) has no language-model head (get_output_embeddings): load it with AutoModelForCausalLM"
         )
-    layers_fqn = _find_layers(model)
+    layers_fqn = find_layers(model)
     layers = model.get_submodule(layers_fqn)
     ad = FamilyAdapter(
         model,
@@ -380,10 +380,10 @@ def get_adapter(model: nn.Module) -> FamilyAdapter:
         ad._attr = {r: f"{ad.attn_name if r in ATTN_ROLES else ad.mlp_name}.{r}_proj" for r in ROLES}
         return ad
     layer0 = layers[0]
-    attn = _child(layer0, _ATTN_NAMES, "attention")
+    attn = find_child(layer0, ATTN_NAMES, "attention")
     if attn is None:
         raise GacError(f"{arch}: no attention found in {layers_fqn}.0 (it holds {_describe(layer0)})")
-    mlp = _child(layer0, _MLP_NAMES, "mlp")
+    mlp = find_child(layer0, MLP_NAMES, "mlp")
     if mlp is None:
         raise GacError(f"{arch}: no MLP found in {layers_fqn}.0 (it holds {_describe(layer0)})")
     ad.attn_name, ad.mlp_name = attn, mlp

@@ -32,7 +32,7 @@ from torch import nn
 from gac.alignment import round_up
 from gac.hardware.profile import Profile
 from gac.models.adapters import get_adapter, in_features, out_features
-from gac.surgery.factorized import FactorizedLinear
+from gac.nn import FactorizedLinear
 from gac.surgery.latent_attention import LatentProjection
 
 #: op class for the kinds that are not ``<role>.in/out/rank``

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import io
 import json
 import os
 import re
@@ -33,6 +32,7 @@ import torch
 from torch import nn
 
 from gac.errors import GacError
+from gac.utils import cache_root, quiet_hf
 
 #: alias -> (importable package holding the file, file name, description)
 ALIASES: dict[str, tuple[str, str, str]] = {
@@ -43,7 +43,7 @@ ALIASES: dict[str, tuple[str, str, str]] = {
     ),
 }
 _CACHE_FORMAT = 1
-_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 
 
 @dataclass
@@ -58,11 +58,6 @@ class LoadedModel:
     model: nn.Module
     tokenizer: Any | None = None
     source: dict[str, Any] = field(default_factory=dict)
-
-
-def cache_root() -> Path:
-    """The gac cache directory: ``$GAC_CACHE`` or ``~/.cache/gac``."""
-    return Path(os.environ.get("GAC_CACHE") or Path.home() / ".cache" / "gac").expanduser()
 
 
 def load(
@@ -161,7 +156,7 @@ def load_model(
             lm = _load_gguf(p, dtype or torch.float32, device)
         elif p.exists() or _looks_local(s):
             raise GacError(f"{s} is not a model: no such file or directory")
-        elif _HUB_ID.match(s):
+        elif HUB_ID.match(s):
             lm = _load_hub(s, dtype or torch.float32, device, trust_remote_code)
         else:
             raise GacError(
@@ -179,23 +174,11 @@ def _looks_local(s: str) -> bool:
     return s.startswith((".", "/", "~")) or s.count("/") > 1 or s.lower().endswith((".gguf", ".json"))
 
 
-def _quiet_hf():
-    """Silence transformers' own progress bars (gac prints its own)."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    return (
-        contextlib.redirect_stderr(io.StringIO())
-        if os.environ.get("GAC_VERBOSE") != "1"
-        else contextlib.nullcontext()
-    )
-
-
 def _tokenizer(path: str | Path, **kw: Any) -> Any | None:
     from transformers import AutoTokenizer
 
     try:
-        with _quiet_hf():
+        with quiet_hf():
             return AutoTokenizer.from_pretrained(str(path), **kw)
     except Exception:  # noqa: BLE001 - a model without a tokenizer is still a model
         return None
@@ -211,7 +194,7 @@ def _load_hf_dir(
     from transformers import AutoModelForCausalLM
 
     try:
-        with _quiet_hf():
+        with quiet_hf():
             model = AutoModelForCausalLM.from_pretrained(
                 str(path), dtype=dtype, trust_remote_code=trust_remote_code
             )
@@ -313,7 +296,7 @@ def _load_gguf(path: Path, dtype: torch.dtype, device: str | torch.device) -> Lo
             f"(GGUF architectures it supports: {', '.join(sorted(GGUF_SUPPORTED_ARCHITECTURES))})"
         )
     try:
-        with _quiet_hf():
+        with quiet_hf():
             model = AutoModelForCausalLM.from_pretrained(
                 str(path.parent), gguf_file=path.name, dtype=torch.float32
             )
@@ -406,7 +389,7 @@ def _load_hub(
     from transformers import AutoModelForCausalLM
 
     try:
-        with _quiet_hf():
+        with quiet_hf():
             model = AutoModelForCausalLM.from_pretrained(
                 hub_id, dtype=dtype, trust_remote_code=trust_remote_code
             )

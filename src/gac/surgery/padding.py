@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gac.surgery.factorized import FactorizedLinear
+from gac.nn import FactorizedLinear
 
 
 def end_placement(old: int) -> torch.Tensor:

@@ -11,7 +11,7 @@
   separately, so every rotary pair ``(i, i + d/2)`` stays a pair), the rotary inverse frequencies of
   the original pairs are kept, the softmax scale stays ``1/sqrt(d)``, v heads are padded at the end
   with the matching zero columns of ``o``; Qwen3's q/k RMSNorms are compensated like the hidden norms;
-* **factorized inner ranks** (:class:`~gac.surgery.factorized.FactorizedLinear`): zero rows of ``v``,
+* **factorized inner ranks** (:class:`~gac.nn.FactorizedLinear`): zero rows of ``v``,
   zero columns of ``u``.
 
 The vocabulary is reported but not padded: extra logits would change the output distribution.
@@ -41,7 +41,7 @@ from gac.alignment import round_up
 from gac.errors import GacError, check_schema
 from gac.hardware.profile import Profile, load_profile
 from gac.models.adapters import FamilyAdapter, get_adapter, in_features, is_rms_norm, out_features
-from gac.surgery.factorized import FactorizedLinear, replace_module
+from gac.nn import FactorizedLinear, replace_module
 from gac.surgery.latent_attention import latent_modules, pad_latent_rank_
 from gac.surgery.padding import (
     head_end_placement,
@@ -690,9 +690,9 @@ def load_repaired(
     if doc.get("plain_transformers") or not any(m["type"] == "factorized" for m in modules.values()):
         # transformers' own loader (it knows each family's checkpoint key names), then gac's runtime state
         try:
-            from gac.models.loading import _quiet_hf
+            from gac.utils import quiet_hf
 
-            with _quiet_hf():
+            with quiet_hf():
                 model = AutoModelForCausalLM.from_pretrained(str(path), config=config, dtype=dtype)
         except Exception:  # noqa: BLE001 - shapes the config cannot express: build the skeleton below
             model = None
