@@ -90,6 +90,7 @@ if HAVE_TRITON:
         HAS_BIAS: tl.constexpr,
         HAS_NORM: tl.constexpr,
         V_SHARED: tl.constexpr,
+        STAGE_U: tl.constexpr,
         RA: tl.constexpr,
         RAV: tl.constexpr,
     ):
@@ -113,47 +114,74 @@ if HAVE_TRITON:
         dt = q_ptr.dtype.element_ty
         offs_m = tl.arange(0, MQ)
         mrow = offs_m < G * NREP
-        row_head = offs_m // NREP  # the row's KV head within the key group
+        col_head = offs_m // NREP  # the score column's KV head within the key group
         h0 = kg * G * NREP
         offs_d = tl.arange(0, HALF)
-        qbase = q_ptr + b * sqb + (h0 + offs_m)[:, None] * sqh
-        q1 = tl.load(qbase + offs_d[None, :], mask=mrow[:, None], other=0.0)
-        q2 = tl.load(qbase + (HALF + offs_d)[None, :], mask=mrow[:, None], other=0.0)
+        # queries transposed, [HALF, MQ]: the scores are K·Qᵀ with the rebuilt keys as the register operand
+        qbase = q_ptr + b * sqb + (h0 + offs_m)[None, :] * sqh
+        q1t = tl.load(qbase + offs_d[:, None], mask=mrow[None, :], other=0.0)
+        q2t = tl.load(qbase + (HALF + offs_d)[:, None], mask=mrow[None, :], other=0.0)
         inv = tl.load(inv_ptr + offs_d)
+        # RoPE by angle addition: cos/sin of the offsets inside a tile once, of each tile's start per tile
+        offs_i = tl.arange(0, BLOCK_T)
+        ang_i = offs_i[:, None].to(tl.float32) * inv[None, :]
+        ci = tl.cos(ang_i)
+        si = tl.sin(ang_i)
         kvh0 = kg * G
         koff = tl.load(koff_ptr + kvh0) // RA * RA
         kr = tl.load(kr_ptr + kvh0) // RA * RA
         offs_v = tl.arange(0, RVP)
         zk_b = zk_ptr + b * szkb
         zv_b = zv_ptr + b * szvb
+        if STAGE_U:  # one KV head, one rank chunk: its up-projection stays on chip for the whole split
+            offs_r = tl.arange(0, BLOCK_R)
+            rmask = offs_r < kr
+            ub = uk_ptr + kvh0 * suh + offs_r[:, None]
+            u1s = tl.load(ub + offs_d[None, :] * sud, mask=rmask[:, None], other=0.0)
+            u2s = tl.load(ub + (HALF + offs_d)[None, :] * sud, mask=rmask[:, None], other=0.0)
         m_i = tl.full((MQ,), float("-inf"), tl.float32)
         l_i = tl.zeros((MQ,), tl.float32)
         acc = tl.zeros((MQ, RVP), tl.float32)
         for t0 in range(start, end, BLOCK_T):
-            offs_t = t0 + tl.arange(0, BLOCK_T)
+            offs_t = t0 + offs_i
             tmask = offs_t < end
-            ang = offs_t[:, None].to(tl.float32) * inv[None, :]
-            c = tl.cos(ang) * rope_scale
-            sn = tl.sin(ang) * rope_scale
-            sc = tl.zeros((MQ, BLOCK_T), tl.float32)
-            for j in tl.static_range(G):
-                k1 = tl.zeros((BLOCK_T, HALF), tl.float32)
-                k2 = tl.zeros((BLOCK_T, HALF), tl.float32)
-                ub = uk_ptr + (kvh0 + j) * suh
-                for r0 in tl.static_range(0, RK, BLOCK_R):
-                    offs_r = r0 + tl.arange(0, BLOCK_R)
-                    rmask = offs_r < kr
+            a0 = inv * t0
+            cb = tl.cos(a0)[None, :]
+            sb = tl.sin(a0)[None, :]
+            c = (cb * ci - sb * si) * rope_scale
+            sn = (sb * ci + cb * si) * rope_scale
+            sc = tl.zeros((BLOCK_T, MQ), tl.float32)
+            for j in range(G):
+                if STAGE_U:
                     x = tl.load(
                         zk_b + offs_t[:, None] * szkt + (koff + offs_r)[None, :],
                         mask=tmask[:, None] & rmask[None, :],
                         other=0.0,
                     )
-                    u1 = tl.load(ub + offs_d[:, None] * sud + offs_r[None, :], mask=rmask[None, :], other=0.0)
-                    u2 = tl.load(
-                        ub + (HALF + offs_d)[:, None] * sud + offs_r[None, :], mask=rmask[None, :], other=0.0
-                    )
-                    k1 += tl.dot(x, tl.trans(u1))
-                    k2 += tl.dot(x, tl.trans(u2))
+                    k1 = tl.dot(x, u1s)
+                    k2 = tl.dot(x, u2s)
+                else:
+                    k1 = tl.zeros((BLOCK_T, HALF), tl.float32)
+                    k2 = tl.zeros((BLOCK_T, HALF), tl.float32)
+                    ub = uk_ptr + (kvh0 + j) * suh
+                    for r0 in tl.static_range(0, RK, BLOCK_R):
+                        offs_r = r0 + tl.arange(0, BLOCK_R)
+                        rmask = offs_r < kr
+                        x = tl.load(
+                            zk_b + offs_t[:, None] * szkt + (koff + offs_r)[None, :],
+                            mask=tmask[:, None] & rmask[None, :],
+                            other=0.0,
+                        )
+                        u1 = tl.load(
+                            ub + offs_r[:, None] + offs_d[None, :] * sud, mask=rmask[:, None], other=0.0
+                        )
+                        u2 = tl.load(
+                            ub + offs_r[:, None] + (HALF + offs_d)[None, :] * sud,
+                            mask=rmask[:, None],
+                            other=0.0,
+                        )
+                        k1 += tl.dot(x, u1)
+                        k2 += tl.dot(x, u2)
                 if HAS_BIAS:
                     k1 += tl.load(kb_ptr + (kvh0 + j) * (2 * HALF) + offs_d).to(tl.float32)[None, :]
                     k2 += tl.load(kb_ptr + (kvh0 + j) * (2 * HALF) + HALF + offs_d).to(tl.float32)[None, :]
@@ -166,18 +194,15 @@ if HAVE_TRITON:
                     k2 = k2 * rs[:, None] * w2[None, :]
                 kr1 = (k1 * c - k2 * sn).to(dt)
                 kr2 = (k2 * c + k1 * sn).to(dt)
-                sj = tl.dot(q1, tl.trans(kr1)) + tl.dot(q2, tl.trans(kr2))  # [MQ, BLOCK_T]
-                if G == 1:
-                    sc = sj
-                else:
-                    sc += tl.where((row_head == j)[:, None], sj, 0.0)
-            sc = tl.where(tmask[None, :], sc * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+                sj = tl.dot(kr1, q1t) + tl.dot(kr2, q2t)  # [BLOCK_T, MQ]
+                sc += tl.where((col_head == j)[None, :], sj, 0.0)
+            sc = tl.where(tmask[:, None], sc * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(sc, axis=0))
             alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(sc - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
+            p = tl.exp2(sc - m_new[None, :])  # [BLOCK_T, MQ]
+            l_i = l_i * alpha + tl.sum(p, axis=0)
             acc = acc * alpha[:, None]
-            pb = p.to(dt)
+            pt = tl.trans(p.to(dt))  # [MQ, BLOCK_T]
             if V_SHARED:  # every KV head of the key group reads one value slice
                 voff = tl.load(voff_ptr + kvh0) // RAV * RAV
                 vr = tl.load(vr_ptr + kvh0)
@@ -186,9 +211,9 @@ if HAVE_TRITON:
                     mask=tmask[:, None] & (offs_v < vr)[None, :],
                     other=0.0,
                 )
-                acc += tl.dot(pb, zv)
+                acc += tl.dot(pt, zv)
             else:
-                for j in tl.static_range(G):
+                for j in range(G):
                     voff = tl.load(voff_ptr + kvh0 + j) // RAV * RAV
                     vr = tl.load(vr_ptr + kvh0 + j)
                     zv = tl.load(
@@ -196,7 +221,7 @@ if HAVE_TRITON:
                         mask=tmask[:, None] & (offs_v < vr)[None, :],
                         other=0.0,
                     )
-                    acc += tl.where((row_head == j)[:, None], tl.dot(pb, zv), 0.0)
+                    acc += tl.where((offs_m // NREP == j)[:, None], tl.dot(pt, zv), 0.0)
             m_i = m_new
         rows = h0 + offs_m
         optr = o_ptr + b * sob + rows[:, None] * soh + split * sos + offs_v[None, :]
@@ -464,7 +489,7 @@ def _launch(
         float(rope_scale),
         float(eps),
         NREP=n_rep, G=k_group, HALF=hd // 2, RK=rk, RVP=rvp, MQ=mq, BLOCK_T=bt, BLOCK_R=br,
-        HAS_BIAS=k_bias is not None, HAS_NORM=k_norm is not None, V_SHARED=bool(v_shared), RA=ra, RAV=rav,
+        HAS_BIAS=k_bias is not None, HAS_NORM=k_norm is not None, V_SHARED=bool(v_shared), STAGE_U=k_group == 1 and rk == br, RA=ra, RAV=rav,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     sp = _pow2(splits, 2)
