@@ -146,8 +146,16 @@ def main() -> int:
             ref = kl.reference_latent_decode(q, zk, zv, pack, 1037, inv, hd**-0.5)
             n_small = torch.tensor([1037], device=dev)
             for cfg in configs:
-                kl._ENV = None if cfg is None else ",".join(map(str, cfg[:4])) + ",0"
-                out = kl.latent_decode_attention(q, zk, zv, pack, n_small, inv, hd**-0.5)
+                kl._ENV = (
+                    None
+                    if cfg is None
+                    else ",".join(map(str, cfg[:4])) + ",0," + str(cfg[5] if len(cfg) > 5 else 2)
+                )
+                try:
+                    out = kl.latent_decode_attention(q, zk, zv, pack, n_small, inv, hd**-0.5)
+                except Exception as e:  # noqa: BLE001 - a launch that does not fit is recorded and skipped
+                    res["checks"].append({"model": model, "group": gk, "config": cfg, "error": str(e)[:200]})
+                    continue
                 got = torch.cat([o.double() for o in out], 1)
                 err = ((got - ref).norm() / ref.norm()).item()
                 res["checks"].append({"model": model, "group": gk, "config": cfg, "err": err})
@@ -207,7 +215,11 @@ def main() -> int:
                         else:
                             bt = cfg[0]
                             splits = max(1, min(math.ceil(cfg[4] * sms / (b * ng)), t // bt, 256))
-                            kl._ENV = ",".join(map(str, cfg[:4])) + f",{splits}"
+                            kl._ENV = (
+                                ",".join(map(str, cfg[:4]))
+                                + f",{splits},"
+                                + str(cfg[5] if len(cfg) > 5 else 2)
+                            )
                         fns = [
                             functools.partial(
                                 kl.latent_decode_attention, s[0], s[1], s[2], pack, n, inv, hd**-0.5
@@ -215,6 +227,7 @@ def main() -> int:
                             for s in lsets
                         ]
                         try:
+                            fns[0]()
                             ms = graph_ms(fns)
                         except Exception as e:  # noqa: BLE001 - a launch that fails is recorded
                             row["latent"].append({"config": cfg, "error": str(e)[:300]})
@@ -228,6 +241,9 @@ def main() -> int:
                         if best is None or ms < best["ms"]:
                             best = ent
                     row["best"] = best
+                    if best is None:
+                        res["points"].append(row)
+                        continue
                     if old is not None and not bias and n_rep <= 16:
                         ofns = [
                             functools.partial(

@@ -46,6 +46,55 @@ except ImportError:  # pragma: no cover - depends on the install
 if HAVE_TRITON:
 
     @triton.jit
+    def _chunked_keys(zk_b, offs_t, tmask, szkt, koff, kr, ub, sud, offs_d, HALF, RK, BLOCK_R, BLOCK_T):
+        """One KV head's keys ``[BLOCK_T, HALF]`` x2 from its group's latents, in ``BLOCK_R`` rank chunks."""
+        k1 = tl.zeros((BLOCK_T, HALF), tl.float32)
+        k2 = tl.zeros((BLOCK_T, HALF), tl.float32)
+        for r0 in tl.static_range(0, RK, BLOCK_R):
+            offs_r = r0 + tl.arange(0, BLOCK_R)
+            rmask = offs_r < kr
+            x = tl.load(
+                zk_b + offs_t[:, None] * szkt + (koff + offs_r)[None, :],
+                mask=tmask[:, None] & rmask[None, :],
+                other=0.0,
+            )
+            u1 = tl.load(ub + offs_r[:, None] + offs_d[None, :] * sud, mask=rmask[:, None], other=0.0)
+            u2 = tl.load(
+                ub + offs_r[:, None] + (HALF + offs_d)[None, :] * sud, mask=rmask[:, None], other=0.0
+            )
+            k1 += tl.dot(x, u1)
+            k2 += tl.dot(x, u2)
+        return k1, k2
+
+    @triton.jit
+    def _head_scores(k1, k2, kvh, kb_ptr, kn_ptr, offs_d, c, sn, q1t, q2t, eps, HALF, HAS_BIAS, HAS_NORM):
+        """Bias, RMSNorm and RoPE on one KV head's rebuilt keys, then their scores ``[BLOCK_T, MQ]``."""
+        if HAS_BIAS:
+            k1 += tl.load(kb_ptr + kvh * (2 * HALF) + offs_d).to(tl.float32)[None, :]
+            k2 += tl.load(kb_ptr + kvh * (2 * HALF) + HALF + offs_d).to(tl.float32)[None, :]
+        if HAS_NORM:
+            ms = (tl.sum(k1 * k1, axis=1) + tl.sum(k2 * k2, axis=1)) / (2 * HALF)
+            rs = 1.0 / tl.sqrt(ms + eps)
+            k1 = k1 * rs[:, None] * tl.load(kn_ptr + offs_d).to(tl.float32)[None, :]
+            k2 = k2 * rs[:, None] * tl.load(kn_ptr + HALF + offs_d).to(tl.float32)[None, :]
+        dt = q1t.dtype
+        kr1 = (k1 * c - k2 * sn).to(dt)
+        kr2 = (k2 * c + k1 * sn).to(dt)
+        return tl.dot(kr1, q1t) + tl.dot(kr2, q2t)
+
+    @triton.jit
+    def _head_values(pt, zv_b, offs_t, tmask, szvt, voff_ptr, vr_ptr, kvh0, j, offs_m, offs_v, NREP, RAV):
+        """``P·Z_v`` over KV head ``kvh0 + j``'s value slice, on the rows of its query heads only."""
+        voff = tl.load(voff_ptr + kvh0 + j) // RAV * RAV
+        vr = tl.load(vr_ptr + kvh0 + j)
+        zv = tl.load(
+            zv_b + offs_t[:, None] * szvt + (voff + offs_v)[None, :],
+            mask=tmask[:, None] & (offs_v < vr)[None, :],
+            other=0.0,
+        )
+        return tl.where((offs_m // NREP == j)[:, None], tl.dot(pt, zv), 0.0)
+
+    @triton.jit
     def _latent_flash_kernel(
         q_ptr,  # [B, H, HD] roped queries
         zk_ptr,  # [B, T, *] key latents of the layer
@@ -91,6 +140,7 @@ if HAVE_TRITON:
         HAS_NORM: tl.constexpr,
         V_SHARED: tl.constexpr,
         STAGE_U: tl.constexpr,
+        UNROLL: tl.constexpr,
         RA: tl.constexpr,
         RAV: tl.constexpr,
     ):
@@ -133,12 +183,18 @@ if HAVE_TRITON:
         offs_v = tl.arange(0, RVP)
         zk_b = zk_ptr + b * szkb
         zv_b = zv_ptr + b * szvb
-        if STAGE_U:  # one KV head, one rank chunk: its up-projection stays on chip for the whole split
+        if STAGE_U:  # one rank chunk of at most two KV heads: their up-projections stay on chip for the split
             offs_r = tl.arange(0, BLOCK_R)
             rmask = offs_r < kr
             ub = uk_ptr + kvh0 * suh + offs_r[:, None]
-            u1s = tl.load(ub + offs_d[None, :] * sud, mask=rmask[:, None], other=0.0)
-            u2s = tl.load(ub + (HALF + offs_d)[None, :] * sud, mask=rmask[:, None], other=0.0)
+            u1a = tl.load(ub + offs_d[None, :] * sud, mask=rmask[:, None], other=0.0)
+            u2a = tl.load(ub + (HALF + offs_d)[None, :] * sud, mask=rmask[:, None], other=0.0)
+            if G == 2:
+                u1b = tl.load(ub + suh + offs_d[None, :] * sud, mask=rmask[:, None], other=0.0)
+                u2b = tl.load(ub + suh + (HALF + offs_d)[None, :] * sud, mask=rmask[:, None], other=0.0)
+            else:
+                u1b = u1a
+                u2b = u2a
         m_i = tl.full((MQ,), float("-inf"), tl.float32)
         l_i = tl.zeros((MQ,), tl.float32)
         acc = tl.zeros((MQ, RVP), tl.float32)
@@ -151,51 +207,69 @@ if HAVE_TRITON:
             c = (cb * ci - sb * si) * rope_scale
             sn = (sb * ci + cb * si) * rope_scale
             sc = tl.zeros((BLOCK_T, MQ), tl.float32)
-            for j in range(G):
+            if UNROLL:  # the group's heads unrolled: every load sits in the pipelined tile loop
                 if STAGE_U:
                     x = tl.load(
                         zk_b + offs_t[:, None] * szkt + (koff + offs_r)[None, :],
                         mask=tmask[:, None] & rmask[None, :],
                         other=0.0,
                     )
-                    k1 = tl.dot(x, u1s)
-                    k2 = tl.dot(x, u2s)
-                else:
-                    k1 = tl.zeros((BLOCK_T, HALF), tl.float32)
-                    k2 = tl.zeros((BLOCK_T, HALF), tl.float32)
+                for j in tl.static_range(G):
+                    if STAGE_U:
+                        if j == 0:
+                            k1 = tl.dot(x, u1a)
+                            k2 = tl.dot(x, u2a)
+                        else:
+                            k1 = tl.dot(x, u1b)
+                            k2 = tl.dot(x, u2b)
+                    else:
+                        ub = uk_ptr + (kvh0 + j) * suh
+                        k1, k2 = _chunked_keys(
+                            zk_b, offs_t, tmask, szkt, koff, kr, ub, sud, offs_d, HALF, RK, BLOCK_R, BLOCK_T
+                        )
+                    sj = _head_scores(
+                        k1,
+                        k2,
+                        kvh0 + j,
+                        kb_ptr,
+                        kn_ptr,
+                        offs_d,
+                        c,
+                        sn,
+                        q1t,
+                        q2t,
+                        eps,
+                        HALF,
+                        HAS_BIAS,
+                        HAS_NORM,
+                    )
+                    if G == 1:
+                        sc = sj
+                    else:
+                        sc += tl.where((col_head == j)[None, :], sj, 0.0)
+            else:
+                for j in range(G):
                     ub = uk_ptr + (kvh0 + j) * suh
-                    for r0 in tl.static_range(0, RK, BLOCK_R):
-                        offs_r = r0 + tl.arange(0, BLOCK_R)
-                        rmask = offs_r < kr
-                        x = tl.load(
-                            zk_b + offs_t[:, None] * szkt + (koff + offs_r)[None, :],
-                            mask=tmask[:, None] & rmask[None, :],
-                            other=0.0,
-                        )
-                        u1 = tl.load(
-                            ub + offs_r[:, None] + offs_d[None, :] * sud, mask=rmask[:, None], other=0.0
-                        )
-                        u2 = tl.load(
-                            ub + offs_r[:, None] + (HALF + offs_d)[None, :] * sud,
-                            mask=rmask[:, None],
-                            other=0.0,
-                        )
-                        k1 += tl.dot(x, u1)
-                        k2 += tl.dot(x, u2)
-                if HAS_BIAS:
-                    k1 += tl.load(kb_ptr + (kvh0 + j) * (2 * HALF) + offs_d).to(tl.float32)[None, :]
-                    k2 += tl.load(kb_ptr + (kvh0 + j) * (2 * HALF) + HALF + offs_d).to(tl.float32)[None, :]
-                if HAS_NORM:
-                    ms = (tl.sum(k1 * k1, axis=1) + tl.sum(k2 * k2, axis=1)) / (2 * HALF)
-                    rs = 1.0 / tl.sqrt(ms + eps)
-                    w1 = tl.load(kn_ptr + offs_d).to(tl.float32)
-                    w2 = tl.load(kn_ptr + HALF + offs_d).to(tl.float32)
-                    k1 = k1 * rs[:, None] * w1[None, :]
-                    k2 = k2 * rs[:, None] * w2[None, :]
-                kr1 = (k1 * c - k2 * sn).to(dt)
-                kr2 = (k2 * c + k1 * sn).to(dt)
-                sj = tl.dot(kr1, q1t) + tl.dot(kr2, q2t)  # [BLOCK_T, MQ]
-                sc += tl.where((col_head == j)[None, :], sj, 0.0)
+                    k1, k2 = _chunked_keys(
+                        zk_b, offs_t, tmask, szkt, koff, kr, ub, sud, offs_d, HALF, RK, BLOCK_R, BLOCK_T
+                    )
+                    sj = _head_scores(
+                        k1,
+                        k2,
+                        kvh0 + j,
+                        kb_ptr,
+                        kn_ptr,
+                        offs_d,
+                        c,
+                        sn,
+                        q1t,
+                        q2t,
+                        eps,
+                        HALF,
+                        HAS_BIAS,
+                        HAS_NORM,
+                    )
+                    sc += tl.where((col_head == j)[None, :], sj, 0.0)
             sc = tl.where(tmask[:, None], sc * qk_scale, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(sc, axis=0))
             alpha = tl.exp2(m_i - m_new)
@@ -212,16 +286,16 @@ if HAVE_TRITON:
                     other=0.0,
                 )
                 acc += tl.dot(pt, zv)
+            elif UNROLL:
+                for j in tl.static_range(G):
+                    acc += _head_values(
+                        pt, zv_b, offs_t, tmask, szvt, voff_ptr, vr_ptr, kvh0, j, offs_m, offs_v, NREP, RAV
+                    )
             else:
                 for j in range(G):
-                    voff = tl.load(voff_ptr + kvh0 + j) // RAV * RAV
-                    vr = tl.load(vr_ptr + kvh0 + j)
-                    zv = tl.load(
-                        zv_b + offs_t[:, None] * szvt + (voff + offs_v)[None, :],
-                        mask=tmask[:, None] & (offs_v < vr)[None, :],
-                        other=0.0,
+                    acc += _head_values(
+                        pt, zv_b, offs_t, tmask, szvt, voff_ptr, vr_ptr, kvh0, j, offs_m, offs_v, NREP, RAV
                     )
-                    acc += tl.where((offs_m // NREP == j)[:, None], tl.dot(pt, zv), 0.0)
             m_i = m_new
         rows = h0 + offs_m
         optr = o_ptr + b * sob + rows[:, None] * soh + split * sos + offs_v[None, :]
@@ -412,7 +486,8 @@ latent_align = vector_align
 #: launch parameters by (batch x key groups, cache length): rows ``(max_ctas, max_len, block_t, block_r,
 #: num_warps, num_stages, splits)`` (``splits`` 0: enough to fill the GPU twice), the first row
 #: that covers a launch applies. The environment variable
-#: ``GAC_LATENT_LAUNCH="block_t,block_r,num_warps,num_stages,splits"`` overrides every row.
+#: ``GAC_LATENT_LAUNCH="block_t,block_r,num_warps,num_stages,splits[,unroll]"`` overrides every row
+#: (``unroll``: the largest key group whose heads are unrolled in the tile loop, default 2).
 LAUNCH_TABLE: list[tuple[int, int, int, int, int, int, int]] = [
     (1 << 30, 1 << 30, 64, 64, 4, 2, 0),
 ]
@@ -423,7 +498,9 @@ def launch_config(ctas: int, t: int) -> dict[str, int]:
     """The launch of ``ctas`` (batch x key groups) programs per split over a cache of ``t`` slots."""
     if _ENV:
         vals = [int(x) for x in _ENV.split(",")]
-        return dict(zip(("block_t", "block_r", "num_warps", "num_stages", "splits"), vals, strict=False))
+        return dict(
+            zip(("block_t", "block_r", "num_warps", "num_stages", "splits", "unroll"), vals, strict=False)
+        )
     for max_ctas, max_len, bt, br, nw, ns, sp in LAUNCH_TABLE:
         if ctas <= max_ctas and t <= max_len:
             return {"block_t": bt, "block_r": br, "num_warps": nw, "num_stages": ns, "splits": sp}
@@ -489,7 +566,7 @@ def _launch(
         float(rope_scale),
         float(eps),
         NREP=n_rep, G=k_group, HALF=hd // 2, RK=rk, RVP=rvp, MQ=mq, BLOCK_T=bt, BLOCK_R=br,
-        HAS_BIAS=k_bias is not None, HAS_NORM=k_norm is not None, V_SHARED=bool(v_shared), STAGE_U=k_group == 1 and rk == br, RA=ra, RAV=rav,
+        HAS_BIAS=k_bias is not None, HAS_NORM=k_norm is not None, V_SHARED=bool(v_shared), STAGE_U=k_group <= 2 and rk == br, UNROLL=k_group <= cfg.get("unroll", 2), RA=ra, RAV=rav,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     sp = _pow2(splits, 2)
