@@ -211,7 +211,7 @@ def main() -> int:
                     for cfg in configs:
                         if cfg is None:
                             kl._ENV = None
-                            splits = kl.launch_config(b * ng, t)["splits"]
+                            splits = kl.launch_config(b * ng, t, gk, dev)["splits"]
                         else:
                             bt = cfg[0]
                             splits = max(1, min(math.ceil(cfg[4] * sms / (b * ng)), t // bt, 256))

@@ -483,26 +483,32 @@ def _(q, zk, zv, uk, koff, kr, voff, vr, k_bias, k_norm, inv_freq, cache_len, sc
 #: the alignment of the latents' offsets, ranks and strides (what _launch calls)
 latent_align = vector_align
 
-#: launch parameters by (batch x key groups, cache length): rows ``(max_ctas, max_len, block_t, block_r,
-#: num_warps, num_stages, splits)`` (``splits`` 0: enough to fill the GPU twice), the first row
-#: that covers a launch applies. The environment variable
+#: launch parameters by key group size: rows ``(max_key_group, block_t, block_r, num_warps, num_stages, waves)``,
+#: the first row that covers a launch applies; the cache is split so that the programs fill the GPU
+#: ``waves`` times. Chosen on an H100 from the configuration with the best geometric mean against dense
+#: over the grid (Llama-3-8B and Qwen2.5-7B shapes, B 1/16/64 x KV 4096/16384/32768:
+#: ``benchmarks/results/h100/palu-kernel/latent_kernel_v3.json``). The environment variable
 #: ``GAC_LATENT_LAUNCH="block_t,block_r,num_warps,num_stages,splits[,unroll]"`` overrides every row
-#: (``unroll``: the largest key group whose heads are unrolled in the tile loop, default 2).
-LAUNCH_TABLE: list[tuple[int, int, int, int, int, int, int]] = [
-    (1 << 30, 1 << 30, 64, 64, 4, 2, 0),
+#: (``splits`` 0: from ``waves`` 2; ``unroll``: the largest key group whose heads are unrolled, default 2).
+LAUNCH_TABLE: list[tuple[int, int, int, int, int, int]] = [
+    (2, 32, 64, 4, 3, 4),
+    (1 << 30, 128, 64, 8, 2, 2),
 ]
 _ENV = os.environ.get("GAC_LATENT_LAUNCH")
 
 
-def launch_config(ctas: int, t: int) -> dict[str, int]:
+def launch_config(ctas: int, t: int, k_group: int = 1, device: torch.device | None = None) -> dict[str, int]:
     """The launch of ``ctas`` (batch x key groups) programs per split over a cache of ``t`` slots."""
     if _ENV:
         vals = [int(x) for x in _ENV.split(",")]
-        return dict(
+        cfg = dict(
             zip(("block_t", "block_r", "num_warps", "num_stages", "splits", "unroll"), vals, strict=False)
         )
-    for max_ctas, max_len, bt, br, nw, ns, sp in LAUNCH_TABLE:
-        if ctas <= max_ctas and t <= max_len:
+        cfg["splits"] = cfg.get("splits") or num_splits(ctas, t, cfg["block_t"], device)
+        return cfg
+    for max_group, bt, br, nw, ns, waves in LAUNCH_TABLE:
+        if k_group <= max_group:
+            sp = num_splits(ctas, t, bt, device, waves)
             return {"block_t": bt, "block_r": br, "num_warps": nw, "num_stages": ns, "splits": sp}
     raise AssertionError("LAUNCH_TABLE must end with a catch-all row")
 
@@ -512,10 +518,10 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def num_splits(ctas: int, t: int, block_t: int, device: torch.device) -> int:
-    """Splits of the cache so that ``ctas`` programs per split fill the GPU about twice (at least a tile each)."""
-    sms = _sm_count(device.index or 0) if device.type == "cuda" else 4
-    want = -(-2 * sms // max(ctas, 1))
+def num_splits(ctas: int, t: int, block_t: int, device: torch.device | None, waves: int = 2) -> int:
+    """Splits of the cache so that ``ctas`` programs per split fill the GPU ``waves`` times (a tile each at least)."""
+    sms = _sm_count(device.index or 0) if device is not None and device.type == "cuda" else 4
+    want = -(-waves * sms // max(ctas, 1))
     return max(1, min(want, -(-t // block_t), 256))
 
 
@@ -530,13 +536,13 @@ def _launch(
     b, h, hd = q.shape
     t = zk.shape[1]
     kgroups = kvh // k_group
-    cfg = dict(cfg or launch_config(b * kgroups, t))
+    cfg = dict(cfg or launch_config(b * kgroups, t, k_group, q.device))
     bt, br = cfg["block_t"], cfg["block_r"]
     rk = int(-(-rk_max // br) * br)
     if rk < br:
         br = rk
-    splits = cfg.get("splits") or num_splits(b * kgroups, t, bt, q.device)
-    cfg.update(block_r=br, splits=splits)
+    splits = cfg["splits"]
+    cfg.update(block_r=br)
     LAST_LAUNCH.clear()
     LAST_LAUNCH.update(cfg)
     rvp = _pow2(rv_max)
