@@ -99,7 +99,7 @@ EVAL_KINDS = {
     "infer": {
         "kind", "models", "prefill_batches", "prefill_seqs", "decode_batches", "decode_kv",
         "prefill_reps", "decode_reps", "compile", "graphs", "fuse", "gqa_decode", "gemv",
-        "fused_lowrank", "branches", "combo_kernels",
+        "fused_lowrank", "branches", "combo_kernels", "capacity_context", "memory_budget_gib",
     },
 }  # fmt: skip
 #: ``[[benches]]``: one ``gac bench`` experiment per cell (kernel-level tables), sizes as its CLI.
@@ -399,7 +399,7 @@ def parse_plan(data: dict[str, Any], source: str = "") -> ExperimentPlan:
                     v = e[k] if isinstance(e[k], list) else None
                     if v is None or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in v):
                         raise GacError(f"plan: [[evals]] #{i + 1}: {k} must be a list of positive integers")
-            for k in ("prefill_reps", "decode_reps"):
+            for k in ("prefill_reps", "decode_reps", "capacity_context"):
                 v = e.get(k)
                 if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                     raise GacError(f"plan: [[evals]] #{i + 1}: {k} must be a positive integer, got {v!r}")
@@ -415,6 +415,11 @@ def parse_plan(data: dict[str, Any], source: str = "") -> ExperimentPlan:
             ):
                 if k in e and not isinstance(e[k], bool):
                     raise GacError(f"plan: [[evals]] #{i + 1}: {k} must be true or false")
+            mb = e.get("memory_budget_gib")
+            if mb is not None and (isinstance(mb, bool) or not isinstance(mb, int | float) or mb <= 0):
+                raise GacError(
+                    f"plan: [[evals]] #{i + 1}: memory_budget_gib must be a positive number, got {mb!r}"
+                )
         if kind == "ppl":
             src = str(e.get("source", "britannica"))
             if src not in ("britannica", "shakespeare", "wikitext2", "c4") and not src.startswith("text:"):
@@ -598,6 +603,8 @@ def _infer(model: Any, e: dict[str, Any], label: str) -> dict[str, Any]:
         fused_lowrank=e.get("fused_lowrank", True),
         branches=e.get("branches", True),
         combo_kernels=e.get("combo_kernels", True),
+        capacity_context=e.get("capacity_context"),
+        capacity_budget_gib=e.get("memory_budget_gib"),
         profile_kernels=False,
     )
     dev = model_device(model)

@@ -58,6 +58,8 @@ def run(
     combo_kernels: bool = True,
     prefill_reps: int = 10,
     decode_reps: int = 30,
+    capacity_context: int | None = None,
+    memory_budget: float | None = None,
     device: str = "auto",
     dtype: str = "auto",
     overwrite: bool = False,
@@ -101,6 +103,8 @@ def run(
         fused_lowrank=fused_lowrank,
         branches=branches,
         combo_kernels=combo_kernels,
+        capacity_context=capacity_context,
+        capacity_budget_gib=memory_budget,
     )
     if min(cfg.decode_kv) < cfg.decode_warmup + cfg.decode_reps:
         raise GacError(

@@ -76,14 +76,27 @@ def register(app: typer.Typer) -> None:
             branches=not no_branches,
             combo_kernels=not no_combo_kernels,
         )
+        from gac.surgery.latent_attention import kv_bytes_per_token
+
+        kvb = kv_bytes_per_token(lm.model)
         if json_out:
-            out_console.print_json(json.dumps({"model": model, **g.to_dict()}))
+            out_console.print_json(
+                json.dumps(
+                    {
+                        "model": model,
+                        **g.to_dict(),
+                        "kv_bytes_per_token": kvb["cache"],
+                        "kv_bytes_per_token_dense": kvb["dense"],
+                    }
+                )
+            )
             return
         out_console.print(prompt + g.text, markup=False, highlight=False, soft_wrap=True)
         console.print(
             f"{g.new_tokens} tokens on {g.device}: time to first token {g.ttft_s * 1e3:.1f} ms "
             f"({g.prompt_tokens} prompt tokens), {g.tokens_per_s:.1f} tokens/s after it"
             + (f"; compile + graph capture {g.setup_s:.1f} s (not in the latency)" if g.setup_s else "")
+            + f"; KV cache {kvb['cache']:,} bytes/token (dense {kvb['dense']:,})"
             + f" [compiled={g.compiled}, graphs={g.graphs}]",
             markup=False,
             highlight=False,
