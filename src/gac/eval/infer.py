@@ -500,6 +500,7 @@ def decode_point(
         raise GacError(f"decode needs warmup + reps ({n}) <= KV length ({kv})")
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
+    alloc0 = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
     frames0 = compiled_frames()
     t0 = time.perf_counter()
     step = DecodeStep(model, batch, kv, graphs, forward=forward)  # compile + capture happen here
@@ -537,6 +538,7 @@ def decode_point(
         rec["weight_bw_frac"] = rec["weight_gbps"] / copy_gbps
         rec["total_bw_frac"] = rec["total_gbps"] / copy_gbps
     rec["peak_mem_gib"] = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None
+    rec["held_before_gib"] = alloc0 / 2**30  # allocated when the point began (the weights, and anything kept)
     return rec
 
 
@@ -579,7 +581,7 @@ def capacity_point(
 
     ``max batch = (budget - weights - workspace₀) // (KV bytes per token x context + workspace per sequence)``,
     with the workspace (activations, logits, compile and graph pools) from the peak memory of decode
-    steps at batch 1 and 2 beyond the weights and the cache; then that batch is run (and, if it does
+    steps at batch 1 and 2 beyond what was allocated when each began and the cache; then that batch is run (and, if it does
     not fit after all, the next smaller ones: each try is recorded).
     """
     dev = model_device(model)
@@ -589,7 +591,7 @@ def capacity_point(
     ws = []
     for b in (1, 2):
         r = decode_point(model, b, ctx, cfg, graphs, wbytes, copy_gbps, forward)
-        ws.append(r["peak_mem_gib"] * 2**30 - w - r["kv_bytes"])
+        ws.append((r["peak_mem_gib"] - r["held_before_gib"]) * 2**30 - r["kv_bytes"])
         _free(dev)
     per_seq = max(0.0, ws[1] - ws[0])
     fixed = max(0.0, ws[0] - per_seq)

@@ -484,13 +484,15 @@ def _(q, zk, zv, uk, koff, kr, voff, vr, k_bias, k_norm, inv_freq, cache_len, sc
 latent_align = vector_align
 
 #: launch parameters by key group size: rows ``(max_key_group, block_t, block_r, num_warps, num_stages, waves)``,
-#: the first row that covers a launch applies; the cache is split so that the programs fill the GPU
+#: the first row that covers a launch applies (``block_r`` past the rank pads it: at key group 1, rank 64, the
+#: 128-wide tile ran 0.89-0.98x dense at B16 where the 64-wide one ran 0.62-0.70x); the cache is split so that the programs fill the GPU
 #: ``waves`` times. Chosen on an H100 from the configuration with the best geometric mean against dense
 #: over the grid (Llama-3-8B and Qwen2.5-7B shapes, B 1/16/64 x KV 4096/16384/32768:
 #: ``benchmarks/results/h100/palu-kernel/latent_kernel_v3.json``). The environment variable
 #: ``GAC_LATENT_LAUNCH="block_t,block_r,num_warps,num_stages,splits[,unroll]"`` overrides every row
 #: (``splits`` 0: from ``waves`` 2; ``unroll``: the largest key group whose heads are unrolled, default 2).
 LAUNCH_TABLE: list[tuple[int, int, int, int, int, int]] = [
+    (1, 32, 128, 4, 3, 2),
     (2, 32, 64, 4, 3, 4),
     (1 << 30, 128, 64, 8, 2, 2),
 ]
