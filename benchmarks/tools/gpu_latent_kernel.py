@@ -1,111 +1,272 @@
-"""Launch-parameter sweep of PaLU's latent decode attention against dense SDPA decode attention.
+"""PaLU's split-KV latent decode kernel against dense decode attention, with its roofline.
 
-One Llama-3-8B attention layer (32 query heads, 8 KV heads of 128, group size 4: two groups),
-one new token per sequence, bf16, a cache of ``T`` tokens. For each (batch, T) the script times
-dense decode attention (``F.scaled_dot_product_attention`` with GQA over full K/V) and
-:func:`gac.kernels.latent_attention.latent_decode_attention` (scores kernel + softmax + P·Z_v)
-at ranks 256 (aligned) and 251 (misaligned) per group for every launch configuration, with
-``triton.testing.do_bench`` (medians). ``chosen`` is the configuration with the lowest mean
-time relative to dense over all points; print it as ``GAC_LATENT_LAUNCH``.
+For each model shape (Llama-3-8B: 32 query heads, 8 KV heads; Qwen2.5-7B: 28 and 4, with a key
+bias; head_dim 128), key group size ``G`` (KV heads per key group; values grouped alike), batch
+``B`` and cache length ``T`` (all slots valid), one attention layer, one new token, bf16:
 
-Run: ``PYTHONPATH=src python3 benchmarks/tools/gpu_latent_kernel.py --out benchmarks/results/<gpu>/latent_kernel.json``
-(``--configs chosen --no-align-hint``: the launch in use, with the kernel as before its alignment hints).
+* **dense**: the project's default dense decode path, ``gac_sdpa``
+  (:func:`gac.kernels.attention.gqa_sdpa_attention_forward`, with the static cache's bool mask);
+* **latent**: :func:`gac.kernels.latent_attention.latent_decode_attention` at ranks from KV 0.5
+  (``G·head_dim/2`` per key and per value group: half the dense cache), for every launch in
+  ``--configs`` (``block_t,block_r,num_warps,num_stages,waves``; ``waves``: splits such that the
+  programs fill the GPU that many times), and the previous kernel (``--old``: a path to the
+  earlier module) at its own launch.
+
+Every timing is one CUDA graph of calls that cycle through enough input sets to exceed the L2
+(cold cache, no launch gaps), replayed 10 times after 3 warm-ups; medians per call. The roofline
+uses the same GPU's measured bf16 matmul peak (8192³, random data) and device-to-device copy
+bandwidth (read + write). ``rebuild_tflops`` is the key rebuild's FLOPs (``2·r_g·head_dim`` per
+KV head and cached token) over the whole kernel's time. Each configuration is first checked
+against float64 on a small input (``err``).
+
+Run: ``PYTHONPATH=src python3 benchmarks/gpu_latent_kernel.py --out $OUT/latent_kernel.json``
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import itertools
+import importlib.util
 import json
+import math
 import sys
+import time
 
 import torch
-import torch.nn.functional as F
-from triton.testing import do_bench
 
 from gac.hardware.timing import environment
-from gac.kernels.latent_attention import LAUNCH, latent_align, latent_decode_attention
+from gac.kernels import latent_attention as kl
+from gac.kernels.attention import gqa_sdpa_attention_forward
+from gac.testing import latent_decode_inputs
+
+MODELS = {"llama3-8b": (32, 8, 128, 500000.0, False), "qwen2.5-7b": (28, 4, 128, 1000000.0, True)}
+DEFAULT_CONFIGS = (
+    "64,64,4,2,2;64,128,4,2,2;64,64,8,2,2;128,64,8,2,2;128,128,8,2,2;32,64,4,2,2;"
+    "64,64,4,3,2;64,64,4,2,1;64,64,4,2,4;128,64,4,2,2;32,128,4,3,2;64,128,8,3,2"
+)
+
+
+def graph_ms(fns: list, reps: int = 10) -> float:
+    """Median ms per call of ``fns`` (called in turn) captured in one CUDA graph."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for f in fns:
+            f()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for f in fns:
+            f()
+    for _ in range(3):
+        g.replay()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / len(fns))
+    del g
+    return sorted(times)[len(times) // 2]
+
+
+def ceilings(dev: torch.device) -> dict[str, float]:
+    a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+    mm = graph_ms([lambda: torch.matmul(a, b)] * 4)
+    x = torch.randn(1 << 29, device=dev, dtype=torch.bfloat16)  # 1 GiB
+    y = torch.empty_like(x)
+    cp = graph_ms([lambda: y.copy_(x)] * 2)
+    return {"bf16_tflops": 2 * 8192**3 / mm / 1e9, "copy_gbps": 2 * x.numel() * 2 / cp / 1e6}
+
+
+class Stub(torch.nn.Module):
+    def __init__(self, n_rep: int):
+        super().__init__()
+        self.num_key_value_groups = n_rep
+
+
+def sets_for(nbytes: int, l2: int) -> int:
+    return max(1, min(8, math.ceil(3 * l2 / max(nbytes, 1))))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--points", default="1x32768,16x32768")
-    ap.add_argument("--ranks", default="256,251")
-    ap.add_argument("--configs", choices=("all", "chosen"), default="all", help="chosen: LAUNCH only")
+    ap.add_argument("--models", default="llama3-8b,qwen2.5-7b")
+    ap.add_argument("--groups", default="1,2,4")
+    ap.add_argument("--batches", default="1,16,64")
+    ap.add_argument("--lengths", default="4096,16384,32768")
     ap.add_argument(
-        "--no-align-hint",
-        action="store_true",
-        help="the kernel as before its alignment hints (latent_align -> 1: scalar latent loads)",
+        "--configs", default=DEFAULT_CONFIGS, help="';'-separated block_t,block_r,warps,stages,waves"
     )
+    ap.add_argument("--table", action="store_true", help="time the launch table's choice only")
+    ap.add_argument("--old", default=None, help="path to the earlier latent_attention module, timed beside")
+    ap.add_argument("--budget-s", type=float, default=540.0)
     args = ap.parse_args()
-    if args.no_align_hint:
-        import gac.kernels.latent_attention as kl
-
-        kl.latent_align = lambda *values: 1
+    t_start = time.time()
     dev = torch.device("cuda")
     dt = torch.bfloat16
-    h, kvh, hd, groups = 32, 8, 128, 2
-    inv = 1.0 / (500000.0 ** (torch.arange(0, hd, 2, device=dev).float() / hd))
-    configs = list(itertools.product((32, 64, 128), (32, 64), (4, 8), (2,)))
-    if args.configs == "chosen":
-        configs = [tuple(LAUNCH[k] for k in ("block_t", "block_r", "num_warps", "num_stages"))]
+    l2 = torch.cuda.get_device_properties(dev).L2_cache_size
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    old = None
+    if args.old:
+        spec = importlib.util.spec_from_file_location("old_latent", args.old)
+        old = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(old)
     res = {
         "command": " ".join([sys.executable, *sys.argv]),
         "env": environment(dev, dt),
-        "align_hint": not args.no_align_hint,
+        "ceilings": ceilings(dev),
         "points": [],
+        "checks": [],
     }
-    votes: dict[tuple, float] = {}
-    for pt in args.points.split(","):
-        b, t = (int(x) for x in pt.split("x"))
-        q = torch.randn(b, h, hd, device=dev, dtype=dt)
-        k = torch.randn(b, kvh, t, hd, device=dev, dtype=dt)
-        v = torch.randn(b, kvh, t, hd, device=dev, dtype=dt)
-        dense_ms = do_bench(
-            functools.partial(F.scaled_dot_product_attention, q[:, :, None], k, v, enable_gqa=True)
-        )
-        dense_bytes = 2 * k.numel() * k.element_size()
-        row = {"batch": b, "kv": t, "dense_ms": dense_ms, "dense_bytes": dense_bytes, "latent": []}
-        del k, v
-        for r in (int(x) for x in args.ranks.split(",")):
-            zk = torch.randn(b, t, groups * r, device=dev, dtype=dt)
-            zv = torch.randn(b, t, groups * r, device=dev, dtype=dt)
-            pack = {
-                "uk": torch.randn(kvh, hd, -(-r // 32) * 32, device=dev, dtype=dt) * 0.05,
-                "koff": torch.tensor([0] * 4 + [r] * 4, dtype=torch.int32, device=dev),
-                "kr": torch.tensor([r] * 8, dtype=torch.int32, device=dev),
-                "rk_max": -(-r // 32) * 32,
-                "kv_heads": kvh,
-                "align": latent_align(0, r, r),
-                "v_offsets": [0, r],
-                "v_ranks": [r, r],
-            }
-            n = torch.tensor([t], device=dev)
-            lat_bytes = 2 * zk.numel() * zk.element_size()
-            best = None
+    peak, bw = res["ceilings"]["bf16_tflops"], res["ceilings"]["copy_gbps"]
+    print("ceilings", res["ceilings"], flush=True)
+    configs = [tuple(int(x) for x in c.split(",")) for c in args.configs.split(";")]
+    if args.table:
+        configs = [None]
+
+    def save():
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+    for model in args.models.split(","):
+        h, kvh, hd, theta, bias = MODELS[model]
+        n_rep = h // kvh
+        for gk in (int(x) for x in args.groups.split(",")):
+            r = gk * hd // 2
+            ng = kvh // gk
+            # correctness of each launch on a small input (valid length not a tile multiple)
+            q, zk, zv, pack, inv = latent_decode_inputs(
+                3, h, kvh, hd, 1100, gk, gk, [r] * ng, [r] * ng, bias=bias, dtype=dt, device=dev, theta=theta
+            )
+            ref = kl.reference_latent_decode(q, zk, zv, pack, 1037, inv, hd**-0.5)
+            n_small = torch.tensor([1037], device=dev)
             for cfg in configs:
-                LAUNCH.update(zip(("block_t", "block_r", "num_warps", "num_stages"), cfg, strict=True))
+                kl._ENV = (
+                    None
+                    if cfg is None
+                    else ",".join(map(str, cfg[:4])) + ",0," + str(cfg[5] if len(cfg) > 5 else 2)
+                )
                 try:
-                    fn = functools.partial(latent_decode_attention, q, zk, zv, pack, n, inv, hd**-0.5)
-                    ms = do_bench(fn, warmup=5, rep=20)
-                except Exception as e:  # noqa: BLE001 - a config that does not compile is recorded
-                    row["latent"].append({"rank": r, "config": list(cfg), "error": str(e)[:200]})
+                    out = kl.latent_decode_attention(q, zk, zv, pack, n_small, inv, hd**-0.5)
+                except Exception as e:  # noqa: BLE001 - a launch that does not fit is recorded and skipped
+                    res["checks"].append({"model": model, "group": gk, "config": cfg, "error": str(e)[:200]})
                     continue
-                row["latent"].append({"rank": r, "config": list(cfg), "ms": ms, "gbps": lat_bytes / ms / 1e6})
-                votes[cfg] = votes.get(cfg, 0.0) + ms / dense_ms
-                if best is None or ms < best["ms"]:
-                    best = {"config": list(cfg), "ms": ms, "vs_dense": dense_ms / ms}
-            row[f"best_{r}"] = best
-            row[f"latent_bytes_{r}"] = lat_bytes
-            print(pt, "rank", r, "dense", round(dense_ms, 4), "best", best, flush=True)
-            del zk, zv
-        res["points"].append(row)
-    res["chosen"] = list(min(votes, key=votes.get)) if votes else None
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=1)
-    print("chosen", ",".join(map(str, res["chosen"] or [])))
+                got = torch.cat([o.double() for o in out], 1)
+                err = ((got - ref).norm() / ref.norm()).item()
+                res["checks"].append({"model": model, "group": gk, "config": cfg, "err": err})
+                assert err < 2e-2, (model, gk, cfg, err)
+            for b in (int(x) for x in args.batches.split(",")):
+                for t in (int(x) for x in args.lengths.split(",")):
+                    if time.time() - t_start > args.budget_s:
+                        res["stopped"] = "time budget"
+                        save()
+                        print("stopped: time budget", flush=True)
+                        return 0
+                    dense_bytes = b * t * kvh * hd * 2 * 2
+                    lat_bytes = b * t * ng * 2 * r * 2
+                    flops_rebuild = b * t * kvh * 2 * r * hd
+                    flops_attn = b * h * t * 2 * (hd + r)
+                    row = {
+                        "model": model, "group": gk, "batch": b, "kv": t, "rank_k": r, "rank_v": r,
+                        "dense_bytes": dense_bytes, "latent_bytes": lat_bytes,
+                        "rebuild_flops": flops_rebuild, "attn_flops": flops_attn,
+                        "floor_dense_ms": dense_bytes / bw / 1e6,
+                        "floor_latent_ms": max(lat_bytes / bw / 1e6, (flops_rebuild + flops_attn) / peak / 1e9),
+                        "latent": [],
+                    }  # fmt: skip
+                    row["floor_speedup"] = row["floor_dense_ms"] / row["floor_latent_ms"]
+                    # dense: the default gac_sdpa decode path over a full static cache
+                    nd = sets_for(dense_bytes, l2)
+                    stub = Stub(n_rep)
+                    dsets = []
+                    for _ in range(nd):
+                        k = torch.randn(b, kvh, t, hd, device=dev, dtype=dt)
+                        dsets.append((torch.randn(b, h, 1, hd, device=dev, dtype=dt), k, torch.randn_like(k)))
+                    mask = torch.ones(b, 1, 1, t, device=dev, dtype=torch.bool)
+                    fns = [
+                        functools.partial(
+                            gqa_sdpa_attention_forward, stub, s[0], s[1], s[2], mask, scaling=hd**-0.5
+                        )
+                        for s in dsets
+                    ]
+                    row["dense_ms"] = graph_ms(fns)
+                    del dsets, fns
+                    torch.cuda.empty_cache()
+                    nl = sets_for(lat_bytes, l2)
+                    lsets = [
+                        (
+                            torch.randn(b, h, hd, device=dev, dtype=dt),
+                            torch.randn(b, t, ng * r, device=dev, dtype=dt),
+                            torch.randn(b, t, ng * r, device=dev, dtype=dt),
+                        )
+                        for _ in range(nl)
+                    ]
+                    n = torch.tensor([t], device=dev)
+                    best = None
+                    for cfg in configs:
+                        if cfg is None:
+                            kl._ENV = None
+                            splits = kl.launch_config(b * ng, t, gk, dev)["splits"]
+                        else:
+                            bt = cfg[0]
+                            splits = max(1, min(math.ceil(cfg[4] * sms / (b * ng)), t // bt, 256))
+                            kl._ENV = (
+                                ",".join(map(str, cfg[:4]))
+                                + f",{splits},"
+                                + str(cfg[5] if len(cfg) > 5 else 2)
+                            )
+                        fns = [
+                            functools.partial(
+                                kl.latent_decode_attention, s[0], s[1], s[2], pack, n, inv, hd**-0.5
+                            )
+                            for s in lsets
+                        ]
+                        try:
+                            fns[0]()
+                            ms = graph_ms(fns)
+                        except Exception as e:  # noqa: BLE001 - a launch that fails is recorded
+                            row["latent"].append({"config": cfg, "error": str(e)[:300]})
+                            continue
+                        ent = {
+                            "config": cfg, "launch": dict(kl.LAST_LAUNCH), "ms": ms,
+                            "vs_dense": row["dense_ms"] / ms, "rebuild_tflops": flops_rebuild / ms / 1e9,
+                            "gbps": lat_bytes / ms / 1e6,
+                        }  # fmt: skip
+                        row["latent"].append(ent)
+                        if best is None or ms < best["ms"]:
+                            best = ent
+                    row["best"] = best
+                    if best is None:
+                        res["points"].append(row)
+                        continue
+                    if old is not None and not bias and n_rep <= 16:
+                        ofns = [
+                            functools.partial(
+                                old.latent_decode_attention, s[0], s[1], s[2], pack, n, inv, hd**-0.5
+                            )
+                            for s in lsets
+                        ]
+                        try:
+                            row["old_ms"] = graph_ms(ofns)
+                        except Exception as e:  # noqa: BLE001
+                            row["old_error"] = str(e)[:300]
+                    del lsets
+                    torch.cuda.empty_cache()
+                    res["points"].append(row)
+                    save()
+                    print(
+                        f"{model} G{gk} B{b} T{t}: dense {row['dense_ms']:.4f} latent {best['ms']:.4f} "
+                        f"({best['vs_dense']:.2f}x, floor {row['floor_speedup']:.2f}x) "
+                        f"rebuild {best['rebuild_tflops']:.0f}/{peak:.0f} TFLOP/s cfg {best['launch']} "
+                        f"old {row.get('old_ms', float('nan')):.4f}",
+                        flush=True,
+                    )
+    save()
     return 0
 
 

@@ -101,6 +101,7 @@ EVAL_KINDS = {
     "infer": {
         "kind", "models", "prefill_batches", "prefill_seqs", "decode_batches", "decode_kv",
         "prefill_reps", "decode_reps", *fastpath.plan_keys(),
+        "capacity_context", "memory_budget_gib",
     },
 }  # fmt: skip
 #: ``[[benches]]``: one ``gac bench`` experiment per cell (kernel-level tables), sizes as its CLI.
@@ -400,13 +401,18 @@ def parse_plan(data: dict[str, Any], source: str = "") -> ExperimentPlan:
                     v = e[k] if isinstance(e[k], list) else None
                     if v is None or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in v):
                         raise GacError(f"plan: [[evals]] #{i + 1}: {k} must be a list of positive integers")
-            for k in ("prefill_reps", "decode_reps"):
+            for k in ("prefill_reps", "decode_reps", "capacity_context"):
                 v = e.get(k)
                 if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                     raise GacError(f"plan: [[evals]] #{i + 1}: {k} must be a positive integer, got {v!r}")
             for k in sorted(fastpath.plan_keys()):
                 if k in e and not isinstance(e[k], bool):
                     raise GacError(f"plan: [[evals]] #{i + 1}: {k} must be true or false")
+            mb = e.get("memory_budget_gib")
+            if mb is not None and (isinstance(mb, bool) or not isinstance(mb, int | float) or mb <= 0):
+                raise GacError(
+                    f"plan: [[evals]] #{i + 1}: memory_budget_gib must be a positive number, got {mb!r}"
+                )
         if kind == "ppl":
             src = str(e.get("source", "britannica"))
             if src not in ("britannica", "shakespeare", "wikitext2", "c4") and not src.startswith("text:"):
@@ -585,6 +591,8 @@ def _infer(model: Any, e: dict[str, Any], label: str) -> dict[str, Any]:
         **grid,
         **reps,
         **fast.to_dict(),
+        capacity_context=e.get("capacity_context"),
+        capacity_budget_gib=e.get("memory_budget_gib"),
         profile_kernels=False,
     )
     dev = model_device(model)

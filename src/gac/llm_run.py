@@ -49,6 +49,8 @@ def run(
     decode_kv: str | tuple[int, ...] = (512, 4096),
     prefill_reps: int = 10,
     decode_reps: int = 30,
+    capacity_context: int | None = None,
+    memory_budget: float | None = None,
     device: str = "auto",
     dtype: str = "auto",
     overwrite: bool = False,
@@ -91,6 +93,8 @@ def run(
         prefill_reps=prefill_reps,
         decode_reps=decode_reps,
         **fast.to_dict(),
+        capacity_context=capacity_context,
+        capacity_budget_gib=memory_budget,
     )
     if min(cfg.decode_kv) < cfg.decode_warmup + cfg.decode_reps:
         raise GacError(

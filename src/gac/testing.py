@@ -156,3 +156,62 @@ def assert_compiled_grads_match(
         assert grads and torch.allclose(gx, xr.grad, atol=atol)
         params = dict(module.named_parameters())
         assert all(torch.allclose(g, params[n].grad, atol=atol) for n, g in grads.items())
+
+
+def latent_decode_inputs(
+    batch: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    tokens: int,
+    key_group: int,
+    value_group: int,
+    key_ranks: list[int],
+    value_ranks: list[int],
+    bias: bool = False,
+    norm: bool = False,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    theta: float = 10000.0,
+    seed: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict, torch.Tensor]:
+    """Random inputs of :func:`gac.kernels.latent_attention.latent_decode_attention`.
+
+    One key rank per key group (``kv_heads // key_group`` of them) and one value rank per value
+    group; each KV head's up-projection is zero past its group's rank, as the module packs it.
+    Returns ``(q, zk, zv, pack, inv_freq)``.
+    """
+    from gac.kernels.gemv import vector_align
+
+    g = torch.Generator().manual_seed(seed)
+    nk, nv = kv_heads // key_group, kv_heads // value_group
+    if len(key_ranks) != nk or len(value_ranks) != nv:
+        raise ValueError(f"{nk} key ranks and {nv} value ranks expected")
+    ko = [sum(key_ranks[:i]) for i in range(nk)]
+    vo = [sum(value_ranks[:i]) for i in range(nv)]
+    rk_max = -(-max(key_ranks) // 32) * 32
+    uk = torch.zeros(kv_heads, head_dim, rk_max)
+    for k in range(kv_heads):
+        r = key_ranks[k // key_group]
+        uk[k, :, :r] = torch.randn(head_dim, r, generator=g) / r**0.5
+    pack = {
+        "uk": uk.to(device, dtype),
+        "koff": torch.tensor([ko[k // key_group] for k in range(kv_heads)], dtype=torch.int32, device=device),
+        "kr": torch.tensor(
+            [key_ranks[k // key_group] for k in range(kv_heads)], dtype=torch.int32, device=device
+        ),
+        "rk_max": rk_max,
+        "kv_heads": kv_heads,
+        "align": vector_align(*ko, *key_ranks),
+        "v_offsets": vo,
+        "v_ranks": list(value_ranks),
+        "k_group": key_group,
+        "k_bias": torch.randn(kv_heads, head_dim, generator=g).to(device, dtype) if bias else None,
+        "k_norm": (torch.rand(head_dim, generator=g) + 0.5).to(device, dtype) if norm else None,
+        "k_norm_eps": 1e-6,
+    }
+    q = torch.randn(batch, heads, head_dim, generator=g).to(device, dtype)
+    zk = torch.randn(batch, tokens, sum(key_ranks), generator=g).to(device, dtype)
+    zv = torch.randn(batch, tokens, sum(value_ranks), generator=g).to(device, dtype)
+    inv = (1.0 / (theta ** (torch.arange(0, head_dim, 2).float() / head_dim))).to(device)
+    return q, zk, zv, pack, inv

@@ -301,3 +301,47 @@ def test_compile_step_with_combo_kernels_matches_without_on_gpu():
     torch._dynamo.reset()
     torch.testing.assert_close(out[True], out[False], rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(out[True], want, rtol=5e-2, atol=5e-2)
+
+
+def test_capacity_budget_below_one_sequence_is_one_line_error_before_any_timing(monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("timed before the budget was checked")
+
+    monkeypatch.setattr(infer, "prefill_point", boom)
+    monkeypatch.setattr(infer, "decode_point", boom)
+    m = tiny_model("llama")
+    cfg = SweepConfig(**{**TINY.to_dict(), "capacity_context": 4096, "capacity_budget_gib": 1e-4})
+    with pytest.raises(
+        GacError, match=r"memory budget 0\.00 GiB is smaller than .* one sequence at context 4096"
+    ):
+        infer.sweep_model(m, cfg)
+
+
+def test_capacity_plan_counts_weights_and_kv_bytes_per_token():
+    m = tiny_model("llama")
+    c = m.config
+    el = next(m.parameters()).element_size()
+    cfg = SweepConfig(**{**TINY.to_dict(), "capacity_context": 100, "capacity_budget_gib": 1.0})
+    p = infer._capacity_budget(m, cfg)
+    hd = c.head_dim if getattr(c, "head_dim", None) else c.hidden_size // c.num_attention_heads
+    assert p["kv_per_token"] == c.num_hidden_layers * 2 * c.num_key_value_heads * hd * el
+    assert p["weights"] == sum(t.numel() * t.element_size() for t in [*m.parameters(), *m.buffers()])
+    assert p["budget"] == 2**30 and p["context"] == 100
+    with pytest.raises(GacError, match="needs a GPU"):  # the workspace is measured: CUDA only
+        infer.capacity_point(m, cfg, False, 0, None, None, p)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_capacity_on_gpu_runs_the_largest_batch_that_fits_the_budget():
+    m = tiny_model("llama").cuda()
+    cfg = SweepConfig(
+        **{**TINY.to_dict(), "profile_kernels": False, "decode_batches": (1,), "compile": False}
+    )
+    plan = infer._capacity_budget(m, SweepConfig(**{**cfg.to_dict(), "capacity_context": 256}))
+    budget = torch.cuda.memory_allocated() + 50 * plan["kv_per_token"] * 256 + 64 * 2**20
+    cfg = SweepConfig(**{**cfg.to_dict(), "capacity_context": 256, "capacity_budget_gib": budget / 2**30})
+    out = infer.sweep_model(m, cfg)["capacity"]
+    assert out["max_batch"] >= 1 and out["tries"][-1] == {"batch": out["max_batch"], "status": "ok"}
+    assert out["peak_mem_gib"] * 2**30 <= budget * 1.02
+    assert out["tokens_per_s"] > 0

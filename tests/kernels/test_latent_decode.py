@@ -1,7 +1,7 @@
-"""The Triton latent-cache decode kernel against the module's reconstruct-and-attend path.
+"""The Triton latent-cache decode kernel: against float64 torch, and against the module's reconstruct-and-attend path.
 
-Runs on CUDA, or on CPU under Triton's interpreter (``TRITON_INTERPRET=1``) when Triton is
-installed; skipped otherwise (CI has no Triton).
+The kernel-level tests run under Triton's CPU interpreter (a subprocess) and, on CUDA, on the GPU.
+The module tests run on CUDA, or on CPU when the whole session runs with ``TRITON_INTERPRET=1``.
 """
 
 from __future__ import annotations
@@ -19,9 +19,71 @@ triton = pytest.importorskip("triton")
 from gac.api import CompressConfig, plan  # noqa: E402
 from gac.testing import tiny_model  # noqa: E402
 
+from .interp import run_interpreted  # noqa: E402
+
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-if DEV == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("needs CUDA or TRITON_INTERPRET=1", allow_module_level=True)
+needs_device = pytest.mark.skipif(
+    DEV == "cpu" and os.environ.get("TRITON_INTERPRET") != "1", reason="needs CUDA or TRITON_INTERPRET=1"
+)
+
+#: kernel cases: (batch, heads, kv_heads, head_dim, key group, value group, cache slots, valid tokens,
+#: key bias, key RMSNorm, launch "block_t,block_r,num_warps,num_stages,splits[,unroll]"); odd ranks are drawn
+CASES = [
+    (2, 8, 2, 32, 2, 2, 75, 70, False, False, "16,16,4,1,3"),  # Llama-like: n_rep 4, 3 splits, partial tile
+    (
+        2,
+        14,
+        2,
+        32,
+        1,
+        2,
+        60,
+        53,
+        True,
+        False,
+        "16,32,4,1,2",
+    ),  # Qwen2-like bias, n_rep 7, values wider than keys
+    (1, 4, 4, 32, 4, 1, 48, 40, False, True, "16,16,4,1,4"),  # k_norm, n_rep 1, values narrower than keys
+    (1, 28, 4, 32, 4, 4, 40, 33, True, True, "16,16,4,1,1"),  # key group 4 with n_rep 7: 28 rows of 32
+    (2, 8, 8, 32, 2, 4, 30, 20, True, False, "16,16,4,1,4"),  # more splits than tiles: empty splits
+]
+
+KERNEL_SCRIPT = """
+import torch
+import gac.kernels.latent_attention as kl
+from gac.testing import latent_decode_inputs
+
+
+def run(cases, device, dtype, tol, seed):
+    g = torch.Generator().manual_seed(seed)
+    for b, h, kvh, hd, gk, gv, t, n, bias, norm, launch in cases:
+        kr = [int(x) for x in torch.randint(5, 40, (kvh // gk,), generator=g)]
+        vr = [int(x) for x in torch.randint(5, 40, (kvh // gv,), generator=g)]
+        q, zk, zv, pack, inv = latent_decode_inputs(
+            b, h, kvh, hd, t, gk, gv, kr, vr, bias=bias, norm=norm, dtype=dtype, device=device,
+            seed=int(torch.randint(0, 1 << 30, (1,), generator=g)),
+        )
+        kl._ENV = launch
+        scale, rs = hd**-0.5, 1.25
+        voff, vrk, shared, valign = kl._per_kv_head(pack, q.device)
+        out = kl._launch(
+            q, zk, zv, pack["uk"], pack["koff"], pack["kr"], voff, vrk, pack["k_bias"], pack["k_norm"], inv,
+            torch.tensor([n], device=device), scale, rs, 1e-6, pack["rk_max"], max(vr), kvh, gk, shared,
+            pack["align"], valign, poison=float("nan"),
+        )
+        assert kl.LAST_LAUNCH["splits"] == (int(launch.split(",")[4]) or kl.LAST_LAUNCH["splits"])
+        ref = kl.reference_latent_decode(q, zk, zv, pack, n, inv, scale, rs)
+        got = out[..., : ref.shape[-1]].double()
+        assert not got.isnan().any(), "unwritten output"
+        err = ((got - ref).norm() / ref.norm()).item()
+        assert err < tol, (b, h, kvh, gk, gv, bias, norm, err)
+        outs = kl.latent_decode_attention(q, zk, zv, pack, torch.tensor([n], device=device), inv, scale, rs)
+        hv = h // len(vr)
+        for i, (o, r) in enumerate(zip(outs, vr)):
+            assert o.shape == (b, hv, r)
+            e = ((o.double() - ref[:, i * hv : (i + 1) * hv, :r]).norm() / ref[:, i * hv : (i + 1) * hv, :r].norm())
+            assert e < tol, (i, e.item())
+"""
 
 
 def _assert_kernel_matches_reference(m, attn, g, b: int = 2, t0: int = 45) -> None:
@@ -47,6 +109,7 @@ def _assert_kernel_matches_reference(m, attn, g, b: int = 2, t0: int = 45) -> No
     assert torch.allclose(got, ref, **tol), (got - ref).abs().max()
 
 
+@needs_device
 @pytest.mark.parametrize(
     ("group_size", "ratio", "fold", "align"),
     [(2, 0.45, True, "none"), (2, 0.45, False, "none"), (1, 0.7, False, "none"), (4, 0.3, True, "none"),
@@ -152,6 +215,7 @@ def _family_model(family, kg, vg, fold, layers=1, hidden=128):
     return m.to(DEV), g
 
 
+@needs_device
 @pytest.mark.parametrize(("family", "kg", "vg", "fold"), FAMILY_CASES)
 def test_kernel_matches_reference_across_families(family, kg, vg, fold):
     """``LatentAttention._kernel_forward`` against the reference path, one decode step."""
@@ -184,3 +248,26 @@ def test_model_decode_takes_the_kernel_across_families(family, kg, vg, fold):
         if use:
             assert latent_attention_paths(m) == {"kernel": 2, "reference": 0, "unrecorded": 0, "reasons": []}
     assert torch.allclose(outs[0], outs[1], atol=3e-2, rtol=3e-2), (outs[0] - outs[1]).abs().max()
+
+
+def test_flash_kernel_in_triton_interpreter_matches_float64():
+    # fresh random ranks and inputs per run; fp32 dots are exact in the interpreter
+    seed = int.from_bytes(os.urandom(4), "little")
+    run_interpreted(
+        f"CASES = {CASES!r}\n{KERNEL_SCRIPT}\nrun(CASES, 'cpu', torch.float32, 1e-5, {seed})\nprint('ok')"
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_flash_kernel_on_gpu_matches_float64(dtype):
+    ns: dict = {}
+    exec(KERNEL_SCRIPT, ns)
+    big = [(3, 32, 8, 128, g, 4, 1100, 1037, False, False, "64,64,4,2,0") for g in (1, 2, 4)]
+    big += [(2, 28, 4, 128, g, 2, 700, 689, True, g == 2, "32,64,4,2,0") for g in (1, 2, 4)]
+    # tf32 dots for fp32 inputs; bf16 keys and probabilities for bf16
+    try:
+        ns["run"](CASES + big, "cuda", dtype, 3e-3 if dtype == torch.float32 else 2e-2, 7)
+    finally:
+        ns["kl"]._ENV = None

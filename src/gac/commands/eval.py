@@ -156,6 +156,14 @@ def infer_cmd(
     fast: FastPath = None,  # type: ignore[assignment]  # one option per switch: gac.runtime.fastpath
     prefill_reps: int = typer.Option(10, "--prefill-reps"),
     decode_reps: int = typer.Option(30, "--decode-reps"),
+    capacity_context: int | None = typer.Option(
+        None,
+        "--capacity-context",
+        help="Also the largest decode batch that fits the memory budget at this context, and its tokens/s (GPU).",
+    ),
+    memory_budget: float | None = typer.Option(
+        None, "--memory-budget", help="Capacity's memory budget in GiB (default: this GPU's free memory)."
+    ),
     device: str = typer.Option("auto", "--device"),
     dtype: str = typer.Option("auto", "--dtype"),
     overwrite: bool = typer.Option(False, "--overwrite"),
@@ -174,6 +182,8 @@ def infer_cmd(
         fast=fast,
         prefill_reps=prefill_reps,
         decode_reps=decode_reps,
+        capacity_context=capacity_context,
+        memory_budget=memory_budget,
         device=device,
         dtype=dtype,
         overwrite=overwrite,

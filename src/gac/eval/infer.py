@@ -68,6 +68,11 @@ class SweepConfig(FastPath):
     profile_kernels: bool = True
     #: bytes of the copy used to measure the bandwidth ceiling (CUDA only).
     copy_bytes: int = 2 * 2**30
+    #: capacity: the largest decode batch whose weights, KV cache and workspace fit the memory budget
+    #: at this context length, and its decode speed (None: not measured; CUDA)
+    capacity_context: int | None = None
+    #: the capacity's memory budget in GiB (None: this GPU's free memory plus what this process holds)
+    capacity_budget_gib: float | None = None
 
 
 @dataclass
@@ -471,6 +476,7 @@ def decode_point(
         raise GacError(f"decode needs warmup + reps ({n}) <= KV length ({kv})")
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
+    alloc0 = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
     frames0 = compiled_frames()
     t0 = time.perf_counter()
     step = DecodeStep(model, batch, kv, graphs, forward=forward)  # compile + capture happen here
@@ -508,7 +514,95 @@ def decode_point(
         rec["weight_bw_frac"] = rec["weight_gbps"] / copy_gbps
         rec["total_bw_frac"] = rec["total_gbps"] / copy_gbps
     rec["peak_mem_gib"] = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None
+    rec["held_before_gib"] = alloc0 / 2**30  # allocated when the point began (the weights, and anything kept)
     return rec
+
+
+def _capacity_budget(model: nn.Module, cfg: SweepConfig) -> dict[str, int]:
+    """The budget, weight bytes and KV bytes per token of a capacity run; bad input raises before any work."""
+    from gac.surgery.latent_attention import kv_bytes_per_token
+
+    dev = model_device(model)
+    ctx = int(cfg.capacity_context or 0)
+    if ctx < cfg.decode_warmup + cfg.decode_reps:
+        raise GacError(
+            f"capacity context must be >= warm-up + reps ({cfg.decode_warmup + cfg.decode_reps}), got {ctx}"
+        )
+    if cfg.capacity_budget_gib is not None:
+        budget = int(cfg.capacity_budget_gib * 2**30)
+    elif dev.type == "cuda":
+        budget = int(torch.cuda.mem_get_info(dev)[0] + torch.cuda.memory_reserved(dev))
+    else:
+        raise GacError("capacity on the CPU needs a memory budget (--memory-budget GiB)")
+    weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    kv_tok = kv_bytes_per_token(model)["cache"]
+    if budget < weights + kv_tok * ctx:
+        raise GacError(
+            f"memory budget {budget / 2**30:.2f} GiB is smaller than the weights ({weights / 2**30:.2f} GiB) "
+            f"plus one sequence at context {ctx} ({kv_tok * ctx / 2**30:.2f} GiB)"
+        )
+    return {"budget": budget, "weights": weights, "kv_per_token": kv_tok, "context": ctx}
+
+
+def capacity_point(
+    model: nn.Module,
+    cfg: SweepConfig,
+    graphs: bool,
+    wbytes: int,
+    copy_gbps: float | None,
+    forward: Callable[..., Any] | None,
+    plan: dict[str, int],
+) -> dict[str, Any]:
+    """The largest decode batch that fits ``plan``'s budget at its context, and its measured speed.
+
+    ``max batch = (budget - weights - workspace₀) // (KV bytes per token x context + workspace per sequence)``,
+    with the workspace (activations, logits, compile and graph pools) from the peak memory of decode
+    steps at batch 1 and 2 beyond what was allocated when each began and the cache; then that batch is run (and, if it does
+    not fit after all, the next smaller ones: each try is recorded).
+    """
+    dev = model_device(model)
+    if dev.type != "cuda":
+        raise GacError("capacity needs a GPU: its workspace and the batch that fits are measured")
+    ctx, w, seq = plan["context"], plan["weights"], plan["kv_per_token"] * plan["context"]
+    ws = []
+    for b in (1, 2):
+        r = decode_point(model, b, ctx, cfg, graphs, wbytes, copy_gbps, forward)
+        ws.append((r["peak_mem_gib"] - r["held_before_gib"]) * 2**30 - r["kv_bytes"])
+        _free(dev)
+    per_seq = max(0.0, ws[1] - ws[0])
+    fixed = max(0.0, ws[0] - per_seq)
+    predicted = int((plan["budget"] - w - fixed) // (seq + per_seq))
+    out: dict[str, Any] = {
+        "context": ctx,
+        "budget_gib": plan["budget"] / 2**30,
+        "weight_bytes": w,
+        "kv_bytes_per_token": plan["kv_per_token"],
+        "workspace_fixed_bytes": fixed,
+        "workspace_per_seq_bytes": per_seq,
+        "predicted_max_batch": predicted,
+        "tries": [],
+    }
+    b = predicted
+    while b >= 1:
+        try:
+            r = decode_point(model, b, ctx, cfg, graphs, wbytes, copy_gbps, forward)
+        except Exception as e:  # noqa: BLE001 - an OOM is a measured "does not fit"
+            if not _is_oom(e):
+                raise
+            out["tries"].append({"batch": b, "status": "oom"})
+            _free(dev)
+            b = min(b - 1, int(b * 0.95))
+            continue
+        out["tries"].append({"batch": b, "status": "ok"})
+        out.update(
+            max_batch=b,
+            tokens_per_s=r["tokens_per_s"],
+            ms_per_token=r["ms_per_token"],
+            peak_mem_gib=r["peak_mem_gib"],
+        )
+        break
+    _free(dev)
+    return out
 
 
 # ---------------------------------------------------------------------------- sweep
@@ -623,6 +717,7 @@ def sweep_model(
     from gac.utils import progress
 
     dev = model_device(model)
+    cap_plan = _capacity_budget(model, cfg) if cfg.capacity_context else None
     graphs, compile_ = resolve_fast_path(cfg, dev)
     model.eval()
     kernels = use_decode_kernels_(model, cfg.gqa_decode, cfg.gemv, cfg.fused_lowrank, cfg.branches)
@@ -693,6 +788,8 @@ def sweep_model(
             )
             p.advance(task)
             _free(dev)
+    if cap_plan is not None:
+        out["capacity"] = capacity_point(model, cfg, graphs, wbytes, copy_gbps, forward, cap_plan)
     for r in out["prefill"]:
         r["flops"] = prefill_flops(model, r["batch"], r["seq"])
         r["flops_counter"] = FLOPS_COUNTER
@@ -792,6 +889,10 @@ def add_speedups(res: dict[str, Any], baseline: str | None = None) -> None:
                     r["weight_bytes"] + r["kv_bytes"]
                 )
                 r["speedup_vs_ideal"] = r["speedup"] / r["bytes_ideal_speedup"]
+        cap, ref = v.get("capacity"), b.get("capacity")
+        if cap and ref and cap.get("tokens_per_s") and ref.get("tokens_per_s"):
+            cap["tokens_per_s_vs_baseline"] = cap["tokens_per_s"] / ref["tokens_per_s"]
+            cap["max_batch_vs_baseline"] = cap["max_batch"] / ref["max_batch"]
 
 
 # ---------------------------------------------------------------------------- output

@@ -1,24 +1,32 @@
-"""Decode attention over a PaLU latent KV cache: a Triton scores kernel plus one GEMM per group.
+"""Decode attention over a PaLU latent KV cache: a split-KV flash-decoding kernel.
 
 As the reference's kernel (``kernel/abx_rope.py``: ``A·B·X`` with RoPE), the keys are never
-stored at full width. For one new token per sequence, program ``(b·kv_heads + h, t-block)``
+stored at full width. For one new token per sequence, program ``(b·key_groups + g, split)``
+walks its share of the valid cached tokens in ``BLOCK_T`` tiles and, per tile,
 
-1. loads the key latents ``X [BLOCK_T, r_g]`` of head ``h``'s group and reconstructs the head's
-   keys on chip, ``K = X·U_hᵀ`` (in ``BLOCK_R``-wide rank chunks, fp32 accumulation);
-2. applies RoPE at each cached token's position (slot ``t`` holds position ``t``), computing
-   ``cos``/``sin`` from the rotary ``inv_freq`` in registers (no tables read);
-3. scores the ``n_rep`` query heads of ``h`` against ``K`` and writes the scaled scores
-   (``-inf`` past the valid tokens, whose count the kernel reads from device memory, so one
-   CUDA graph serves every decode position).
+1. loads the key latents ``X [BLOCK_T, r_g]`` of key group ``g`` once for all the group's KV
+   heads (and so for all their ``n_rep`` query heads), and rebuilds each KV head's keys on chip
+   with tensor-core dots, ``K_j = X·U_jᵀ`` (``BLOCK_R``-wide rank chunks, fp32 accumulation);
+2. adds the key bias (``k_proj`` with a bias: the Qwen2 layout), RMS-normalizes each key row
+   (``k_norm``: Qwen3, Gemma-3, OLMo-2), then applies RoPE at each cached token's position (slot
+   ``t`` holds position ``t``) with ``cos``/``sin`` computed from the rotary ``inv_freq`` in
+   registers;
+3. scores every query head of the group against its KV head's keys (the group's query heads are
+   the rows of one ``[MQ, BLOCK_T]`` tile) and updates an online softmax;
+4. accumulates ``P·Z_v`` on tensor cores over the value latents (each query head through its
+   value group's latent slice; a value group may be wider or narrower than the key group).
 
-The softmax and ``P·Z_v`` (one batched GEMM per group over the value latents) run in torch: the
-attention output stays a latent, which the caller maps through the value up-projection.
-(An earlier single-kernel flash-decoding variant that also accumulated ``P·Z_v`` on chip ran
-8x slower than dense SDPA on an H100: register pressure; ``benchmarks/results/h100/latent_kernel``.)
+The splits' partial outputs (with their running max and sum) go to a small fp32 buffer and a
+second kernel reduces them; the output stays a latent per query head, which the caller maps
+through the value up-projection once. The loop bounds come from the valid length read in device
+memory, so one CUDA graph serves every decode position, and no score ever reaches HBM.
+Both kernels sit behind one ``torch.library`` custom op (``gac::latent_decode``): opaque to
+``torch.compile``, captured by CUDA graphs.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -38,92 +46,350 @@ except ImportError:  # pragma: no cover - depends on the install
 if HAVE_TRITON:
 
     @triton.jit
-    def _latent_scores_kernel(
+    def _chunked_keys(zk_b, offs_t, tmask, szkt, koff, kr, ub, sud, offs_d, HALF, RK, BLOCK_R, BLOCK_T):
+        """One KV head's keys ``[BLOCK_T, HALF]`` x2 from its group's latents, in ``BLOCK_R`` rank chunks."""
+        k1 = tl.zeros((BLOCK_T, HALF), tl.float32)
+        k2 = tl.zeros((BLOCK_T, HALF), tl.float32)
+        for r0 in tl.static_range(0, RK, BLOCK_R):
+            offs_r = r0 + tl.arange(0, BLOCK_R)
+            rmask = offs_r < kr
+            x = tl.load(
+                zk_b + offs_t[:, None] * szkt + (koff + offs_r)[None, :],
+                mask=tmask[:, None] & rmask[None, :],
+                other=0.0,
+            )
+            u1 = tl.load(ub + offs_r[:, None] + offs_d[None, :] * sud, mask=rmask[:, None], other=0.0)
+            u2 = tl.load(
+                ub + offs_r[:, None] + (HALF + offs_d)[None, :] * sud, mask=rmask[:, None], other=0.0
+            )
+            k1 += tl.dot(x, u1)
+            k2 += tl.dot(x, u2)
+        return k1, k2
+
+    @triton.jit
+    def _head_scores(k1, k2, kvh, kb_ptr, kn_ptr, offs_d, c, sn, q1t, q2t, eps, HALF, HAS_BIAS, HAS_NORM):
+        """Bias, RMSNorm and RoPE on one KV head's rebuilt keys, then their scores ``[BLOCK_T, MQ]``."""
+        if HAS_BIAS:
+            k1 += tl.load(kb_ptr + kvh * (2 * HALF) + offs_d).to(tl.float32)[None, :]
+            k2 += tl.load(kb_ptr + kvh * (2 * HALF) + HALF + offs_d).to(tl.float32)[None, :]
+        if HAS_NORM:
+            ms = (tl.sum(k1 * k1, axis=1) + tl.sum(k2 * k2, axis=1)) / (2 * HALF)
+            rs = 1.0 / tl.sqrt(ms + eps)
+            k1 = k1 * rs[:, None] * tl.load(kn_ptr + offs_d).to(tl.float32)[None, :]
+            k2 = k2 * rs[:, None] * tl.load(kn_ptr + HALF + offs_d).to(tl.float32)[None, :]
+        dt = q1t.dtype
+        kr1 = (k1 * c - k2 * sn).to(dt)
+        kr2 = (k2 * c + k1 * sn).to(dt)
+        return tl.dot(kr1, q1t) + tl.dot(kr2, q2t)
+
+    @triton.jit
+    def _head_values(pt, zv_b, offs_t, tmask, szvt, voff_ptr, vr_ptr, kvh0, j, offs_m, offs_v, NREP, RAV):
+        """``P·Z_v`` over KV head ``kvh0 + j``'s value slice, on the rows of its query heads only."""
+        voff = tl.load(voff_ptr + kvh0 + j) // RAV * RAV
+        vr = tl.load(vr_ptr + kvh0 + j)
+        zv = tl.load(
+            zv_b + offs_t[:, None] * szvt + (voff + offs_v)[None, :],
+            mask=tmask[:, None] & (offs_v < vr)[None, :],
+            other=0.0,
+        )
+        return tl.where((offs_m // NREP == j)[:, None], tl.dot(pt, zv), 0.0)
+
+    @triton.jit
+    def _latent_flash_kernel(
         q_ptr,  # [B, H, HD] roped queries
         zk_ptr,  # [B, T, *] key latents of the layer
+        zv_ptr,  # [B, T, *] value latents of the layer
         uk_ptr,  # [KVH, HD, RK] packed key up-projections (zero past each head's rank)
-        koff_ptr,  # [KVH] int32 latent offset of each KV head's group
-        kr_ptr,  # [KVH] int32 key rank of each KV head's group
+        koff_ptr,  # [KVH] int32 latent offset of each KV head's key group
+        kr_ptr,  # [KVH] int32 key rank of each KV head's key group
+        voff_ptr,  # [KVH] int32 latent offset of each KV head's value group
+        vr_ptr,  # [KVH] int32 value rank of each KV head's value group
+        kb_ptr,  # [KVH, HD] key bias (unused without HAS_BIAS)
+        kn_ptr,  # [HD] key RMSNorm weight (unused without HAS_NORM)
         inv_ptr,  # [HD/2] fp32 rotary inverse frequencies
         len_ptr,  # [1] valid cached tokens
-        s_ptr,  # [B, H, T] fp32 scores (scaled; -inf past the valid tokens)
+        o_ptr,  # [B, H, NSPLIT, RVP] fp32 partial outputs
+        ml_ptr,  # [B, H, NSPLIT, 2] fp32 running max (log2 units) and sum of each split
         sqb,
         sqh,
         szkb_,
         szkt_,
+        szvb_,
+        szvt_,
         suh_,
         sud_,
-        ssb,
-        ssh,
-        T,
-        KVH,
-        scale,
+        sob,
+        soh,
+        sos,
+        smb,
+        smh,
+        KGROUPS,
+        NSPLIT,
+        qk_scale,  # softmax scale times log2(e)
         rope_scale,
+        eps,
         NREP: tl.constexpr,
+        G: tl.constexpr,
         HALF: tl.constexpr,
         RK: tl.constexpr,
+        RVP: tl.constexpr,
+        MQ: tl.constexpr,
         BLOCK_T: tl.constexpr,
         BLOCK_R: tl.constexpr,
-        BLOCK_Q: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        HAS_NORM: tl.constexpr,
+        V_SHARED: tl.constexpr,
+        STAGE_U: tl.constexpr,
+        UNROLL: tl.constexpr,
         RA: tl.constexpr,
+        RAV: tl.constexpr,
     ):
-        # the latent and up-projection strides arrive divided by RA, and every group's latent offset and
-        # rank is a multiple of RA (:func:`latent_align`): multiplied back, the compiler can prove the
-        # latent rows 16-byte aligned and load them as vectors (otherwise one 2-byte load per element)
+        # the latent and up-projection strides arrive divided by RA (RAV for the values), and every
+        # group's latent offset and rank is a multiple of it: multiplied back, the compiler can prove
+        # the latent rows 16-byte aligned and load them as vectors
         szkb = szkb_ * RA
         szkt = szkt_ * RA
         suh = suh_ * RA
         sud = sud_ * RA
+        szvb = szvb_ * RAV
+        szvt = szvt_ * RAV
         pid = tl.program_id(0)
-        tb = tl.program_id(1)
-        b = pid // KVH
-        h = pid % KVH
+        split = tl.program_id(1)
+        b = pid // KGROUPS
+        kg = pid % KGROUPS
         n_valid = tl.load(len_ptr).to(tl.int32)
-        koff = tl.load(koff_ptr + h) // RA * RA
-        kr = tl.load(kr_ptr + h) // RA * RA
+        per = tl.cdiv(tl.cdiv(n_valid, NSPLIT), BLOCK_T) * BLOCK_T
+        start = split * per
+        end = tl.minimum(start + per, n_valid)
         dt = q_ptr.dtype.element_ty
-        offs_q = tl.arange(0, BLOCK_Q)
+        offs_m = tl.arange(0, MQ)
+        mrow = offs_m < G * NREP
+        col_head = offs_m // NREP  # the score column's KV head within the key group
+        h0 = kg * G * NREP
         offs_d = tl.arange(0, HALF)
-        qmask = offs_q < NREP
-        qbase = q_ptr + b * sqb + (h * NREP + offs_q)[:, None] * sqh
-        q1 = tl.load(qbase + offs_d[None, :], mask=qmask[:, None], other=0.0)
-        q2 = tl.load(qbase + (HALF + offs_d)[None, :], mask=qmask[:, None], other=0.0)
+        # queries transposed, [HALF, MQ]: the scores are K·Qᵀ with the rebuilt keys as the register operand
+        qbase = q_ptr + b * sqb + (h0 + offs_m)[None, :] * sqh
+        q1t = tl.load(qbase + offs_d[:, None], mask=mrow[None, :], other=0.0)
+        q2t = tl.load(qbase + (HALF + offs_d)[:, None], mask=mrow[None, :], other=0.0)
         inv = tl.load(inv_ptr + offs_d)
-        offs_t = tb * BLOCK_T + tl.arange(0, BLOCK_T)
-        tmask = offs_t < n_valid
-        k1 = tl.zeros((BLOCK_T, HALF), tl.float32)
-        k2 = tl.zeros((BLOCK_T, HALF), tl.float32)
-        for r0 in range(0, RK, BLOCK_R):
-            offs_r = r0 + tl.arange(0, BLOCK_R)
+        # RoPE by angle addition: cos/sin of the offsets inside a tile once, of each tile's start per tile
+        offs_i = tl.arange(0, BLOCK_T)
+        ang_i = offs_i[:, None].to(tl.float32) * inv[None, :]
+        ci = tl.cos(ang_i)
+        si = tl.sin(ang_i)
+        kvh0 = kg * G
+        koff = tl.load(koff_ptr + kvh0) // RA * RA
+        kr = tl.load(kr_ptr + kvh0) // RA * RA
+        offs_v = tl.arange(0, RVP)
+        zk_b = zk_ptr + b * szkb
+        zv_b = zv_ptr + b * szvb
+        if STAGE_U:  # one rank chunk of at most two KV heads: their up-projections stay on chip for the split
+            offs_r = tl.arange(0, BLOCK_R)
             rmask = offs_r < kr
-            x = tl.load(
-                zk_ptr + b * szkb + offs_t[:, None] * szkt + (koff + offs_r)[None, :],
-                mask=tmask[:, None] & rmask[None, :],
+            ub = uk_ptr + kvh0 * suh + offs_r[:, None]
+            u1a = tl.load(ub + offs_d[None, :] * sud, mask=rmask[:, None], other=0.0)
+            u2a = tl.load(ub + (HALF + offs_d)[None, :] * sud, mask=rmask[:, None], other=0.0)
+            if G == 2:
+                u1b = tl.load(ub + suh + offs_d[None, :] * sud, mask=rmask[:, None], other=0.0)
+                u2b = tl.load(ub + suh + (HALF + offs_d)[None, :] * sud, mask=rmask[:, None], other=0.0)
+            else:
+                u1b = u1a
+                u2b = u2a
+        m_i = tl.full((MQ,), float("-inf"), tl.float32)
+        l_i = tl.zeros((MQ,), tl.float32)
+        acc = tl.zeros((MQ, RVP), tl.float32)
+        for t0 in range(start, end, BLOCK_T):
+            offs_t = t0 + offs_i
+            tmask = offs_t < end
+            a0 = inv * t0
+            cb = tl.cos(a0)[None, :]
+            sb = tl.sin(a0)[None, :]
+            c = (cb * ci - sb * si) * rope_scale
+            sn = (sb * ci + cb * si) * rope_scale
+            sc = tl.zeros((BLOCK_T, MQ), tl.float32)
+            if UNROLL:  # the group's heads unrolled: every load sits in the pipelined tile loop
+                if STAGE_U:
+                    x = tl.load(
+                        zk_b + offs_t[:, None] * szkt + (koff + offs_r)[None, :],
+                        mask=tmask[:, None] & rmask[None, :],
+                        other=0.0,
+                    )
+                for j in tl.static_range(G):
+                    if STAGE_U:
+                        if j == 0:
+                            k1 = tl.dot(x, u1a)
+                            k2 = tl.dot(x, u2a)
+                        else:
+                            k1 = tl.dot(x, u1b)
+                            k2 = tl.dot(x, u2b)
+                    else:
+                        ub = uk_ptr + (kvh0 + j) * suh
+                        k1, k2 = _chunked_keys(
+                            zk_b, offs_t, tmask, szkt, koff, kr, ub, sud, offs_d, HALF, RK, BLOCK_R, BLOCK_T
+                        )
+                    sj = _head_scores(
+                        k1,
+                        k2,
+                        kvh0 + j,
+                        kb_ptr,
+                        kn_ptr,
+                        offs_d,
+                        c,
+                        sn,
+                        q1t,
+                        q2t,
+                        eps,
+                        HALF,
+                        HAS_BIAS,
+                        HAS_NORM,
+                    )
+                    if G == 1:
+                        sc = sj
+                    else:
+                        sc += tl.where((col_head == j)[None, :], sj, 0.0)
+            else:
+                for j in range(G):
+                    ub = uk_ptr + (kvh0 + j) * suh
+                    k1, k2 = _chunked_keys(
+                        zk_b, offs_t, tmask, szkt, koff, kr, ub, sud, offs_d, HALF, RK, BLOCK_R, BLOCK_T
+                    )
+                    sj = _head_scores(
+                        k1,
+                        k2,
+                        kvh0 + j,
+                        kb_ptr,
+                        kn_ptr,
+                        offs_d,
+                        c,
+                        sn,
+                        q1t,
+                        q2t,
+                        eps,
+                        HALF,
+                        HAS_BIAS,
+                        HAS_NORM,
+                    )
+                    sc += tl.where((col_head == j)[None, :], sj, 0.0)
+            sc = tl.where(tmask[:, None], sc * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(sc, axis=0))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(sc - m_new[None, :])  # [BLOCK_T, MQ]
+            l_i = l_i * alpha + tl.sum(p, axis=0)
+            acc = acc * alpha[:, None]
+            pt = tl.trans(p.to(dt))  # [MQ, BLOCK_T]
+            if V_SHARED:  # every KV head of the key group reads one value slice
+                voff = tl.load(voff_ptr + kvh0) // RAV * RAV
+                vr = tl.load(vr_ptr + kvh0)
+                zv = tl.load(
+                    zv_b + offs_t[:, None] * szvt + (voff + offs_v)[None, :],
+                    mask=tmask[:, None] & (offs_v < vr)[None, :],
+                    other=0.0,
+                )
+                acc += tl.dot(pt, zv)
+            elif UNROLL:
+                for j in tl.static_range(G):
+                    acc += _head_values(
+                        pt, zv_b, offs_t, tmask, szvt, voff_ptr, vr_ptr, kvh0, j, offs_m, offs_v, NREP, RAV
+                    )
+            else:
+                for j in range(G):
+                    acc += _head_values(
+                        pt, zv_b, offs_t, tmask, szvt, voff_ptr, vr_ptr, kvh0, j, offs_m, offs_v, NREP, RAV
+                    )
+            m_i = m_new
+        rows = h0 + offs_m
+        optr = o_ptr + b * sob + rows[:, None] * soh + split * sos + offs_v[None, :]
+        tl.store(optr, acc, mask=mrow[:, None])
+        mlp = ml_ptr + b * smb + rows * smh + split * 2
+        tl.store(mlp, m_i, mask=mrow)
+        tl.store(mlp + 1, l_i, mask=mrow)
+
+    @triton.jit
+    def _latent_combine_kernel(
+        o_ptr,  # [B, H, NSPLIT, RVP] fp32
+        ml_ptr,  # [B, H, NSPLIT, 2] fp32
+        out_ptr,  # [B, H, RVP]
+        H,
+        NSPLIT: tl.constexpr,
+        SP: tl.constexpr,
+        BS: tl.constexpr,
+        RVP: tl.constexpr,
+    ):
+        pid = tl.program_id(0)  # b * H + h
+        offs_s = tl.arange(0, SP)
+        smask = offs_s < NSPLIT
+        base = ml_ptr + pid * NSPLIT * 2
+        m = tl.load(base + offs_s * 2, mask=smask, other=float("-inf"))
+        lsum = tl.load(base + offs_s * 2 + 1, mask=smask, other=0.0)
+        mx = tl.max(m, axis=0)
+        total = tl.sum(tl.where(smask & (m > float("-inf")), tl.exp2(m - mx) * lsum, 0.0), axis=0)
+        offs_v = tl.arange(0, RVP)
+        acc = tl.zeros((RVP,), tl.float32)
+        for s0 in tl.static_range(0, NSPLIT, BS):
+            offs_b = s0 + tl.arange(0, BS)
+            bmask = offs_b < NSPLIT
+            mb = tl.load(base + offs_b * 2, mask=bmask, other=float("-inf"))
+            w = tl.where(bmask & (mb > float("-inf")), tl.exp2(mb - mx), 0.0)
+            o = tl.load(
+                o_ptr + pid * NSPLIT * RVP + offs_b[:, None] * RVP + offs_v[None, :],
+                mask=bmask[:, None],
                 other=0.0,
             )
-            ub = uk_ptr + h * suh + offs_r[None, :]
-            u1 = tl.load(ub + offs_d[:, None] * sud, mask=rmask[None, :], other=0.0)
-            u2 = tl.load(ub + (HALF + offs_d)[:, None] * sud, mask=rmask[None, :], other=0.0)
-            k1 += tl.dot(x, tl.trans(u1))
-            k2 += tl.dot(x, tl.trans(u2))
-        ang = offs_t[:, None].to(tl.float32) * inv[None, :]
-        c = tl.cos(ang) * rope_scale
-        sn = tl.sin(ang) * rope_scale
-        kr1 = (k1 * c - k2 * sn).to(dt)
-        kr2 = (k2 * c + k1 * sn).to(dt)
-        sc = tl.dot(kr1, tl.trans(q1)) + tl.dot(kr2, tl.trans(q2))  # [BLOCK_T, BLOCK_Q]
-        sc = tl.where(tmask[:, None], sc * scale, float("-inf"))
-        ptrs = s_ptr + b * ssb + (h * NREP + offs_q)[None, :] * ssh + offs_t[:, None]
-        tl.store(ptrs, sc, mask=(offs_t < T)[:, None] & qmask[None, :])
+            acc += tl.sum(o * w[:, None], axis=0)
+        tl.store(out_ptr + pid * RVP + offs_v, (acc / total).to(out_ptr.dtype.element_ty))
 
 
 def _pow2(n: int, lo: int = 16) -> int:
     return max(lo, 1 << (int(n) - 1).bit_length())
 
 
-def kernel_supported(head_dim: int, n_rep: int) -> bool:
-    """Triton present, an even power-of-two ``head_dim`` >= 32 and at most 16 query heads per KV head."""
-    return HAVE_TRITON and head_dim >= 32 and head_dim & (head_dim - 1) == 0 and n_rep <= 16
+#: the most query heads one program scores (a key group's KV heads times ``n_rep``)
+MAX_GROUP_HEADS = 64
+
+#: what the decode kernel takes beyond plain RoPE'd keys (read by ``LatentAttention.decode_refusals``)
+FEATURES = frozenset({"k_bias", "k_norm"})
+
+
+def kernel_supported(head_dim: int, n_rep: int, key_group: int = 1) -> bool:
+    """Triton present, an even power-of-two ``head_dim`` >= 32, at most :data:`MAX_GROUP_HEADS` query heads per key group."""
+    return (
+        HAVE_TRITON
+        and head_dim >= 32
+        and head_dim & (head_dim - 1) == 0
+        and n_rep * key_group <= MAX_GROUP_HEADS
+    )
+
+
+def _per_kv_head(pack: dict[str, Any], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, bool, int]:
+    """Each KV head's value latent offset and rank (device int32), whether a key group shares one, the alignment.
+
+    Built from the pack's host lists once and kept in the pack (the first call runs before any
+    CUDA-graph capture: warm-up).
+    """
+    cached = pack.get("_vhead")
+    if cached is not None and cached[0].device == device:
+        return cached
+    kvh, gk = int(pack["kv_heads"]), key_group(pack)
+    voffs, vranks = list(pack["v_offsets"]), list(pack["v_ranks"])
+    gv = kvh // len(vranks)
+    off = [voffs[h // gv] for h in range(kvh)]
+    rk = [vranks[h // gv] for h in range(kvh)]
+    shared = all(len({off[h] for h in range(g * gk, (g + 1) * gk)}) == 1 for g in range(kvh // gk))
+    out = (
+        torch.tensor(off, dtype=torch.int32, device=device),
+        torch.tensor(rk, dtype=torch.int32, device=device),
+        shared,
+        vector_align(*voffs),
+    )
+    pack["_vhead"] = out
+    return out
+
+
+def key_group(pack: dict[str, Any]) -> int:
+    """KV heads per key group: ``pack["k_group"]``, else the value groups' size (one grouping)."""
+    if pack.get("k_group"):
+        return int(pack["k_group"])
+    return int(pack["kv_heads"]) // len(pack["v_ranks"])
 
 
 def latent_decode_attention(
@@ -136,122 +402,230 @@ def latent_decode_attention(
     scale: float,
     rope_scale: float = 1.0,
 ) -> list[torch.Tensor]:
-    """Per-group latent attention outputs of one new token: ``[B, H_g, r_g]`` for each group ``g``.
+    """Per-value-group latent attention outputs of one new token: ``[B, H_g, r_g]`` for each value group ``g``.
 
     Args:
         q: roped queries ``[B, H, HD]`` of the new token.
         zk, zv: the layer's key and value latents ``[B, T, Σ r]`` (static cache buffers).
-        pack: from :meth:`gac.surgery.latent_attention.LatentAttention.decode_pack`.
+        pack: from :meth:`gac.surgery.latent_attention.LatentAttention.decode_pack`: ``uk``
+            ``[KVH, HD, RK]``, ``koff``/``kr`` (device int32 per KV head), ``rk_max``, ``kv_heads``,
+            ``align``, ``v_offsets``/``v_ranks`` (host lists per value group), and optionally
+            ``k_group`` (KV heads per key group; default: the value groups' size), ``k_bias``
+            ``[KVH, HD]``, ``k_norm`` ``[HD]`` with ``k_norm_eps``.
         cache_len: valid tokens (device tensor, read in the kernel).
         inv_freq: the rotary inverse frequencies ``[HD/2]`` (fp32).
         scale: softmax scale; rope_scale: the rotary ``attention_scaling``.
-
-    The scores come from the Triton kernel (a ``torch.library`` custom op: opaque to
-    ``torch.compile``, captured by CUDA graphs); the softmax and ``P·Z_v`` per group are torch
-    (one batched GEMM per group that reads each value latent once).
     """
-    scores = torch.ops.gac.latent_scores(
+    voff, vr, shared, valign = _per_kv_head(pack, q.device)
+    out = torch.ops.gac.latent_decode(
         q,
         zk,
+        zv,
         pack["uk"],
         pack["koff"],
         pack["kr"],
+        voff,
+        vr,
+        pack.get("k_bias"),
+        pack.get("k_norm"),
         inv_freq,
         cache_len,
         float(scale),
         float(rope_scale),
+        float(pack.get("k_norm_eps") or 1e-6),
         int(pack["rk_max"]),
+        int(max(pack["v_ranks"])),
         int(pack["kv_heads"]),
+        key_group(pack),
+        bool(shared),
         int(pack.get("align", 1)),
+        int(valign),
     )
-    p = torch.softmax(scores, dim=-1).to(zv.dtype)  # [B, H, T]
-    outs = []
-    hg = q.shape[1] // len(pack["v_ranks"])
-    for g, (off, r) in enumerate(zip(pack["v_offsets"], pack["v_ranks"], strict=True)):
-        outs.append(torch.matmul(p[:, g * hg : (g + 1) * hg], zv[:, :, off : off + r]))
-    return outs
+    hv = q.shape[1] // len(pack["v_ranks"])
+    return [out[:, g * hv : (g + 1) * hv, :r] for g, r in enumerate(pack["v_ranks"])]
 
 
-@torch.library.custom_op("gac::latent_scores", mutates_args=())
-def _latent_scores_op(
+@torch.library.custom_op("gac::latent_decode", mutates_args=())
+def _latent_decode_op(
     q: torch.Tensor,
     zk: torch.Tensor,
+    zv: torch.Tensor,
     uk: torch.Tensor,
     koff: torch.Tensor,
     kr: torch.Tensor,
+    voff: torch.Tensor,
+    vr: torch.Tensor,
+    k_bias: torch.Tensor | None,
+    k_norm: torch.Tensor | None,
     inv_freq: torch.Tensor,
     cache_len: torch.Tensor,
     scale: float,
     rope_scale: float,
+    eps: float,
     rk_max: int,
+    rv_max: int,
     kv_heads: int,
+    k_group: int,
+    v_shared: bool,
     align: int,
+    valign: int,
 ) -> torch.Tensor:
-    return _launch(q, zk, uk, koff, kr, inv_freq, cache_len, scale, rope_scale, rk_max, kv_heads, align)
+    return _launch(
+        q, zk, zv, uk, koff, kr, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps,
+        rk_max, rv_max, kv_heads, k_group, v_shared, align, valign,
+    )  # fmt: skip
 
 
-@_latent_scores_op.register_fake
-def _(q, zk, uk, koff, kr, inv_freq, cache_len, scale, rope_scale, rk_max, kv_heads, align):
+@_latent_decode_op.register_fake
+def _(q, zk, zv, uk, koff, kr, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps,
+      rk_max, rv_max, kv_heads, k_group, v_shared, align, valign):  # fmt: skip
     b, h, _ = q.shape
-    return q.new_empty(b, h, zk.shape[1], dtype=torch.float32)
+    return q.new_empty(b, h, _pow2(rv_max))
 
 
-#: the alignment of the key latents' offsets, ranks and strides (what _launch calls;
-#: ``benchmarks/tools/gpu_latent_kernel.py --no-align-hint`` replaces it)
+#: the alignment of the latents' offsets, ranks and strides (what _launch calls)
 latent_align = vector_align
 
-#: launch parameters (swept on an H100 with ``benchmarks/tools/gpu_latent_kernel.py``); the environment
-#: variable ``GAC_LATENT_LAUNCH="block_t,block_r,num_warps,num_stages"`` overrides them
-LAUNCH = {"block_t": 128, "block_r": 64, "num_warps": 8, "num_stages": 2}
-if os.environ.get("GAC_LATENT_LAUNCH"):
-    LAUNCH.update(zip(LAUNCH, (int(x) for x in os.environ["GAC_LATENT_LAUNCH"].split(",")), strict=False))
+#: launch parameters by key group size: rows ``(max_key_group, block_t, block_r, num_warps, num_stages, waves)``,
+#: the first row that covers a launch applies (``block_r`` past the rank pads it: at key group 1, rank 64, the
+#: 128-wide tile ran 0.89-0.98x dense at B16 where the 64-wide one ran 0.62-0.70x); the cache is split so that the programs fill the GPU
+#: ``waves`` times. Chosen on an H100 from the configuration with the best geometric mean against dense
+#: over the grid (Llama-3-8B and Qwen2.5-7B shapes, B 1/16/64 x KV 4096/16384/32768:
+#: ``benchmarks/results/h100/palu-kernel/latent_kernel_v3.json``). The environment variable
+#: ``GAC_LATENT_LAUNCH="block_t,block_r,num_warps,num_stages,splits[,unroll]"`` overrides every row
+#: (``splits`` 0: from ``waves`` 2; ``unroll``: the largest key group whose heads are unrolled, default 2).
+LAUNCH_TABLE: list[tuple[int, int, int, int, int, int]] = [
+    (1, 32, 128, 4, 3, 2),
+    (2, 32, 64, 4, 3, 4),
+    (1 << 30, 128, 64, 8, 2, 2),
+]
+_ENV = os.environ.get("GAC_LATENT_LAUNCH")
+
+
+def launch_config(ctas: int, t: int, k_group: int = 1, device: torch.device | None = None) -> dict[str, int]:
+    """The launch of ``ctas`` (batch x key groups) programs per split over a cache of ``t`` slots."""
+    if _ENV:
+        vals = [int(x) for x in _ENV.split(",")]
+        cfg = dict(
+            zip(("block_t", "block_r", "num_warps", "num_stages", "splits", "unroll"), vals, strict=False)
+        )
+        cfg["splits"] = cfg.get("splits") or num_splits(ctas, t, cfg["block_t"], device)
+        return cfg
+    for max_group, bt, br, nw, ns, waves in LAUNCH_TABLE:
+        if k_group <= max_group:
+            sp = num_splits(ctas, t, bt, device, waves)
+            return {"block_t": bt, "block_r": br, "num_warps": nw, "num_stages": ns, "splits": sp}
+    raise AssertionError("LAUNCH_TABLE must end with a catch-all row")
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def num_splits(ctas: int, t: int, block_t: int, device: torch.device | None, waves: int = 2) -> int:
+    """Splits of the cache so that ``ctas`` programs per split fill the GPU ``waves`` times (a tile each at least)."""
+    sms = _sm_count(device.index or 0) if device is not None and device.type == "cuda" else 4
+    want = -(-waves * sms // max(ctas, 1))
+    return max(1, min(want, -(-t // block_t), 256))
+
+
+#: the last launch (for benchmarks and reports): its parameters
+LAST_LAUNCH: dict[str, Any] = {}
 
 
 def _launch(
-    q, zk, uk, koff, kr, inv_freq, cache_len, scale, rope_scale, rk_max, kvh, align=1,
-    block_t: int | None = None,
-    block_r: int | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
+    q, zk, zv, uk, koff, kr, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps,
+    rk_max, rv_max, kvh, k_group, v_shared, align=1, valign=1, cfg: dict[str, int] | None = None, poison=None,
 ) -> torch.Tensor:  # fmt: skip
-    block_t = block_t or LAUNCH["block_t"]
-    block_r = block_r or LAUNCH["block_r"]
-    num_warps = num_warps or LAUNCH["num_warps"]
-    num_stages = num_stages or LAUNCH["num_stages"]
     b, h, hd = q.shape
     t = zk.shape[1]
-    scores = torch.empty(b, h, t, device=q.device, dtype=torch.float32)
-    # ``align`` divides every group's latent offset and rank (the pack's, from the host)
+    kgroups = kvh // k_group
+    cfg = dict(cfg or launch_config(b * kgroups, t, k_group, q.device))
+    bt, br = cfg["block_t"], cfg["block_r"]
+    rk = int(-(-rk_max // br) * br)
+    if rk < br:
+        br = rk
+    splits = cfg["splits"]
+    cfg.update(block_r=br)
+    LAST_LAUNCH.clear()
+    LAST_LAUNCH.update(cfg)
+    rvp = _pow2(rv_max)
+    n_rep = h // kvh
+    mq = _pow2(k_group * n_rep)
+    part = torch.empty(b, h, splits, rvp, device=q.device, dtype=torch.float32)
+    ml = torch.empty(b, h, splits, 2, device=q.device, dtype=torch.float32)
+    out = torch.empty(b, h, rvp, device=q.device, dtype=q.dtype)
+    if poison is not None:  # tests: every element the kernels must write starts as this
+        for x in (part, ml, out):
+            x.fill_(poison)
     ra = latent_align(align, zk.stride(0), zk.stride(1), uk.stride(0), uk.stride(1))
-    _latent_scores_kernel[(b * kvh, triton.cdiv(t, block_t))](
-        q,
-        zk,
-        uk,
-        koff,
-        kr,
-        inv_freq,
-        cache_len,
-        scores,
-        q.stride(0),
-        q.stride(1),
-        zk.stride(0) // ra,
-        zk.stride(1) // ra,
-        uk.stride(0) // ra,
-        uk.stride(1) // ra,
-        scores.stride(0),
-        scores.stride(1),
-        t,
-        kvh,
-        float(scale),
+    rav = latent_align(valign, zv.stride(0), zv.stride(1))
+    _latent_flash_kernel[(b * kgroups, splits)](
+        q, zk, zv, uk, koff, kr, voff, vr,
+        k_bias if k_bias is not None else uk,
+        k_norm if k_norm is not None else uk,
+        inv_freq, cache_len, part, ml,
+        q.stride(0), q.stride(1),
+        zk.stride(0) // ra, zk.stride(1) // ra, zv.stride(0) // rav, zv.stride(1) // rav,
+        uk.stride(0) // ra, uk.stride(1) // ra,
+        part.stride(0), part.stride(1), part.stride(2),
+        ml.stride(0), ml.stride(1),
+        kgroups,
+        splits,
+        float(scale) * 1.4426950408889634,
         float(rope_scale),
-        NREP=h // kvh,
-        HALF=hd // 2,
-        RK=int(-(-rk_max // block_r) * block_r),
-        BLOCK_T=block_t,
-        BLOCK_R=block_r,
-        BLOCK_Q=16,
-        RA=ra,
-        num_warps=num_warps,
-        num_stages=num_stages,
+        float(eps),
+        NREP=n_rep, G=k_group, HALF=hd // 2, RK=rk, RVP=rvp, MQ=mq, BLOCK_T=bt, BLOCK_R=br,
+        HAS_BIAS=k_bias is not None, HAS_NORM=k_norm is not None, V_SHARED=bool(v_shared), STAGE_U=k_group <= 2 and rk == br, UNROLL=k_group <= cfg.get("unroll", 2), RA=ra, RAV=rav,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )  # fmt: skip
+    sp = _pow2(splits, 2)
+    _latent_combine_kernel[(b * h,)](
+        part, ml, out, h, NSPLIT=splits, SP=sp, BS=min(sp, 16), RVP=rvp, num_warps=4
     )
-    return scores
+    return out
+
+
+def reference_latent_decode(
+    q: torch.Tensor,
+    zk: torch.Tensor,
+    zv: torch.Tensor,
+    pack: dict[str, Any],
+    n_valid: int,
+    inv_freq: torch.Tensor,
+    scale: float,
+    rope_scale: float = 1.0,
+) -> torch.Tensor:
+    """What :func:`latent_decode_attention` computes, in float64 torch, head by head: ``[B, H, max r_v]``.
+
+    Each query head's keys are rebuilt from its key group's latents (bias, RMSNorm, RoPE at slot
+    positions ``0..n_valid-1``), softmaxed, and the weights applied to its value group's latents
+    (zero past the group's rank). For tests and benchmarks.
+    """
+    b, h, hd = q.shape
+    kvh = int(pack["kv_heads"])
+    n_rep, gv = h // kvh, kvh // len(pack["v_ranks"])
+    koff, kr = pack["koff"].tolist(), pack["kr"].tolist()
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x.detach().to(torch.float64)
+
+    q, zk, zv, uk = f(q), f(zk[:, :n_valid]), f(zv[:, :n_valid]), f(pack["uk"])
+    ang = torch.arange(n_valid, device=q.device, dtype=torch.float64)[:, None] * f(inv_freq)[None, :]
+    cos = torch.cat([ang.cos(), ang.cos()], -1) * rope_scale
+    sin = torch.cat([ang.sin(), ang.sin()], -1) * rope_scale
+    out = torch.zeros(b, h, max(pack["v_ranks"]), dtype=torch.float64, device=q.device)
+    for k in range(kvh):
+        keys = zk[..., koff[k] : koff[k] + kr[k]] @ uk[k, :, : kr[k]].T  # [B, T, HD]
+        if pack.get("k_bias") is not None:
+            keys = keys + f(pack["k_bias"])[k]
+        if pack.get("k_norm") is not None:
+            ms = keys.pow(2).mean(-1, keepdim=True)
+            keys = keys * torch.rsqrt(ms + float(pack.get("k_norm_eps") or 1e-6)) * f(pack["k_norm"])
+        keys = keys * cos + torch.cat([-keys[..., hd // 2 :], keys[..., : hd // 2]], -1) * sin
+        heads = slice(k * n_rep, (k + 1) * n_rep)
+        p = (torch.einsum("bhd,btd->bht", q[:, heads], keys) * scale).softmax(-1)
+        vo, vr = pack["v_offsets"][k // gv], pack["v_ranks"][k // gv]
+        out[:, heads, :vr] = torch.einsum("bht,btr->bhr", p, zv[..., vo : vo + vr])
+    return out

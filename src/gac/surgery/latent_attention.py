@@ -344,13 +344,13 @@ class LatentAttention(nn.Module):
             out.append("no rotary inv_freq")
         if not kl.HAVE_TRITON:
             out.append("Triton not installed")
-        hd, n_rep = self.head_dim, self.num_key_value_groups
-        if not kl.kernel_supported(hd, n_rep):
+        hd, n_rep, gk = self.head_dim, self.num_key_value_groups, self.group_kv_k
+        if not kl.kernel_supported(hd, n_rep, gk):
             why = []
             if hd < 32 or hd & (hd - 1):
                 why.append(f"head_dim {hd} not a power of two >= 32")
-            if n_rep > 16:
-                why.append(f"{n_rep} query heads per KV head (more than 16)")
+            if n_rep * gk > kl.MAX_GROUP_HEADS:
+                why.append(f"{n_rep * gk} query heads per key group (more than {kl.MAX_GROUP_HEADS})")
             if kl.HAVE_TRITON:
                 out += why or [f"head_dim {hd} with {n_rep} query heads per KV head (kernel_supported)"]
         # what the kernel of this build takes (``FEATURES`` in gac.kernels.latent_attention)
@@ -422,6 +422,7 @@ class LatentAttention(nn.Module):
             "rk_max": rk_max,
             "kv_heads": self.kv_heads,
             "k_group_kv": gk,
+            "k_group": gk,  # the kernel's name for it (KV heads per key group)
             "align": latent_align(*koff, *kr),
             "k_bias": kb,
             "k_norm": None if kn is None else kn.to(w.device),
