@@ -35,7 +35,9 @@ from gac.allocation import (
     allocate,
     check_window,
 )
+from gac.allocation.strategies import GuardInfeasible
 from gac.errors import GacError
+from gac.hardware.latency import DEFAULT_SERVE, Point, check_context, parse_serve, serve_str
 from gac.hardware.profile import Profile, load_profile
 from gac.sites import Site
 from gac.utils import atomic_write_text, console, track
@@ -71,6 +73,14 @@ class CompressConfig:
             is calibrated and factorized one decoder layer at a time on the GPU (or the CPU when
             there is none) while it stays where it was loaded (compressors with
             ``supports_sequential``: ``svd``, ``svd-llm``).
+        serve: the shapes the model will serve (``prefill:BxS`` and ``decode:B[xKV]``, comma-separated;
+            :func:`gac.hardware.latency.parse_serve`), kept in its canonical spelling; None: the default
+            grid (:data:`gac.hardware.latency.DEFAULT_SERVE`) less any shape beyond the model's context,
+            while a given shape beyond it is refused. ``gac`` never
+            picks an allocation the profile's latency model predicts slower than dense at any of them
+            (the latency guard; docs/allocation.md).
+        allow_slower: ``gac`` without the latency guard: the least loss at the budget, with the
+            shapes where it is predicted slower than dense named.
     """
 
     compressor: str = "asvd"
@@ -90,6 +100,8 @@ class CompressConfig:
     window: float = DEFAULT_WINDOW
     calib_seed: int = 0
     max_gpu_memory: float | None = None
+    serve: str | None = None
+    allow_slower: bool = False
     version: int = CONFIG_VERSION
 
     def __post_init__(self) -> None:
@@ -122,6 +134,12 @@ class CompressConfig:
         m = self.max_gpu_memory
         if m is not None and (not isinstance(m, (int, float)) or not math.isfinite(m) or m <= 0):
             raise GacError(f"max GPU memory must be a positive number of GiB, got {m}")
+        if self.serve is not None:
+            self.serve = serve_str(parse_serve(self.serve))
+        if self.allow_slower and self.align != "gac":
+            raise GacError(
+                f"--allow-slower lifts the latency guard of --align gac; --align {self.align} has no guard to lift"
+            )
         if not isinstance(self.calib_seed, int) or self.calib_seed < 0:
             raise GacError(f"calibration seed must be a non-negative integer, got {self.calib_seed}")
         if self.version != CONFIG_VERSION:
@@ -157,6 +175,20 @@ class Plan:
     timings: dict[str, float]
     _curves: dict[str, np.ndarray | None] | None = None
     _importance: dict[str, float] | None = None
+    #: per serving shape key: predicted ms of the dense model outside the sites
+    other_ms: dict[str, float] | None = None
+    #: the model the plan was made on (the budget search re-runs the native allocation on it)
+    model: Any = field(default=None, repr=False)
+
+    #: the serving shapes the guard and the predictions use (see :func:`serving_shapes`)
+    serve: list[Point] = field(default_factory=list)
+
+    @property
+    def guard_off(self) -> str | None:
+        """Why the latency guard cannot run (None when it can)."""
+        if not self.profile.measured:
+            return f"profile {self.profile.id} is not measured (gac profile measures this GPU)"
+        return None
 
     @property
     def targeted_dense(self) -> int:
@@ -187,8 +219,30 @@ class Plan:
         self._importance = {s.name: 1.0 for s in self.sites if curves[s.name] is None}
 
     def allocation(self, align: str | None = None, **kw: Any) -> Allocation:
-        """Re-select the native dims with ``align`` (default: the config's)."""
+        """Re-select the native dims with ``align`` (default: the config's).
+
+        ``gac`` runs the latency guard at the config's serving shapes (unless ``allow_slower``, or
+        the profile is not measured: then said in the notes and recorded in ``guard``). A budget
+        the guard cannot meet raises a one-line :class:`GacError` naming the shapes and the largest
+        reduction that meets them all (:meth:`largest_guarded_ratio`), before any factorization.
+        """
         align = align or self.config.align
+        allow = bool(kw.pop("allow_slower", self.config.allow_slower))
+        off = self.guard_off
+        try:
+            rec = self._allocate(align, self.native, None, allow or off is not None, **kw)
+        except GuardInfeasible as e:
+            raise GacError(self._infeasible_line(e)) from None
+        if rec.guard is not None:
+            rec.guard["allow_slower"] = allow
+            if off is not None and align == "gac" and not allow:
+                rec.guard["off"] = off
+                rec.notes.append(f"latency guard off: {off}")
+        return rec
+
+    def _allocate(
+        self, align: str, native: dict[str, int], budget: int | None, allow_slower: bool, **kw: Any
+    ) -> Allocation:
         curves = self.curves() if align in KNAPSACK_STRATEGIES else None
         opts = dict(
             tokens=self.config.tokens,
@@ -197,16 +251,67 @@ class Plan:
             window=self.config.window,
             latency_target=self.config.latency_target,
             quality_target=self.config.quality_target,
+            serve=self.serve,
+            other_ms=self.other_ms,
         )
         opts.update(kw)
         return allocate(
             align,
             self.sites,
-            self.native,
+            native,
             self.profile,
             curves=curves,
             importance=self._importance if curves is not None else None,
+            budget=budget,
+            allow_slower=allow_slower,
             **opts,
+        )
+
+    def guard_feasible(self, ratio: float, **kw: Any) -> bool:
+        """Whether guarded ``gac`` meets every serving shape at ``param_ratio`` ``ratio``
+        (the compressor's native allocation at that budget, re-selected)."""
+        if ratio >= 1.0:
+            return True
+        budget = int(math.floor(ratio * self.targeted_dense))
+        if budget < sum(s.cost(s.min_dim) for s in self.sites):
+            return False
+        native = {
+            k: int(v) for k, v in self.compressor.native_allocation(self.model, self.sites, budget).items()
+        }
+        try:
+            self._allocate("gac", native, budget, False, **kw)
+        except GuardInfeasible:
+            return False
+        return True
+
+    def largest_guarded_ratio(self, step: float = 0.001, **kw: Any) -> float:
+        """The smallest ``param_ratio`` (largest reduction) at which guarded ``gac`` meets every
+        serving shape: a bisection between the config's ratio and 1 (no reduction), to ``step``."""
+        lo, hi = float(self.config.param_ratio), 1.0
+        while hi - lo > step:
+            mid = (lo + hi) / 2
+            if self.guard_feasible(mid, **kw):
+                hi = mid
+            else:
+                lo = mid
+        return min(math.ceil(hi / step - 1e-9) * step, 1.0)
+
+    def _infeasible_line(self, e: GuardInfeasible) -> str:
+        r = self.config.param_ratio
+        best = self.largest_guarded_ratio() if self.model is not None else None
+        if best is None:
+            where = ""
+        elif best >= 1.0:
+            where = "; no reduction meets them all (every factorization there is predicted slower)"
+        else:
+            where = (
+                f"; the largest reduction that meets them all is {100 * (1 - best):.1f}% "
+                f"(--param-ratio {best:.3f})"
+            )
+        shapes = ", ".join(f"{k} ({v:.3f}x)" for k, v in e.shapes.items())
+        return (
+            f"--param-ratio {r:g} cannot be met without a slowdown: predicted slower than dense at "
+            f"{shapes}{where}; or pass --allow-slower, or --serve the shapes you run"
         )
 
 
@@ -263,6 +368,11 @@ def plan(
             timings["sequential"] = 1.0
     if not sites:
         raise GacError(f"{config.compressor}: no compressible sites in {type(model).__name__}")
+    serve, dropped = serving_shapes(config.serve, model)
+    if dropped:
+        console.print(
+            f"serving shapes: the default's {dropped} exceed the model's context; not guarded", markup=False
+        )
     dense = sum(s.dense_cost for s in sites)
     budget = int(math.floor(config.param_ratio * dense))
     floor_cost = sum(s.cost(s.min_dim) for s in sites)
@@ -331,7 +441,41 @@ def plan(
         model_params=_param_count(model),
         calibration=calib_info,
         timings=timings,
+        other_ms=outside_sites_ms(model, sites, prof, serve),
+        model=model,
+        serve=serve,
     )
+
+
+def serving_shapes(spec: str | None, model: nn.Module) -> tuple[list[Point], str]:
+    """The serving shapes of ``spec`` for ``model`` and the default's shapes dropped (``""`` if none).
+
+    A given shape beyond the model's maximum context is refused; the default grid
+    (``spec`` None) keeps only the shapes that fit it.
+    """
+    ctx = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if spec is not None:
+        pts = parse_serve(spec)
+        check_context(pts, ctx)
+        return pts, ""
+    pts = parse_serve(DEFAULT_SERVE)
+    keep = [p for p in pts if not ctx or (p.seq if p.phase == "prefill" else p.kv + 1) <= ctx]
+    return keep, serve_str([p for p in pts if p not in keep])
+
+
+def outside_sites_ms(
+    model: nn.Module, sites: list[Site], profile: Profile, serve: list[Point]
+) -> dict[str, float]:
+    """Per serving shape: the dense model's predicted ms (:func:`gac.hardware.latency.predict`)
+    less its sites' (:func:`gac.allocation.site_ms`): the launches the sites' dims do not change."""
+    from gac.allocation import site_ms
+    from gac.hardware.latency import predict
+
+    out = {}
+    for p in serve:
+        whole = predict(model, profile, p)["ms"]
+        out[p.key] = max(whole - sum(site_ms(profile, s, s.max_dim, p.tokens) for s in sites), 0.0)
+    return out
 
 
 # ------------------------------------------------------------------------------- report
@@ -501,6 +645,7 @@ def apply_(model: nn.Module, plan: Plan, allocation: Allocation | None = None) -
     apply_s = time.perf_counter() - t0
     cfg = plan.config.to_dict()
     cfg["align"] = allocation.strategy
+    cfg["serve"] = serve_str(plan.serve)  # the shapes guarded and predicted (the default resolved)
     return CompressionReport(
         config=cfg,
         compressor_options=dict(comp.options()),
@@ -559,4 +704,7 @@ def gac_config_for_save(report: CompressionReport, source: dict[str, Any] | None
         "model_ratio": report.model_ratio,
         "pct_aligned": a["pct_aligned"],
         "predicted_speedup": a["predicted_speedup"],
+        "serve": report.config.get("serve"),
+        "guard": a.get("guard"),
+        "predicted_serve": {r["point"]: r["speedup"] for r in a.get("serve") or []},
     }

@@ -10,6 +10,8 @@ from gac.allocation.strategies import (
     CANDIDATE_STEPS,
     DEFAULT_TOKENS,
     DEFAULT_WINDOW,
+    SLOWER_TOL,
+    GuardInfeasible,
     KNAPSACK_STRATEGIES,
     OBJECTIVES,
     STRATEGIES,
@@ -18,6 +20,8 @@ from gac.allocation.strategies import (
     allocate,
     candidate_range,
     check_window,
+    guarded_knapsack,
+    serve_prediction,
     site_ms,
 )
 
@@ -25,6 +29,8 @@ __all__ = [
     "CANDIDATE_STEPS",
     "DEFAULT_TOKENS",
     "DEFAULT_WINDOW",
+    "SLOWER_TOL",
+    "GuardInfeasible",
     "KNAPSACK_STRATEGIES",
     "OBJECTIVES",
     "STRATEGIES",
@@ -34,6 +40,8 @@ __all__ = [
     "allocate",
     "candidate_range",
     "check_window",
+    "guarded_knapsack",
+    "serve_prediction",
     "site_ms",
     "solve_mckp",
 ]
