@@ -13,6 +13,7 @@ The pipeline (each step a public function, so callers can reuse the expensive on
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import time
@@ -267,34 +268,74 @@ class Plan:
             **opts,
         )
 
+    def at(self, ratio: float | None = None, serve: str | None = None) -> Plan:
+        """This plan at another ``param_ratio`` (the compressor's native allocation at that budget)
+        and/or other serving shapes, sharing the calibration and the loss curves."""
+        cfg = copy.copy(self.config)
+        if ratio is not None:
+            cfg.param_ratio = float(ratio)
+        if serve is not None:
+            cfg.serve = serve
+        cfg.validate()
+        budget, native = self.budget, self.native
+        if ratio is not None:
+            budget = int(math.floor(cfg.param_ratio * self.targeted_dense))
+            if budget < sum(s.cost(s.min_dim) for s in self.sites):
+                raise GacError(
+                    f"param ratio {cfg.param_ratio:g} cannot be met: even the smallest dims cost more"
+                )
+            got = self.compressor.native_allocation(self.model, self.sites, budget)
+            native = {k: int(v) for k, v in got.items()}
+        pts, other = self.serve, self.other_ms
+        if serve is not None:
+            pts, _ = serving_shapes(serve, self.model)
+            other = outside_sites_ms(self.model, self.sites, self.profile, pts)
+        self.curves()
+        return dataclasses.replace(self, config=cfg, budget=budget, native=native, serve=pts, other_ms=other)
+
     def guard_feasible(self, ratio: float, **kw: Any) -> bool:
         """Whether guarded ``gac`` meets every serving shape at ``param_ratio`` ``ratio``
         (the compressor's native allocation at that budget, re-selected)."""
         if ratio >= 1.0:
             return True
-        budget = int(math.floor(ratio * self.targeted_dense))
-        if budget < sum(s.cost(s.min_dim) for s in self.sites):
-            return False
-        native = {
-            k: int(v) for k, v in self.compressor.native_allocation(self.model, self.sites, budget).items()
-        }
         try:
-            self._allocate("gac", native, budget, False, **kw)
+            q = self.at(ratio)
+        except GacError:
+            return False
+        try:
+            q._allocate("gac", q.native, q.budget, False, **kw)
         except GuardInfeasible:
             return False
         return True
 
-    def largest_guarded_ratio(self, step: float = 0.001, **kw: Any) -> float:
-        """The smallest ``param_ratio`` (largest reduction) at which guarded ``gac`` meets every
-        serving shape: a bisection between the config's ratio and 1 (no reduction), to ``step``."""
-        lo, hi = float(self.config.param_ratio), 1.0
-        while hi - lo > step:
+    def largest_guarded_ratio(self, step: float = 0.005, **kw: Any) -> float:
+        r"""The smallest ``param_ratio`` above the config's (the largest reduction below the one asked)
+        at which guarded ``gac`` meets every serving shape; 1.0 when none does.
+
+        Feasibility is not monotone in the ratio (a smaller reduction leaves factorized sites nearer
+        their break-even rank, where the second launch outweighs the bytes saved), so the ratios are
+        scanned upwards in steps of ``step`` and the first feasible one is refined by bisection to
+        ``step / 8``.
+        """
+        r0 = float(self.config.param_ratio)
+        prev, hit = r0, None
+        for k in range(1, int(math.ceil((1.0 - r0) / step))):
+            r = r0 + k * step
+            if self.guard_feasible(r, **kw):
+                hit = r
+                break
+            prev = r
+        if hit is None:
+            return 1.0
+        lo, hi = prev, hit
+        while hi - lo > step / 8:
             mid = (lo + hi) / 2
             if self.guard_feasible(mid, **kw):
                 hi = mid
             else:
                 lo = mid
-        return min(math.ceil(hi / step - 1e-9) * step, 1.0)
+        shown = min(math.ceil(hi * 1000 - 1e-9) / 1000, 1.0)
+        return shown if self.guard_feasible(shown, **kw) else hi
 
     def _infeasible_line(self, e: GuardInfeasible) -> str:
         r = self.config.param_ratio
@@ -708,3 +749,54 @@ def gac_config_for_save(report: CompressionReport, source: dict[str, Any] | None
         "guard": a.get("guard"),
         "predicted_serve": {r["point"]: r["speedup"] for r in a.get("serve") or []},
     }
+
+
+def verify_serving(
+    model: nn.Module, build_dense: Any, report: CompressionReport, out: str | Path | None = None
+) -> dict[str, Any]:
+    """Time ``model`` against dense at its serving shapes on the default inference path (GPU).
+
+    The sweep is :func:`gac.eval.infer.run_sweep` (q/k/v and gate/up fused, compiled steps, CUDA
+    graphs, the decode kernels), dense first (``build_dense()`` loads it), over the grid covering
+    ``report``'s serving shapes. Each shape gets its measured speedup, quartile interval and the
+    predicted speedup; a shape whose whole interval lies below 1.00 is warned about. With ``out``
+    (a saved model directory) the result goes into its ``gac_report.json`` as ``verify``.
+    """
+    from gac.eval.infer import Variant, model_device, run_sweep, serve_speedups, serve_sweep_config
+    from gac.kernels.fusion import fuse_projections_
+
+    pts = parse_serve(report.config["serve"])
+    cfg = serve_sweep_config(pts)
+
+    def fused(m: nn.Module) -> nn.Module:
+        fuse_projections_(m)
+        return m
+
+    res = run_sweep(
+        [Variant("dense", lambda: fused(build_dense())), Variant("compressed", lambda: fused(model))],
+        cfg,
+        model_device(model),
+    )
+    rows = serve_speedups(res, pts, "compressed")
+    predicted = {r["point"]: r["speedup"] for r in report.allocation.get("serve") or []}
+    for r in rows:
+        r["predicted_speedup"] = predicted.get(r["point"])
+        if r.get("status") != "ok":
+            console.print(f"[yellow]warning:[/yellow] --verify: {r['point']} not measured ({r['status']})")
+        elif r["slower"]:
+            console.print(
+                f"[yellow]warning:[/yellow] --verify: {r['point']} measured {r['speedup']:.3f}x dense "
+                f"(quartiles {r['interval'][0]:.3f}-{r['interval'][1]:.3f}): slower beyond the run's spread"
+            )
+    rec = {"schema": "gac.verify/1", "shapes": rows, "env": res.get("env"), "config": res.get("config"),
+           "copy_bandwidth": res.get("copy_bandwidth")}  # fmt: skip
+    ok = [r for r in rows if r.get("status") == "ok"]
+    if ok:
+        w = min(ok, key=lambda r: r["speedup"])
+        console.print(f"--verify: worst serving shape {w['point']} at {w['speedup']:.3f}x dense (measured)")
+    if out is not None:
+        f = Path(out) / "gac_report.json"
+        doc = json.loads(f.read_text())
+        doc["verify"] = rec
+        atomic_write_text(f, json.dumps(doc, indent=1, default=_json_default))
+    return rec
