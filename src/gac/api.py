@@ -228,7 +228,7 @@ class Plan:
         reduction that meets them all (:meth:`largest_guarded_ratio`), before any factorization.
         """
         align = align or self.config.align
-        allow = bool(kw.pop("allow_slower", self.config.allow_slower))
+        allow = bool(kw.pop("allow_slower", self.config.allow_slower)) and align == "gac"
         off = self.guard_off
         try:
             rec = self._allocate(align, self.native, None, allow or off is not None, **kw)
@@ -309,33 +309,41 @@ class Plan:
         return True
 
     def largest_guarded_ratio(self, step: float = 0.005, **kw: Any) -> float:
-        r"""The smallest ``param_ratio`` above the config's (the largest reduction below the one asked)
+        """The smallest ``param_ratio`` above the config's (the largest reduction below the one asked)
         at which guarded ``gac`` meets every serving shape; 1.0 when none does.
 
         Feasibility is not monotone in the ratio (a smaller reduction leaves factorized sites nearer
         their break-even rank, where the second launch outweighs the bytes saved), so the ratios are
-        scanned upwards in steps of ``step`` and the first feasible one is refined by bisection to
-        ``step / 8``.
+        scanned upwards in steps of ``step`` and the first feasible one is refined by bisection.
         """
-        r0 = float(self.config.param_ratio)
+        r = self._scan(float(self.config.param_ratio), step, 1.0, **kw)
+        return 1.0 if r is None else r
+
+    def deeper_guarded_ratio(self, step: float = 0.025, floor: float = 0.4, **kw: Any) -> float | None:
+        """The largest ``param_ratio`` below the config's (down to ``floor``) at which guarded ``gac``
+        meets every serving shape: a deeper factorization whose saved bytes pay for the second
+        launch. None when none does."""
+        return self._scan(float(self.config.param_ratio), -step, floor, **kw)
+
+    def _scan(self, r0: float, step: float, end: float, **kw: Any) -> float | None:
         prev, hit = r0, None
-        for k in range(1, int(math.ceil((1.0 - r0) / step))):
+        for k in range(1, int(math.ceil(abs(end - r0) / abs(step)))):
             r = r0 + k * step
             if self.guard_feasible(r, **kw):
                 hit = r
                 break
             prev = r
         if hit is None:
-            return 1.0
-        lo, hi = prev, hit
-        while hi - lo > step / 8:
-            mid = (lo + hi) / 2
+            return None
+        bad, good = prev, hit
+        while abs(good - bad) > 0.000625:
+            mid = (bad + good) / 2
             if self.guard_feasible(mid, **kw):
-                hi = mid
+                good = mid
             else:
-                lo = mid
-        shown = min(math.ceil(hi * 1000 - 1e-9) / 1000, 1.0)
-        return shown if self.guard_feasible(shown, **kw) else hi
+                bad = mid
+        shown = (math.ceil(good * 1000 - 1e-9) if step > 0 else math.floor(good * 1000 + 1e-9)) / 1000
+        return shown if self.guard_feasible(shown, **kw) else good
 
     def _infeasible_line(self, e: GuardInfeasible) -> str:
         r = self.config.param_ratio
@@ -343,13 +351,16 @@ class Plan:
         if best is None:
             where = ""
         elif best >= 1.0:
-            where = "; no reduction meets them all (every factorization there is predicted slower)"
+            where = "; no smaller reduction meets them all"
         else:
             where = (
-                f"; the largest reduction that meets them all is {100 * (1 - best):.1f}% "
+                f"; the largest smaller reduction that meets them all is {100 * (1 - best):.1f}% "
                 f"(--param-ratio {best:.3f})"
             )
-        shapes = ", ".join(f"{k} ({v:.3f}x)" for k, v in e.shapes.items())
+        deeper = self.deeper_guarded_ratio() if self.model is not None else None
+        if deeper is not None:
+            where += f"; a deeper one does: {100 * (1 - deeper):.1f}% (--param-ratio {deeper:.3f})"
+        shapes = ", ".join(f"{k} ({v:.4f}x)" for k, v in e.shapes.items())
         return (
             f"--param-ratio {r:g} cannot be met without a slowdown: predicted slower than dense at "
             f"{shapes}{where}; or pass --allow-slower, or --serve the shapes you run"

@@ -30,6 +30,7 @@ Plan format (every key is checked; unknown keys are refused)::
     n_samples = 16
     seq_len = 128
     serve = "prefill:1x128,decode:16"   # the serving shapes gac is guarded at (default: the grid)
+    allow_slower = false                # true: every gac cell without its latency guard
 
     [compress.options.asvd]             # per-compressor options (constructor arguments)
     sensitivity_samples = 1
@@ -93,6 +94,7 @@ AXES_KEYS = {"models", "compressors", "ratios", "align"}
 COMPRESS_KEYS = {
     "profile", "calib", "n_samples", "seq_len", "batch_size", "tokens", "candidates",
     "objective", "window", "calib_seed", "latency_target", "quality_target", "options", "serve",
+    "allow_slower",
 }  # fmt: skip
 #: align-axis entries beyond the strategies: ``gac`` without its latency guard (``--allow-slower``)
 ALIGN_VARIANTS = {"gac-allow-slower": ("gac", {"allow_slower": True})}
@@ -292,7 +294,7 @@ class ExperimentPlan:
         return CompressConfig(
             compressor=cell.compressor,
             param_ratio=cell.ratio,
-            align="none",
+            align="gac" if kw.get("allow_slower") else "none",
             options=dict(self.options.get(cell.compressor, {})),
             **kw,
         )

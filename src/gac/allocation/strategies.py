@@ -366,9 +366,9 @@ def guarded_knapsack(
         for k in range(k_n):
             _, o = solve(big * np.eye(k_n)[k])
             if o[k] > tol:
-                alone[serve[k].key] = speedup(k, o[k])
+                alone[serve[k].key] = float(speedup(k, o[k]))
         if not alone:
-            alone = {serve[k].key: speedup(k, over[k]) for k in range(k_n) if over[k] > tol}
+            alone = {serve[k].key: float(speedup(k, over[k])) for k in range(k_n) if over[k] > tol}
         shapes = ", ".join(f"{k} (at best {v:.3f}x)" for k, v in alone.items())
         raise GuardInfeasible(
             f"the budget of {int(budget):,} parameters cannot be met without a slowdown at {shapes}", alone
