@@ -37,7 +37,7 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--compressors", default="svd-llm,asvd")
     ap.add_argument("--reductions", default="0.10,0.15")
-    ap.add_argument("--serve", default="default;prefill:8x512,prefill:8x2048")
+    ap.add_argument("--serve", default="default;prefill:8x2048")
     ap.add_argument("--profile", default="h200-bfloat16")
     ap.add_argument("--calib-samples", type=int, default=32)
     ap.add_argument("--calib-len", type=int, default=256)
@@ -112,12 +112,19 @@ def main() -> None:
                 try:
                     alloc = qs.allocation("gac", allow_slower=align != "gac")
                 except GacError as e:
-                    row.update(status="refused", error=str(e))
-                    largest = qs.largest_guarded_ratio()
-                    row["largest_ratio"] = largest
-                    if largest < 1.0:  # the guarded allocation at the largest reduction it allows
-                        alloc = qs.at(largest).allocation("gac")
-                        row["at_largest"] = _scored(alloc, lm.model, qs, apply_, ppl, copy)
+                    row.update(status="refused", error=str(e), **(qs.searched or {}))
+                    # where the refusal names a feasible ratio: guarded against unguarded gac there
+                    for what in ("smaller", "deeper"):
+                        r = (qs.searched or {}).get(what)
+                        if r is not None and r < 1.0:
+                            qr = qs.at(r)
+                            row[f"at_{what}"] = {
+                                "ratio": r,
+                                "gac": _scored(qr.allocation("gac"), lm.model, qr, apply_, ppl, copy),
+                                "gac --allow-slower": _scored(
+                                    qr.allocation("gac", allow_slower=True), lm.model, qr, apply_, ppl, copy
+                                ),
+                            }
                 else:
                     row.update(status="ok", **_scored(alloc, lm.model, qs, apply_, ppl, copy))
                 row["s"] = time.perf_counter() - t1

@@ -181,6 +181,8 @@ class Plan:
     #: the model the plan was made on (the budget search re-runs the native allocation on it)
     model: Any = field(default=None, repr=False)
 
+    #: the last refusal's budget search: ``smaller`` and ``deeper`` feasible ratios (None: not found)
+    searched: dict[str, float | None] | None = None
     #: the serving shapes the guard and the predictions use (see :func:`serving_shapes`)
     serve: list[Point] = field(default_factory=list)
 
@@ -302,13 +304,16 @@ class Plan:
             q = self.at(ratio)
         except GacError:
             return False
+        kw.setdefault(
+            "max_states", 20_000
+        )  # a yes/no answer: coarser DP costs (the budget bound stays exact)
         try:
             q._allocate("gac", q.native, q.budget, False, **kw)
         except GuardInfeasible:
             return False
         return True
 
-    def largest_guarded_ratio(self, step: float = 0.005, **kw: Any) -> float:
+    def largest_guarded_ratio(self, step: float = 0.01, **kw: Any) -> float:
         """The smallest ``param_ratio`` above the config's (the largest reduction below the one asked)
         at which guarded ``gac`` meets every serving shape; 1.0 when none does.
 
@@ -327,7 +332,7 @@ class Plan:
 
     def _scan(self, r0: float, step: float, end: float, **kw: Any) -> float | None:
         prev, hit = r0, None
-        for k in range(1, int(math.ceil(abs(end - r0) / abs(step)))):
+        for k in range(1, int(math.ceil(abs(end - r0) / abs(step) - 1e-9))):
             r = r0 + k * step
             if self.guard_feasible(r, **kw):
                 hit = r
@@ -358,6 +363,7 @@ class Plan:
                 f"(--param-ratio {best:.3f})"
             )
         deeper = self.deeper_guarded_ratio() if self.model is not None else None
+        self.searched = {"smaller": best, "deeper": deeper}
         if deeper is not None:
             where += f"; a deeper one does: {100 * (1 - deeper):.1f}% (--param-ratio {deeper:.3f})"
         shapes = ", ".join(f"{k} ({v:.4f}x)" for k, v in e.shapes.items())
