@@ -44,6 +44,15 @@ from gac.sites import Site
 from gac.utils import atomic_write_text, console, track
 
 CONFIG_VERSION = 1
+#: the windows (fractions of the native dim) the latency guard widens its candidates to, in turn,
+#: when the configured window cannot meet every serving shape: compressing fewer sites deeper while
+#: the rest stay dense (docs/allocation.md)
+GUARD_WINDOWS: tuple[float, ...] = (0.25, 0.5)
+
+
+def _window_span(w: float) -> float:
+    """How far a window reaches, comparable across kinds: steps (>= 1) reach less than fractions."""
+    return w if w < 1 else w * 1e-3
 
 
 @dataclass
@@ -233,7 +242,7 @@ class Plan:
         allow = bool(kw.pop("allow_slower", self.config.allow_slower)) and align == "gac"
         off = self.guard_off
         try:
-            rec = self._allocate(align, self.native, None, allow or off is not None, **kw)
+            rec = self._guarded(align, self.native, None, allow or off is not None, **kw)
         except GuardInfeasible as e:
             raise GacError(self._infeasible_line(e)) from None
         if rec.guard is not None:
@@ -242,6 +251,35 @@ class Plan:
                 rec.guard["off"] = off
                 rec.notes.append(f"latency guard off: {off}")
         return rec
+
+    def _guarded(
+        self, align: str, native: dict[str, int], budget: int | None, allow_slower: bool, **kw: Any
+    ) -> Allocation:
+        """:meth:`_allocate`; where the guard cannot meet every shape inside the configured window,
+        again with the wider windows of :data:`GUARD_WINDOWS` (said in the notes, recorded as
+        ``guard["window"]``) before giving up."""
+        guarded = align == "gac" and not allow_slower and "window" not in kw
+        try:
+            return self._allocate(align, native, budget, allow_slower, **kw)
+        except GuardInfeasible:
+            w0 = self.config.window
+            wider = [w for w in GUARD_WINDOWS if _window_span(w) > _window_span(w0)]
+            if not guarded or not wider:
+                raise
+        for i, w in enumerate(wider):
+            try:
+                rec = self._allocate(align, native, budget, False, window=w, **kw)
+            except GuardInfeasible:
+                if i == len(wider) - 1:
+                    raise
+                continue
+            rec.guard["window"] = w
+            rec.notes.append(
+                f"latency guard: candidates widened to ±{100 * w:.0f}% of the native dims (the window of "
+                f"{w0:g} cannot meet every serving shape)"
+            )
+            return rec
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _allocate(
         self, align: str, native: dict[str, int], budget: int | None, allow_slower: bool, **kw: Any

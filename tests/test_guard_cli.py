@@ -24,13 +24,13 @@ def setup(tmp_path_factory):
     tiny = root / "tiny"
     tiny_model("llama").save_pretrained(tiny)
     char_tokenizer().save_pretrained(tiny)
-    # synthetic GPU: 12 us per GEMM launch, 1 GB/s: on the tiny dims a factorized weight pays its
+    # synthetic GPU: 20 us per GEMM launch, 1 GB/s: on the tiny dims a factorized weight pays its
     # second launch back only well below its break-even rank
     prof = dataclasses.replace(
         default_profile("bfloat16"),
         id="synthetic-guard",
         measured=True,
-        launch_us=12.0,
+        launch_us=20.0,
         copy_gbps=1.0,
         aux_us=0.5,
     )
@@ -46,7 +46,7 @@ def _compress(setup, out, *extra) -> int:
 
 def test_infeasible_budget_refused_naming_a_feasible_one(setup, capsys):
     out = setup["root"] / "refused"
-    assert _compress(setup, out, "-r", "0.85") == 2
+    assert _compress(setup, out, "-r", "0.9") == 2
     err = capsys.readouterr().err
     line = [x for x in err.splitlines() if x.startswith("error:")]
     assert len(line) == 1 and "cannot be met without a slowdown" in line[0]
@@ -63,7 +63,7 @@ def test_infeasible_budget_refused_naming_a_feasible_one(setup, capsys):
 
 def test_allow_slower_proceeds_and_names_the_shapes(setup, capsys):
     out = setup["root"] / "slower"
-    assert _compress(setup, out, "-r", "0.85", "--allow-slower") == 0
+    assert _compress(setup, out, "-r", "0.9", "--allow-slower") == 0
     rep = json.loads((out / "gac_report.json").read_text())["allocation"]
     assert rep["guard"] == {"guarded": False, "allow_slower": True, "slower": rep["guard"]["slower"]}
     assert rep["guard"]["slower"] and rep["worst_serve_speedup"] < 1.0
@@ -73,7 +73,7 @@ def test_allow_slower_proceeds_and_names_the_shapes(setup, capsys):
 
 def test_serve_round_trips_through_gac_config_and_analyze(setup, capsys):
     out = setup["root"] / "rt"
-    assert _compress(setup, out, "-r", "0.6") == 0
+    assert _compress(setup, out, "-r", "0.5") == 0
     cfg = json.loads((out / "gac_config.json").read_text())
     assert cfg["serve"] == SERVE and cfg["compress_config"]["serve"] == SERVE
     assert cfg["guard"]["guarded"] and set(cfg["predicted_serve"]) == {"decode_b1_kv64", "prefill_b1_s16"}
