@@ -236,14 +236,18 @@ class Plan:
         ``gac`` runs the latency guard at the config's serving shapes (unless ``allow_slower``, or
         the profile is not measured: then said in the notes and recorded in ``guard``). A budget
         the guard cannot meet raises a one-line :class:`GacError` naming the shapes and the largest
-        reduction that meets them all (:meth:`largest_guarded_ratio`), before any factorization.
+        reduction that meets them all (:meth:`largest_guarded_ratio`), before any factorization;
+        ``explain=False`` skips that search (the :class:`GuardInfeasible` names only the shapes).
         """
         align = align or self.config.align
         allow = bool(kw.pop("allow_slower", self.config.allow_slower)) and align == "gac"
+        explain = bool(kw.pop("explain", True))
         off = self.guard_off
         try:
             rec = self._guarded(align, self.native, None, allow or off is not None, **kw)
         except GuardInfeasible as e:
+            if not explain:
+                raise
             raise GacError(self._infeasible_line(e)) from None
         if rec.guard is not None:
             rec.guard["allow_slower"] = allow
