@@ -83,3 +83,21 @@ def test_serve_round_trips_through_gac_config_and_analyze(setup, capsys):
     assert main(["analyze", str(out), "--profile", setup["profile"]]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert f"serving shapes: {SERVE}; guarded" in text
+
+
+@pytest.mark.gpu
+def test_verify_times_the_serving_shapes_against_dense(setup, tmp_path):
+    """``--verify`` on a GPU: every serving shape timed against dense on the default path, recorded
+    in gac_report.json beside the prediction (the synthetic profile is only for the allocation)."""
+    out = tmp_path / "verified"
+    assert _compress(setup, out, "-r", "0.5", "--device", "cuda", "--dtype", "bfloat16", "--verify") == 0
+    v = json.loads((out / "gac_report.json").read_text())["verify"]
+    assert v["schema"] == "gac.verify/1" and [r["point"] for r in v["shapes"]] == [
+        "decode_b1_kv64",
+        "prefill_b1_s16",
+    ]
+    for r in v["shapes"]:
+        assert (
+            r["status"] == "ok" and r["speedup"] > 0 and r["interval"][0] <= r["speedup"] <= r["interval"][1]
+        )
+        assert r["slower"] == (r["interval"][1] < 1.0) and r["predicted_speedup"] is not None

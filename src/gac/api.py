@@ -664,6 +664,21 @@ class CompressionReport:
                 f"{a['predicted_speedup']:.3f}x vs dense, {a['predicted_speedup_vs_native']:.3f}x vs native"
                 f" @ {a['tokens']} tokens",
             ),
+            *self._serve_rows(),
+        ]
+
+    def _serve_rows(self) -> list[tuple[str, str]]:
+        rows = self.allocation.get("serve") or []
+        if not rows:
+            return []
+        w = min(rows, key=lambda r: r["speedup"])
+        g = self.allocation.get("guard") or {}
+        how = "guarded" if g.get("guarded") and not g.get("off") else "not guarded"
+        return [
+            (
+                "serving shapes (predicted)",
+                f"{len(rows)} shapes, worst {w['speedup']:.3f}x dense at {w['point']} ({how})",
+            )
         ]
 
     def print(self, per_site: bool = True, max_rows: int | None = None, to: Any = None) -> None:
