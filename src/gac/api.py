@@ -265,17 +265,19 @@ class Plan:
         guarded = align == "gac" and not allow_slower and "window" not in kw
         try:
             return self._allocate(align, native, budget, allow_slower, **kw)
-        except GuardInfeasible:
+        except GuardInfeasible as e:
             w0 = self.config.window
             wider = [w for w in GUARD_WINDOWS if _window_span(w) > _window_span(w0)]
             if not guarded or not wider:
                 raise
-        for i, w in enumerate(wider):
+            err = e
+        for w in wider:
             try:
                 rec = self._allocate(align, native, budget, False, window=w, **kw)
-            except GuardInfeasible:
-                if i == len(wider) - 1:
-                    raise
+            except GuardInfeasible as e:
+                err = e
+                continue
+            except GacError:  # this window holds no candidates that meet the budget (tiny dims)
                 continue
             rec.guard["window"] = w
             rec.notes.append(
@@ -283,7 +285,7 @@ class Plan:
                 f"{w0:g} cannot meet every serving shape)"
             )
             return rec
-        raise AssertionError("unreachable")  # pragma: no cover
+        raise err
 
     def _allocate(
         self, align: str, native: dict[str, int], budget: int | None, allow_slower: bool, **kw: Any
@@ -346,14 +348,19 @@ class Plan:
             q = self.at(ratio)
         except GacError:
             return False
-        kw.setdefault(
-            "max_states", 20_000
-        )  # a yes/no answer: coarser DP costs (the budget bound stays exact)
-        try:
-            q._allocate("gac", q.native, q.budget, False, **kw)
-        except GuardInfeasible:
-            return False
-        return True
+        kw.setdefault("max_states", 5_000)  # a yes/no answer: coarser DP costs (the budget bound stays exact)
+        # the widest window's candidates hold every narrower one's (unless the dims are so small that
+        # a fraction of them holds no aligned dim: then the configured window's are tried too)
+        widest = max((*GUARD_WINDOWS, self.config.window), key=_window_span)
+        for w in dict.fromkeys((kw.pop("window", widest), self.config.window)):
+            try:
+                q._allocate("gac", q.native, q.budget, False, window=w, **kw)
+            except GuardInfeasible:
+                return False
+            except GacError:
+                continue
+            return True
+        return False
 
     def largest_guarded_ratio(self, step: float = 0.01, **kw: Any) -> float:
         """The smallest ``param_ratio`` above the config's (the largest reduction below the one asked)
