@@ -25,6 +25,7 @@ ratios = [0.8, 0.7]
 align = ["none", "knapsack", "gac"]
 [compress]
 profile = "h200-bfloat16"
+allow_slower = true  # tiny dims: every factorization is predicted slower on the H200
 [[evals]]
 kind = "ppl"
 source = "britannica"
@@ -223,3 +224,29 @@ def test_last_cell_of_a_group_is_evaluated_without_the_plan_or_the_dense_model(t
     out = run_local(plan_, open_plan_dir(plan_, tmp_path / "out"))
     assert set(out.values()) == {"ok"}
     assert alive == [("none", [True, True]), ("gac", [False, False])]
+
+
+def test_serving_frontier_in_the_report(tmp_path):
+    """``gac run`` records each allocation's per-shape prediction and guard; ``gac report`` draws
+    perplexity against the worst serving-shape speedup (none, gac, gac without its guard)."""
+    from gac.cli import main
+
+    text = (
+        TINY.replace("ratios = [0.8, 0.7]", "ratios = [0.7]")
+        .replace('align = ["none", "knapsack", "gac"]', 'align = ["none", "gac", "gac-allow-slower"]')
+        .replace("allow_slower = true", 'serve = "prefill:1x64,decode:1x64"')
+    )
+    plan = load_plan(_plan(tmp_path, text))
+    d = open_plan_dir(plan, tmp_path / "out")
+    st = run_local(plan, d)
+    assert st["tiny-llama/svd-r0.7-gac-allow-slower"] == "ok" and st["tiny-llama/svd-r0.7-none"] == "ok"
+    assert st["tiny-llama/svd-r0.7-gac"] == "failed"  # tiny dims: slower than dense on the H200, refused
+    cell = json.loads((d / "cells" / "tiny-llama" / "svd-r0.7-gac.json").read_text())
+    assert "cannot be met without a slowdown" in cell["error"]
+    free = json.loads((d / "cells" / "tiny-llama" / "svd-r0.7-gac-allow-slower.json").read_text())["results"]
+    assert free["serve"] == "prefill:1x64,decode:1x64" and free["guard"]["allow_slower"]
+    assert set(free["predicted_serve"]) == {"prefill_b1_s64", "decode_b1_kv64"} and free["guard"]["slower"]
+    assert main(["report", str(d)]) == 0
+    md = (d / "report.md").read_text()
+    assert "Worst serving-shape speedup" in md and "| tiny-llama/svd-r0.7-gac-allow-slower |" in md
+    assert (d / "serving_tiny-llama.png").stat().st_size > 0

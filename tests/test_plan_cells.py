@@ -20,6 +20,7 @@ ratios = [0.8]
 align = ["none", "gac"]
 [compress]
 profile = "h200-bfloat16"
+allow_slower = true  # tiny dims: every factorization is predicted slower on the H200
 n_samples = 2
 seq_len = 32
 [[evals]]

@@ -13,6 +13,7 @@ The pipeline (each step a public function, so callers can reuse the expensive on
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import time
@@ -35,12 +36,23 @@ from gac.allocation import (
     allocate,
     check_window,
 )
+from gac.allocation.strategies import GuardInfeasible
 from gac.errors import GacError
+from gac.hardware.latency import DEFAULT_SERVE, Point, check_context, parse_serve, serve_str
 from gac.hardware.profile import Profile, load_profile
 from gac.sites import Site
 from gac.utils import atomic_write_text, console, track
 
 CONFIG_VERSION = 1
+#: the windows (fractions of the native dim) the latency guard widens its candidates to, in turn,
+#: when the configured window cannot meet every serving shape: compressing fewer sites deeper while
+#: the rest stay dense (docs/allocation.md)
+GUARD_WINDOWS: tuple[float, ...] = (0.25, 0.5)
+
+
+def _window_span(w: float) -> float:
+    """How far a window reaches, comparable across kinds: steps (>= 1) reach less than fractions."""
+    return w if w < 1 else w * 1e-3
 
 
 @dataclass
@@ -71,6 +83,14 @@ class CompressConfig:
             is calibrated and factorized one decoder layer at a time on the GPU (or the CPU when
             there is none) while it stays where it was loaded (compressors with
             ``supports_sequential``: ``svd``, ``svd-llm``).
+        serve: the shapes the model will serve (``prefill:BxS`` and ``decode:B[xKV]``, comma-separated;
+            :func:`gac.hardware.latency.parse_serve`), kept in its canonical spelling; None: the default
+            grid (:data:`gac.hardware.latency.DEFAULT_SERVE`) less any shape beyond the model's context,
+            while a given shape beyond it is refused. ``gac`` never
+            picks an allocation the profile's latency model predicts slower than dense at any of them
+            (the latency guard; docs/allocation.md).
+        allow_slower: ``gac`` without the latency guard: the least loss at the budget, with the
+            shapes where it is predicted slower than dense named.
     """
 
     compressor: str = "asvd"
@@ -90,6 +110,8 @@ class CompressConfig:
     window: float = DEFAULT_WINDOW
     calib_seed: int = 0
     max_gpu_memory: float | None = None
+    serve: str | None = None
+    allow_slower: bool = False
     version: int = CONFIG_VERSION
 
     def __post_init__(self) -> None:
@@ -122,6 +144,12 @@ class CompressConfig:
         m = self.max_gpu_memory
         if m is not None and (not isinstance(m, (int, float)) or not math.isfinite(m) or m <= 0):
             raise GacError(f"max GPU memory must be a positive number of GiB, got {m}")
+        if self.serve is not None:
+            self.serve = serve_str(parse_serve(self.serve))
+        if self.allow_slower and self.align != "gac":
+            raise GacError(
+                f"--allow-slower lifts the latency guard of --align gac; --align {self.align} has no guard to lift"
+            )
         if not isinstance(self.calib_seed, int) or self.calib_seed < 0:
             raise GacError(f"calibration seed must be a non-negative integer, got {self.calib_seed}")
         if self.version != CONFIG_VERSION:
@@ -157,6 +185,22 @@ class Plan:
     timings: dict[str, float]
     _curves: dict[str, np.ndarray | None] | None = None
     _importance: dict[str, float] | None = None
+    #: per serving shape key: predicted ms of the dense model outside the sites
+    other_ms: dict[str, float] | None = None
+    #: the model the plan was made on (the budget search re-runs the native allocation on it)
+    model: Any = field(default=None, repr=False)
+
+    #: the last refusal's budget search: ``smaller`` and ``deeper`` feasible ratios (None: not found)
+    searched: dict[str, float | None] | None = None
+    #: the serving shapes the guard and the predictions use (see :func:`serving_shapes`)
+    serve: list[Point] = field(default_factory=list)
+
+    @property
+    def guard_off(self) -> str | None:
+        """Why the latency guard cannot run (None when it can)."""
+        if not self.profile.measured:
+            return f"profile {self.profile.id} is not measured (gac profile measures this GPU)"
+        return None
 
     @property
     def targeted_dense(self) -> int:
@@ -187,8 +231,65 @@ class Plan:
         self._importance = {s.name: 1.0 for s in self.sites if curves[s.name] is None}
 
     def allocation(self, align: str | None = None, **kw: Any) -> Allocation:
-        """Re-select the native dims with ``align`` (default: the config's)."""
+        """Re-select the native dims with ``align`` (default: the config's).
+
+        ``gac`` runs the latency guard at the config's serving shapes (unless ``allow_slower``, or
+        the profile is not measured: then said in the notes and recorded in ``guard``). A budget
+        the guard cannot meet raises a one-line :class:`GacError` naming the shapes and the largest
+        reduction that meets them all (:meth:`largest_guarded_ratio`), before any factorization;
+        ``explain=False`` skips that search (the :class:`GuardInfeasible` names only the shapes).
+        """
         align = align or self.config.align
+        allow = bool(kw.pop("allow_slower", self.config.allow_slower)) and align == "gac"
+        explain = bool(kw.pop("explain", True))
+        off = self.guard_off
+        try:
+            rec = self._guarded(align, self.native, None, allow or off is not None, **kw)
+        except GuardInfeasible as e:
+            if not explain:
+                raise
+            raise GacError(self._infeasible_line(e)) from None
+        if rec.guard is not None:
+            rec.guard["allow_slower"] = allow
+            if off is not None and align == "gac" and not allow:
+                rec.guard["off"] = off
+                rec.notes.append(f"latency guard off: {off}")
+        return rec
+
+    def _guarded(
+        self, align: str, native: dict[str, int], budget: int | None, allow_slower: bool, **kw: Any
+    ) -> Allocation:
+        """:meth:`_allocate`; where the guard cannot meet every shape inside the configured window,
+        again with the wider windows of :data:`GUARD_WINDOWS` (said in the notes, recorded as
+        ``guard["window"]``) before giving up."""
+        guarded = align == "gac" and not allow_slower and "window" not in kw
+        try:
+            return self._allocate(align, native, budget, allow_slower, **kw)
+        except GuardInfeasible as e:
+            w0 = self.config.window
+            wider = [w for w in GUARD_WINDOWS if _window_span(w) > _window_span(w0)]
+            if not guarded or not wider:
+                raise
+            err = e
+        for w in wider:
+            try:
+                rec = self._allocate(align, native, budget, False, window=w, **kw)
+            except GuardInfeasible as e:
+                err = e
+                continue
+            except GacError:  # this window holds no candidates that meet the budget (tiny dims)
+                continue
+            rec.guard["window"] = w
+            rec.notes.append(
+                f"latency guard: candidates widened to ±{100 * w:.0f}% of the native dims (the window of "
+                f"{w0:g} cannot meet every serving shape)"
+            )
+            return rec
+        raise err
+
+    def _allocate(
+        self, align: str, native: dict[str, int], budget: int | None, allow_slower: bool, **kw: Any
+    ) -> Allocation:
         curves = self.curves() if align in KNAPSACK_STRATEGIES else None
         opts = dict(
             tokens=self.config.tokens,
@@ -197,16 +298,127 @@ class Plan:
             window=self.config.window,
             latency_target=self.config.latency_target,
             quality_target=self.config.quality_target,
+            serve=self.serve,
+            other_ms=self.other_ms,
         )
         opts.update(kw)
         return allocate(
             align,
             self.sites,
-            self.native,
+            native,
             self.profile,
             curves=curves,
             importance=self._importance if curves is not None else None,
+            budget=budget,
+            allow_slower=allow_slower,
             **opts,
+        )
+
+    def at(self, ratio: float | None = None, serve: str | None = None) -> Plan:
+        """This plan at another ``param_ratio`` (the compressor's native allocation at that budget)
+        and/or other serving shapes, sharing the calibration and the loss curves."""
+        cfg = copy.copy(self.config)
+        if ratio is not None:
+            cfg.param_ratio = float(ratio)
+        if serve is not None:
+            cfg.serve = serve
+        cfg.validate()
+        budget, native = self.budget, self.native
+        if ratio is not None:
+            budget = int(math.floor(cfg.param_ratio * self.targeted_dense))
+            if budget < sum(s.cost(s.min_dim) for s in self.sites):
+                raise GacError(
+                    f"param ratio {cfg.param_ratio:g} cannot be met: even the smallest dims cost more"
+                )
+            got = self.compressor.native_allocation(self.model, self.sites, budget)
+            native = {k: int(v) for k, v in got.items()}
+        pts, other = self.serve, self.other_ms
+        if serve is not None:
+            pts, _ = serving_shapes(serve, self.model)
+            other = outside_sites_ms(self.model, self.sites, self.profile, pts)
+        self.curves()
+        return dataclasses.replace(self, config=cfg, budget=budget, native=native, serve=pts, other_ms=other)
+
+    def guard_feasible(self, ratio: float, **kw: Any) -> bool:
+        """Whether guarded ``gac`` meets every serving shape at ``param_ratio`` ``ratio``
+        (the compressor's native allocation at that budget, re-selected)."""
+        if ratio >= 1.0:
+            return True
+        try:
+            q = self.at(ratio)
+        except GacError:
+            return False
+        kw.setdefault("max_states", 5_000)  # a yes/no answer: coarser DP costs (the budget bound stays exact)
+        # the widest window's candidates hold every narrower one's (unless the dims are so small that
+        # a fraction of them holds no aligned dim: then the configured window's are tried too)
+        widest = max((*GUARD_WINDOWS, self.config.window), key=_window_span)
+        for w in dict.fromkeys((kw.pop("window", widest), self.config.window)):
+            try:
+                q._allocate("gac", q.native, q.budget, False, window=w, **kw)
+            except GuardInfeasible:
+                return False
+            except GacError:
+                continue
+            return True
+        return False
+
+    def largest_guarded_ratio(self, step: float = 0.01, **kw: Any) -> float:
+        """The smallest ``param_ratio`` above the config's (the largest reduction below the one asked)
+        at which guarded ``gac`` meets every serving shape; 1.0 when none does.
+
+        Feasibility is not monotone in the ratio (a smaller reduction leaves factorized sites nearer
+        their break-even rank, where the second launch outweighs the bytes saved), so the ratios are
+        scanned upwards in steps of ``step`` and the first feasible one is refined by bisection.
+        """
+        r = self._scan(float(self.config.param_ratio), step, 1.0, **kw)
+        return 1.0 if r is None else r
+
+    def deeper_guarded_ratio(self, step: float = 0.025, floor: float = 0.4, **kw: Any) -> float | None:
+        """The largest ``param_ratio`` below the config's (down to ``floor``) at which guarded ``gac``
+        meets every serving shape: a deeper factorization whose saved bytes pay for the second
+        launch. None when none does."""
+        return self._scan(float(self.config.param_ratio), -step, floor, **kw)
+
+    def _scan(self, r0: float, step: float, end: float, **kw: Any) -> float | None:
+        prev, hit = r0, None
+        for k in range(1, int(math.ceil(abs(end - r0) / abs(step) - 1e-9))):
+            r = r0 + k * step
+            if self.guard_feasible(r, **kw):
+                hit = r
+                break
+            prev = r
+        if hit is None:
+            return None
+        bad, good = prev, hit
+        while abs(good - bad) > 0.000625:
+            mid = (bad + good) / 2
+            if self.guard_feasible(mid, **kw):
+                good = mid
+            else:
+                bad = mid
+        shown = (math.ceil(good * 1000 - 1e-9) if step > 0 else math.floor(good * 1000 + 1e-9)) / 1000
+        return shown if self.guard_feasible(shown, **kw) else good
+
+    def _infeasible_line(self, e: GuardInfeasible) -> str:
+        r = self.config.param_ratio
+        best = self.largest_guarded_ratio() if self.model is not None else None
+        if best is None:
+            where = ""
+        elif best >= 1.0:
+            where = "; no smaller reduction meets them all"
+        else:
+            where = (
+                f"; the largest smaller reduction that meets them all is {100 * (1 - best):.1f}% "
+                f"(--param-ratio {best:.3f})"
+            )
+        deeper = self.deeper_guarded_ratio() if self.model is not None else None
+        self.searched = {"smaller": best, "deeper": deeper}
+        if deeper is not None:
+            where += f"; a deeper one does: {100 * (1 - deeper):.1f}% (--param-ratio {deeper:.3f})"
+        shapes = ", ".join(f"{k} ({v:.4f}x)" for k, v in e.shapes.items())
+        return (
+            f"--param-ratio {r:g} cannot be met without a slowdown: predicted slower than dense at "
+            f"{shapes}{where}; or pass --allow-slower, or --serve the shapes you run"
         )
 
 
@@ -263,6 +475,11 @@ def plan(
             timings["sequential"] = 1.0
     if not sites:
         raise GacError(f"{config.compressor}: no compressible sites in {type(model).__name__}")
+    serve, dropped = serving_shapes(config.serve, model)
+    if dropped:
+        console.print(
+            f"serving shapes: the default's {dropped} exceed the model's context; not guarded", markup=False
+        )
     dense = sum(s.dense_cost for s in sites)
     budget = int(math.floor(config.param_ratio * dense))
     floor_cost = sum(s.cost(s.min_dim) for s in sites)
@@ -334,7 +551,41 @@ def plan(
         model_params=_param_count(model),
         calibration=calib_info,
         timings=timings,
+        other_ms=outside_sites_ms(model, sites, prof, serve),
+        model=model,
+        serve=serve,
     )
+
+
+def serving_shapes(spec: str | None, model: nn.Module) -> tuple[list[Point], str]:
+    """The serving shapes of ``spec`` for ``model`` and the default's shapes dropped (``""`` if none).
+
+    A given shape beyond the model's maximum context is refused; the default grid
+    (``spec`` None) keeps only the shapes that fit it.
+    """
+    ctx = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if spec is not None:
+        pts = parse_serve(spec)
+        check_context(pts, ctx)
+        return pts, ""
+    pts = parse_serve(DEFAULT_SERVE)
+    keep = [p for p in pts if not ctx or (p.seq if p.phase == "prefill" else p.kv + 1) <= ctx]
+    return keep, serve_str([p for p in pts if p not in keep])
+
+
+def outside_sites_ms(
+    model: nn.Module, sites: list[Site], profile: Profile, serve: list[Point]
+) -> dict[str, float]:
+    """Per serving shape: the dense model's predicted ms (:func:`gac.hardware.latency.predict`)
+    less its sites' (:func:`gac.allocation.site_ms`): the launches the sites' dims do not change."""
+    from gac.allocation import site_ms
+    from gac.hardware.latency import predict
+
+    out = {}
+    for p in serve:
+        whole = predict(model, profile, p)["ms"]
+        out[p.key] = max(whole - sum(site_ms(profile, s, s.max_dim, p.tokens) for s in sites), 0.0)
+    return out
 
 
 # ------------------------------------------------------------------------------- report
@@ -423,6 +674,21 @@ class CompressionReport:
                 f"{a['predicted_speedup']:.3f}x vs dense, {a['predicted_speedup_vs_native']:.3f}x vs native"
                 f" @ {a['tokens']} tokens",
             ),
+            *self._serve_rows(),
+        ]
+
+    def _serve_rows(self) -> list[tuple[str, str]]:
+        rows = self.allocation.get("serve") or []
+        if not rows:
+            return []
+        w = min(rows, key=lambda r: r["speedup"])
+        g = self.allocation.get("guard") or {}
+        how = "guarded" if g.get("guarded") and not g.get("off") else "not guarded"
+        return [
+            (
+                "serving shapes (predicted)",
+                f"{len(rows)} shapes, worst {w['speedup']:.3f}x dense at {w['point']} ({how})",
+            )
         ]
 
     def print(self, per_site: bool = True, max_rows: int | None = None, to: Any = None) -> None:
@@ -512,6 +778,7 @@ def apply_(model: nn.Module, plan: Plan, allocation: Allocation | None = None) -
     apply_s = time.perf_counter() - t0
     cfg = plan.config.to_dict()
     cfg["align"] = allocation.strategy
+    cfg["serve"] = serve_str(plan.serve)  # the shapes guarded and predicted (the default resolved)
     return CompressionReport(
         config=cfg,
         compressor_options=dict(comp.options()),
@@ -570,4 +837,58 @@ def gac_config_for_save(report: CompressionReport, source: dict[str, Any] | None
         "model_ratio": report.model_ratio,
         "pct_aligned": a["pct_aligned"],
         "predicted_speedup": a["predicted_speedup"],
+        "serve": report.config.get("serve"),
+        "guard": a.get("guard"),
+        "predicted_serve": {r["point"]: r["speedup"] for r in a.get("serve") or []},
     }
+
+
+def verify_serving(
+    model: nn.Module, build_dense: Any, report: CompressionReport, out: str | Path | None = None
+) -> dict[str, Any]:
+    """Time ``model`` against dense at its serving shapes on the default inference path (GPU).
+
+    The sweep is :func:`gac.eval.infer.run_sweep` (q/k/v and gate/up fused, compiled steps, CUDA
+    graphs, the decode kernels), dense first (``build_dense()`` loads it), over the grid covering
+    ``report``'s serving shapes. Each shape gets its measured speedup, quartile interval and the
+    predicted speedup; a shape whose whole interval lies below 1.00 is warned about. With ``out``
+    (a saved model directory) the result goes into its ``gac_report.json`` as ``verify``.
+    """
+    from gac.eval.infer import Variant, model_device, run_sweep, serve_speedups, serve_sweep_config
+    from gac.kernels.fusion import fuse_projections_
+
+    pts = parse_serve(report.config["serve"])
+    cfg = serve_sweep_config(pts)
+
+    def fused(m: nn.Module) -> nn.Module:
+        fuse_projections_(m)
+        return m
+
+    res = run_sweep(
+        [Variant("dense", lambda: fused(build_dense())), Variant("compressed", lambda: fused(model))],
+        cfg,
+        model_device(model),
+    )
+    rows = serve_speedups(res, pts, "compressed")
+    predicted = {r["point"]: r["speedup"] for r in report.allocation.get("serve") or []}
+    for r in rows:
+        r["predicted_speedup"] = predicted.get(r["point"])
+        if r.get("status") != "ok":
+            console.print(f"[yellow]warning:[/yellow] --verify: {r['point']} not measured ({r['status']})")
+        elif r["slower"]:
+            console.print(
+                f"[yellow]warning:[/yellow] --verify: {r['point']} measured {r['speedup']:.3f}x dense "
+                f"(quartiles {r['interval'][0]:.3f}-{r['interval'][1]:.3f}): slower beyond the run's spread"
+            )
+    rec = {"schema": "gac.verify/1", "shapes": rows, "env": res.get("env"), "config": res.get("config"),
+           "copy_bandwidth": res.get("copy_bandwidth")}  # fmt: skip
+    ok = [r for r in rows if r.get("status") == "ok"]
+    if ok:
+        w = min(ok, key=lambda r: r["speedup"])
+        console.print(f"--verify: worst serving shape {w['point']} at {w['speedup']:.3f}x dense (measured)")
+    if out is not None:
+        f = Path(out) / "gac_report.json"
+        doc = json.loads(f.read_text())
+        doc["verify"] = rec
+        atomic_write_text(f, json.dumps(doc, indent=1, default=_json_default))
+    return rec

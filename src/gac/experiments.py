@@ -23,12 +23,14 @@ Plan format (every key is checked; unknown keys are refused)::
                                         # shape:NAME[:LAYERS[:SCALE]] (a real shape, random weights)
     compressors = ["*"]                 # "*": every registered compressor
     ratios = [0.9]                      # fraction of targeted parameters kept, in (0, 1)
-    align = ["none", "knapsack", "gac"]
+    align = ["none", "knapsack", "gac"]   # + "gac-allow-slower": gac without its latency guard
 
     [compress]                          # CompressConfig fields shared by every cell
     profile = "h200-bfloat16"
     n_samples = 16
     seq_len = 128
+    serve = "prefill:1x128,decode:16"   # the serving shapes gac is guarded at (default: the grid)
+    allow_slower = false                # true: every gac cell without its latency guard
 
     [compress.options.asvd]             # per-compressor options (constructor arguments)
     sensitivity_samples = 1
@@ -93,8 +95,11 @@ PLAN_KEYS = {"name", "device", "dtype", "seed"}
 AXES_KEYS = {"models", "compressors", "ratios", "align"}
 COMPRESS_KEYS = {
     "profile", "calib", "n_samples", "seq_len", "batch_size", "tokens", "candidates",
-    "objective", "window", "calib_seed", "latency_target", "quality_target", "options",
+    "objective", "window", "calib_seed", "latency_target", "quality_target", "options", "serve",
+    "allow_slower",
 }  # fmt: skip
+#: align-axis entries beyond the strategies: ``gac`` without its latency guard (``--allow-slower``)
+ALIGN_VARIANTS = {"gac-allow-slower": ("gac", {"allow_slower": True})}
 EVAL_KINDS = {
     "ppl": {"kind", "source", "seq_len", "windows", "batch_size", "models"},
     "predict": {"kind", "tokens", "models"},
@@ -291,7 +296,7 @@ class ExperimentPlan:
         return CompressConfig(
             compressor=cell.compressor,
             param_ratio=cell.ratio,
-            align="none",
+            align="gac" if kw.get("allow_slower") else "none",
             options=dict(self.options.get(cell.compressor, {})),
             **kw,
         )
@@ -345,8 +350,10 @@ def parse_plan(data: dict[str, Any], source: str = "") -> ExperimentPlan:
         ratios.append(float(r))
     aligns = [str(a) for a in _list(axes.get("align", ["none", "knapsack", "gac"]), "[axes] align")]
     for a in aligns:
-        if a not in STRATEGIES:
-            raise GacError(f"plan: unknown align strategy {a!r}; choose from: {', '.join(STRATEGIES)}")
+        if a not in STRATEGIES and a not in ALIGN_VARIANTS:
+            raise GacError(
+                f"plan: unknown align strategy {a!r}; choose from: {', '.join((*STRATEGIES, *ALIGN_VARIANTS))}"
+            )
     for what, xs in (("models", models), ("compressors", comps), ("ratios", ratios), ("align", aligns)):
         if len(set(xs)) != len(xs):
             raise GacError(f"plan: [axes] {what} lists a value twice")
@@ -725,7 +732,8 @@ def run_group(plan: ExperimentPlan, plan_dir: str | Path, group: str, force: boo
                 from gac.api import apply_
 
                 model = copy.deepcopy(base)
-                alloc = p.allocation(c.align)
+                align, kw = ALIGN_VARIANTS.get(c.align, (c.align, {}))
+                alloc = p.allocation(align, **kw)
                 report = apply_(model, p, alloc)
                 # the group's last cell: its evals need neither the plan nor the dense model
                 if c is todo[-1]:
@@ -740,6 +748,9 @@ def run_group(plan: ExperimentPlan, plan_dir: str | Path, group: str, force: boo
                     "pct_aligned": a.get("pct_aligned"),
                     "predicted_speedup": a.get("predicted_speedup"),
                     "dims": {k: int(v) for k, v in alloc.dims.items()},
+                    "serve": report.config.get("serve"),
+                    "guard": a.get("guard"),
+                    "predicted_serve": {r["point"]: r["speedup"] for r in a.get("serve") or []},
                 }
             with torch.no_grad():
                 results["evals"] = _evaluate(plan, c, model, tok, report, prof)

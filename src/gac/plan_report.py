@@ -263,6 +263,50 @@ def published_rows(published: dict[str, Any], results: dict[str, dict[str, Any]]
     return rows
 
 
+def worst_serving(cell: dict[str, Any], measured: dict[str, Any] | None) -> tuple[float, str, str] | None:
+    """A cell's worst speedup over dense across its serving shapes: ``(speedup, shape, source)``,
+    measured (the ``infer`` eval's speedups at the serving shapes it timed) where every serving shape
+    was timed, else predicted (the allocation's per-shape prediction); None without serving shapes."""
+    r = (cell or {}).get("results") or {}
+    pred = r.get("predicted_serve") or {}
+    if not pred:
+        return None
+    if measured and all(measured.get(k) for k in pred):
+        k = min(pred, key=lambda k: measured[k])
+        return float(measured[k]), k, "measured"
+    k = min(pred, key=lambda k: pred[k])
+    return float(pred[k]), k, "predicted"
+
+
+def serving_plot(plt: Any, model: str, pts: list[tuple[str, str, float, float, str]], base_ppl: float | None,
+                 ylabel: str, path: Path) -> None:  # fmt: skip
+    """``serving_<model>.png``: perplexity against the worst serving-shape speedup, one point per
+    (compressor, align) cell, dense at 1.0, the 1.00x line marked: what the latency guard costs."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    comps = sorted({p[0] for p in pts})
+    aligns = sorted({p[1] for p in pts})
+    markers = "osD^v<>P*X"
+    for p in pts:
+        ax.scatter(p[2], p[3], marker=markers[comps.index(p[0]) % len(markers)], color=f"C{aligns.index(p[1])}",
+                   s=40, facecolors="none" if p[4] == "predicted" else None)  # fmt: skip
+    if base_ppl:
+        ax.scatter([1.0], [base_ppl], marker="*", color="k", s=80, label="dense")
+    ax.axvline(1.0, color="gray", lw=0.8, ls=":")
+    for i, c in enumerate(comps):
+        ax.scatter([], [], marker=markers[i % len(markers)], color="gray", label=c)
+    for i, a in enumerate(aligns):
+        ax.scatter([], [], marker="s", color=f"C{i}", label=f"align {a}")
+    src = {p[4] for p in pts}
+    how = "filled: measured, hollow: predicted" if len(src) > 1 else src.pop()
+    ax.set_xlabel(f"worst speedup over dense across the serving shapes ({how})")
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"{model}: quality vs worst serving-shape speed", fontsize=10)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def render_plan(root: Path, out: Path | None = None) -> Path:
     """Write ``report.md`` (+ frontier PNGs) for the plan in ``root``; return the Markdown path."""
     import matplotlib
@@ -354,6 +398,31 @@ def render_plan(root: Path, out: Path | None = None) -> Path:
                 lines += [bw, ""]
         if model in preds:
             lines += prediction_lines(model, preds[model])
+        serving = []
+        for c, d in mcells:
+            w = worst_serving(d, speed.get(c.id)) if c.compressor != BASE else None
+            if w is not None:
+                ppl0 = (
+                    (((d or {}).get("results") or {}).get("evals") or {}).get(srcs[0], {}).get("ppl")
+                    if srcs
+                    else None
+                )
+                serving.append((c, w, ppl0))
+        if serving:
+            lines += [f"Worst serving-shape speedup over dense ({model}; measured where the `infer` eval timed "
+                      "every serving shape, else predicted by the profile's latency model):", "",
+                      "| cell | worst speedup | at | source | guard |", "|---|---|---|---|---|"]  # fmt: skip
+            for c, w, _ in serving:
+                g = ((read_cell(root, c) or {}).get("results") or {}).get("guard") or {}
+                how = "guarded" if g.get("guarded") and not g.get("off") else "not guarded"
+                lines.append(f"| {c.id} | {w[0]:.3f} | {w[1]} | {w[2]} | {how} |")
+            lines.append("")
+            qual = [(c.compressor, c.align, w[0], q, w[2]) for c, w, q in serving if q]
+            if qual:
+                name = f"serving_{slug(model)}.png"
+                serving_plot(plt, model, qual, bppl.get(srcs[0]), f"perplexity ({srcs[0]})", out / name)
+                plots.append(name)
+                lines += [f"![{name}]({name})", ""]
         name = f"speedup_{slug(model)}.png"
         if mspeed and speed_plot(plt, model, mspeed, preds.get(model), out / name):
             plots.append(name)

@@ -47,6 +47,7 @@ import numpy as np
 from gac.alignment import round_down, round_nearest, round_up
 from gac.allocation.knapsack import DEFAULT_MAX_STATES, solve_mckp
 from gac.errors import GacError
+from gac.hardware.latency import Point
 from gac.hardware.profile import Profile
 from gac.sites import Site
 
@@ -129,6 +130,16 @@ class Allocation:
     objective: str = "loss_curve"
     notes: list[str] = field(default_factory=list)
     window: float = DEFAULT_WINDOW
+    #: per serving shape: ``point``, ``tokens``, predicted ``dense_ms``, ``ms`` and ``speedup``
+    #: (:func:`serve_prediction`); empty without serving shapes.
+    serve: list[dict[str, Any]] = field(default_factory=list)
+    #: the latency guard: ``guarded``, ``allow_slower``, ``slower`` (shapes predicted slower).
+    guard: dict[str, Any] | None = None
+
+    @property
+    def worst_serve_speedup(self) -> float:
+        """The least predicted speedup over dense across the serving shapes (nan without any)."""
+        return min((r["speedup"] for r in self.serve), default=math.nan)
 
     @property
     def dims(self) -> dict[str, int]:
@@ -164,6 +175,7 @@ class Allocation:
             over_budget=self.over_budget,
             predicted_speedup=self.predicted_speedup,
             predicted_speedup_vs_native=self.predicted_speedup_vs_native,
+            worst_serve_speedup=self.worst_serve_speedup,
         )
         return d
 
@@ -220,6 +232,168 @@ def site_ms(profile: Profile, site: Site, d: int, tokens: int = DEFAULT_TOKENS) 
     if fused is not None:  # one fused launch per member, where that beats two launches
         ms = min(ms, members * fused[0] * 1e-3 + max(flop_ms, nbytes / (fused[1] * 1e9) * 1e3))
     return ms
+
+
+# --------------------------------------------------------------------------- latency guard
+#: a serving shape counts as slower than dense when its predicted speedup is below ``1 - SLOWER_TOL``
+SLOWER_TOL = 1e-9
+
+
+class GuardInfeasible(GacError):
+    """No allocation meets both the budget and the latency guard (see :func:`guarded_knapsack`).
+
+    Attributes:
+        shapes: the serving shape keys that cannot be met, with the best predicted speedup there.
+    """
+
+    def __init__(self, message: str, shapes: dict[str, float]):
+        super().__init__(message)
+        self.shapes = shapes
+
+
+def _shape_deltas(
+    sites: list[Site], cands: list[list[int]], profile: Profile, serve: list[Point]
+) -> dict[str, list[dict[int, float]]]:
+    """Per site, per serving shape: each candidate's predicted ms minus the dense site's."""
+    out: dict[str, list[dict[int, float]]] = {}
+    for s, c in zip(sites, cands, strict=True):
+        rows = []
+        for p in serve:
+            dense = site_ms(profile, s, s.max_dim, p.tokens)
+            rows.append({int(d): site_ms(profile, s, int(d), p.tokens) - dense for d in c})
+        out[s.name] = rows
+    return out
+
+
+def _shapes_line(rows: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{r['point']} ({r['speedup']:.3f}x)" for r in rows)
+
+
+def serve_prediction(
+    sites: list[Site],
+    dims: dict[str, int],
+    profile: Profile,
+    serve: list[Point],
+    other_ms: dict[str, float] | None = None,
+) -> list[dict[str, Any]]:
+    """Predicted ms of dense and of ``dims`` at each serving shape, and the speedup.
+
+    The sites are priced by :func:`site_ms`; ``other_ms`` (per shape key: the dense model's
+    launches outside the sites, which the sites' dims do not change) is added to both sides, so
+    the speedup is the whole model's; without it, the sites' own.
+    """
+    out = []
+    for p in serve:
+        dense = sum(site_ms(profile, s, s.max_dim, p.tokens) for s in sites)
+        ms = sum(site_ms(profile, s, dims[s.name], p.tokens) for s in sites)
+        base = float((other_ms or {}).get(p.key, 0.0))
+        out.append({
+            "point": p.key, "tokens": p.tokens, "dense_ms": base + dense, "ms": base + ms,
+            "speedup": (base + dense) / (base + ms) if base + ms > 0 else math.nan,
+            "whole_model": other_ms is not None and p.key in other_ms,
+        })  # fmt: skip
+    return out
+
+
+def guarded_knapsack(
+    sites: list[Site],
+    cands: list[list[int]],
+    costs: list[np.ndarray],
+    losses: list[np.ndarray],
+    budget: int,
+    profile: Profile,
+    serve: list[Point],
+    max_states: int = DEFAULT_MAX_STATES,
+    other_ms: dict[str, float] | None = None,
+) -> tuple[dict[str, int], list[str]]:
+    """The least-loss allocation within ``budget`` predicted no slower than dense at every shape.
+
+    The sites' summed predicted ms (:func:`site_ms`, one fixed launch cost per GEMM) minus the
+    dense sites' at each serving shape must be ``<= 0``: the launches outside the sites are the
+    same for both, so that is the whole model ``>= 1.00x`` dense. One knapsack per shape constraint
+    would multiply the DP; instead the constraints enter the value with Lagrange multipliers
+    (as ``gac-latency``'s one): ``loss + sum_k mu_k * excess_k`` with ``excess_k`` a candidate's ms over
+    its dense site, relative to the dense sites' ms at shape ``k``. Multipliers grow on the shapes
+    the solution still violates until one satisfies them all (the fastest feasible); a bisection on
+    their common scale then finds the least loss that stays feasible. Every returned allocation is
+    checked against every shape; the multipliers may miss a feasible allocation of slightly lower
+    loss, never return an infeasible one.
+
+    Raises:
+        GuardInfeasible: no allocation found within the budget meets every shape; the message
+            names the shapes that cannot be met and the best predicted speedup there (the whole
+            model's where ``other_ms`` gives the dense model's ms outside the sites).
+    """
+    k_n = len(serve)
+    dense_k = np.array([sum(site_ms(profile, s, s.max_dim, p.tokens) for s in sites) for p in serve])
+    deltas = _shape_deltas(sites, cands, profile, serve)
+    rel = [
+        np.array([[row[int(d)] for d in c] for row in deltas[s.name]]) / dense_k[:, None]
+        for s, c in zip(sites, cands, strict=True)
+    ]
+    loss_scale = max(sum(float(np.max(np.abs(lo))) for lo in losses), 1e-30)
+    tol = 1e-12
+    coarse = min(max_states, 20_000)  # the multiplier search; the final solve at full resolution
+
+    def solve(mu: np.ndarray, states: int = coarse) -> tuple[list[int], np.ndarray]:
+        vals = [lo / loss_scale + mu @ r for lo, r in zip(losses, rel, strict=True)]
+        choice = solve_mckp(costs, vals, budget, max_states=states).choice
+        return choice, np.sum([r[:, j] for r, j in zip(rel, choice, strict=True)], axis=0)
+
+    def dims_of(choice: list[int]) -> dict[str, int]:
+        return {s.name: int(c[j]) for s, c, j in zip(sites, cands, choice, strict=True)}
+
+    choice, over = solve(np.zeros(k_n), max_states)
+    if np.all(over <= tol):
+        return dims_of(choice), [
+            "latency guard: the least-loss allocation is no slower than dense at any shape"
+        ]
+    big = 1e4
+    w = (over > tol).astype(np.float64)
+    found = None
+    for _ in range(4 * k_n):
+        choice, over = solve(big * w)
+        viol = over > tol
+        if not viol.any():
+            found = choice
+            break
+        w = w / w.max() + viol  # more weight where it is still slower
+    if found is None:
+        # the shapes no allocation meets on their own; else the ones the joint search left slower
+        def speedup(k: int, o: float) -> float:
+            base = float((other_ms or {}).get(serve[k].key, 0.0))
+            return (base + dense_k[k]) / (base + dense_k[k] * (1.0 + o))
+
+        alone = {}
+        for k in range(k_n):
+            _, o = solve(big * np.eye(k_n)[k])
+            if o[k] > tol:
+                alone[serve[k].key] = float(speedup(k, o[k]))
+        if not alone:
+            alone = {serve[k].key: float(speedup(k, over[k])) for k in range(k_n) if over[k] > tol}
+        shapes = ", ".join(f"{k} (at best {v:.3f}x)" for k, v in alone.items())
+        raise GuardInfeasible(
+            f"the budget of {int(budget):,} parameters cannot be met without a slowdown at {shapes}", alone
+        )
+    lo, hi = -6.0, math.log10(big)
+    best = found
+    for _ in range(24):
+        mid = (lo + hi) / 2
+        ch, o = solve(10**mid * w)
+        if np.all(o <= tol):
+            hi, best = mid, ch
+        else:
+            lo = mid
+        if hi - lo < 0.05:
+            break
+    fine, o = solve(10**hi * w, max_states)
+    if np.all(o <= tol):
+        best = fine
+    kept = sum(c[j] >= s.max_dim for s, c, j in zip(sites, cands, best, strict=True))
+    return dims_of(best), [
+        f"latency guard: {kept} of {len(sites)} sites kept dense so that no serving shape is predicted "
+        "slower than dense"
+    ]
 
 
 # ------------------------------------------------------------------------------- helpers
@@ -357,6 +531,9 @@ def allocate(
     latency_target: float | None = None,
     quality_target: float | None = None,
     max_states: int = DEFAULT_MAX_STATES,
+    serve: list[Point] | None = None,
+    allow_slower: bool = False,
+    other_ms: dict[str, float] | None = None,
 ) -> Allocation:
     """Re-select the kept dims of ``sites`` according to ``strategy``.
 
@@ -378,6 +555,16 @@ def allocate(
         latency_target: ``gac-latency`` only: predicted latency bound as a fraction of dense.
         quality_target: ``gac-latency`` only: loss bound (default: the native allocation's loss).
         max_states: DP width before the costs are quantized more coarsely.
+        serve: the serving shapes (:func:`gac.hardware.latency.parse_serve`). With ``gac``, the
+            latency guard (:func:`guarded_knapsack`): every site may also stay dense, and only
+            allocations predicted no slower than dense at every shape are feasible; none
+            feasible raises :class:`GuardInfeasible`. Every strategy records its per-shape
+            prediction (``Allocation.serve``).
+        allow_slower: ``gac`` without the guard (the least loss at the budget), naming the
+            shapes where the result is predicted slower than dense.
+        other_ms: per serving shape key, the predicted ms of the dense model outside the sites
+            (attention, norms, head...: unchanged by the sites' dims), so that ``Allocation.serve``
+            gives whole-model speedups; without it, the sites' own.
     """
     t0 = time.perf_counter()
     if strategy not in STRATEGIES:
@@ -422,8 +609,11 @@ def allocate(
             )
         aligned = strategy != "knapsack"
         step = candidates if aligned else "modulus"
+        guarded = strategy == "gac" and bool(serve) and not allow_slower
         cands = [
-            _candidates(profile, s, native[s.name], window, step, aligned, keep_dense=objective == "curve")
+            _candidates(
+                profile, s, native[s.name], window, step, aligned, keep_dense=objective == "curve" or guarded
+            )
             for s in sites
         ]
         if objective == "paper":
@@ -435,7 +625,14 @@ def allocate(
                 loss[s.name] = _linear_loss(s, sens, native[s.name])
         costs = [np.array([s.cost(d) for d in c], dtype=np.int64) for s, c in zip(sites, cands, strict=True)]
         losses = [loss[s.name](np.array(c)) for s, c in zip(sites, cands, strict=True)]
-        if strategy in ("gac", "knapsack"):
+        if guarded:
+            dims, note = guarded_knapsack(
+                sites, cands, costs, losses, budget, profile, serve, max_states, other_ms
+            )
+            notes.extend(note)
+            delta = _shape_deltas(sites, cands, profile, serve)
+            dims = _fill(sites, dims, loss, profile, budget, step, cands, aligned, guard=delta)
+        elif strategy in ("gac", "knapsack"):
             sol = solve_mckp(costs, losses, budget, max_states=max_states)
             dims = {s.name: c[j] for s, c, j in zip(sites, cands, sol.choice, strict=True)}
             if not sol.exact:
@@ -475,6 +672,16 @@ def allocate(
         notes,
     )
     rec.window = window
+    if serve:
+        rec.serve = serve_prediction(sites, dims, profile, serve, other_ms)
+        slower = [r for r in rec.serve if r["speedup"] < 1.0 - SLOWER_TOL]
+        rec.guard = {
+            "guarded": strategy == "gac" and not allow_slower,
+            "allow_slower": bool(allow_slower),
+            "slower": [r["point"] for r in slower],
+        }
+        if slower and strategy == "gac":
+            rec.notes.append("predicted slower than dense at " + _shapes_line(slower) + " (--allow-slower)")
     return rec
 
 
@@ -495,6 +702,7 @@ def _fill(
     step: str = "modulus",
     cands: list[list[int]] | None = None,
     aligned: bool = True,
+    guard: dict[str, list[dict[int, float]]] | None = None,
 ) -> dict[str, int]:
     """Spend leftover budget on up-steps to the next candidate (largest loss drop per parameter first).
 
@@ -502,9 +710,13 @@ def _fill(
     gap left by ties and by coarse DP quantization. Steps go to the next larger candidate of the
     site (``cands``), so a site stays inside its window and, for ``gac``, aligned (on the prefer
     grid with ``step="prefer"``); without ``cands``, to the next multiple of the modulus (1 when
-    ``aligned`` is False).
+    ``aligned`` is False). With ``guard`` (per site, per serving shape, each candidate's predicted
+    ms over dense: :func:`_shape_deltas`), an up-step that would make any shape slower than dense
+    is not taken.
     """
     dims = dict(dims)
+    if guard is not None:
+        over = np.sum([[g[dims[s.name]] for g in guard[s.name]] for s in sites], axis=0)
     by_site = {s.name: c for s, c in zip(sites, cands, strict=True)} if cands is not None else {}
     used = sum(s.cost(dims[s.name]) for s in sites)
     while True:
@@ -526,6 +738,11 @@ def _fill(
             extra = s.cost(nxt) - s.cost(d)
             if extra <= 0 or used + extra > budget:
                 continue
+            if guard is not None:
+                g = guard[s.name]
+                new = over + np.array([x[nxt] - x[d] for x in g])
+                if np.any((new > 0) & (new > over)):
+                    continue
             drop = float(loss[s.name](np.array([d]))[0] - loss[s.name](np.array([nxt]))[0])
             if drop < 0:
                 continue
@@ -535,6 +752,8 @@ def _fill(
         if best is None:
             return dims
         s, nxt, extra = best
+        if guard is not None:
+            over = over + np.array([x[nxt] - x[dims[s.name]] for x in guard[s.name]])
         dims[s.name] = nxt
         used += extra
 

@@ -70,6 +70,33 @@ def render_analysis(an, console) -> None:
     )
 
 
+def serving_of(model: str) -> dict | None:
+    """A gac-compressed dir's serving shapes, latency guard and predicted speedups (None otherwise)."""
+    from gac import io
+
+    if not io.is_gac_dir(model):
+        return None
+    cfg = io.read_gac_config(model)
+    if not cfg.get("serve"):
+        return None
+    return {k: cfg.get(k) for k in ("align", "serve", "guard", "predicted_serve")}
+
+
+def serving_line(s: dict) -> str:
+    """One line: the shapes it was compressed for, whether guarded, the predicted speedup per shape."""
+    g = s.get("guard") or {}
+    if s.get("align") != "gac":
+        how = f"not guarded (--align {s.get('align')})"
+    elif g.get("off"):
+        how = "not guarded: " + g["off"]
+    elif g.get("allow_slower"):
+        how = "not guarded (--allow-slower)"
+    else:
+        how = "guarded (none predicted slower than dense)"
+    pred = ", ".join(f"{k} {v:.3f}x" for k, v in (s.get("predicted_serve") or {}).items())
+    return f"serving shapes: {s['serve']}; {how}" + (f"; predicted vs dense: {pred}" if pred else "")
+
+
 def register(app: typer.Typer) -> None:
     @app.command("analyze")
     def analyze_cmd(
@@ -101,9 +128,14 @@ def register(app: typer.Typer) -> None:
         lm = load_model(model, dtype=parse_dtype(dtype), trust_remote_code=trust_remote_code)
         an = analyze(lm.model, prof)
         render_analysis(an, Console())
+        serving = serving_of(model)
+        if serving:
+            Console().print(serving_line(serving), markup=False)
         if json_out is not None:
             doc = an.to_dict()
             doc["model"] = lm.source
+            if serving:
+                doc["serving"] = serving
             atomic_write_text(json_out, json.dumps(doc, indent=1))
             console.print(f"wrote {json_out}")
         if plot is not None:

@@ -129,6 +129,24 @@ def compress_cmd(
     rows: int | None = typer.Option(
         None, "--rows", help="Print at most this many per-site rows (all by default)."
     ),
+    serve: str | None = typer.Option(
+        None,
+        "--serve",
+        help="Shapes the model will serve, e.g. prefill:1x128,prefill:8x2048,decode:1,decode:16 (decode:B "
+        "at 512 cached tokens, decode:BxKV to say). Default: prefill B 1,8 x S 128,512,2048 and decode B 1,16,64. "
+        "--align gac never picks dims predicted slower than dense at any of them.",
+    ),
+    allow_slower: bool = typer.Option(
+        False,
+        "--allow-slower",
+        help="--align gac without the latency guard (least loss at the budget); says where it is predicted slower.",
+    ),
+    verify: bool = typer.Option(
+        False,
+        "--verify",
+        help="After compressing (GPU), time dense and compressed at the serving shapes on the default "
+        "inference path; recorded in gac_report.json, warns where slower beyond the measured spread.",
+    ),
     max_gpu_memory: float | None = typer.Option(
         None,
         "--max-gpu-memory",
@@ -159,6 +177,8 @@ def compress_cmd(
         window=window,
         calib_seed=calib_seed,
         max_gpu_memory=max_gpu_memory,
+        serve=serve,
+        allow_slower=allow_slower,
     )
     if compressor not in available_compressors():
         raise GacError(f"unknown compressor {compressor!r}; available: {', '.join(available_compressors())}")
@@ -174,6 +194,10 @@ def compress_cmd(
             raise GacError("--recover-steps and --recover-rank must be >= 1 and --recover-lr > 0")
     check_out(out, overwrite)
     dev, dt = resolve_device_dtype(device, dtype)
+    if verify:
+        from gac.eval.infer import check_verify
+
+        check_verify(dev)
     if profile is not None:
         from gac.hardware.profile import load_profile
 
@@ -239,6 +263,10 @@ def compress_cmd(
         extra_files={"gac_report.json": json.dumps(report.to_dict(), indent=1, default=str)},
     )
     console.print(f"saved to {out} (report: {out / 'gac_report.json'})")
+    if verify:
+        from gac.api import verify_serving
+
+        verify_serving(lm.model, lambda: load_model(model, dtype=dt, device=dev).model, report, out)
 
 
 def register(app: typer.Typer) -> None:

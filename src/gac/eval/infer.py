@@ -995,3 +995,57 @@ def write_results(res: dict[str, Any], out: str | Path, plots: bool = True) -> P
     if plots:
         plot(res, out)
     return out / "infer.json"
+
+
+# ------------------------------------------------------------------------ serving-shape check
+def check_verify(device: str) -> None:
+    """Refuse ``--verify`` where no GPU will time the model (before any work)."""
+    if not str(device).startswith("cuda") or not torch.cuda.is_available():
+        raise GacError(
+            f"--verify times the model at its serving shapes on a GPU; device {device} is not one "
+            "(CUDA is not available here)"
+            if not torch.cuda.is_available()
+            else f"--verify times the model on a GPU; pass --device cuda, not {device}"
+        )
+
+
+def serve_sweep_config(points: list[Any], **kw: Any) -> SweepConfig:
+    """The sweep grid covering serving ``points`` (:class:`gac.hardware.latency.Point`): every
+    batch x seq of the prefill shapes and batch x KV of the decode shapes (a superset where the
+    shapes are not a grid; :func:`serve_speedups` reads back only the shapes)."""
+    pre = [p for p in points if p.phase == "prefill"]
+    dec = [p for p in points if p.phase == "decode"]
+    return SweepConfig(
+        prefill_batches=tuple(sorted({p.batch for p in pre})),
+        prefill_seqs=tuple(sorted({p.seq for p in pre})),
+        decode_batches=tuple(sorted({p.batch for p in dec})),
+        decode_kv=tuple(sorted({p.kv for p in dec})),
+        profile_kernels=False,
+        **kw,
+    )
+
+
+def serve_speedups(res: dict[str, Any], points: list[Any], variant: str) -> list[dict[str, Any]]:
+    """Measured speedup of ``variant`` over the sweep's baseline at each serving shape, with its
+    quartile interval ``[base q25 / variant q75, base q75 / variant q25]``; ``slower``: the whole
+    interval lies below 1.00 (slower beyond the run's measured spread)."""
+    base = res["variants"][res["baseline"]]
+    var = res["variants"][variant]
+
+    def at(v: dict[str, Any], p: Any) -> dict[str, Any] | None:
+        key = "seq" if p.phase == "prefill" else "kv"
+        want = p.seq if p.phase == "prefill" else p.kv
+        return next((r for r in v[p.phase] if r["batch"] == p.batch and r.get(key) == want), None)
+
+    rows = []
+    for p in points:
+        b, r = at(base, p), at(var, p)
+        if not b or not r or b.get("status") != "ok" or r.get("status") != "ok":
+            rows.append({"point": p.key, "status": (r or {}).get("status", "missing")})
+            continue
+        lo, hi = b["q25_ms"] / r["q75_ms"], b["q75_ms"] / r["q25_ms"]
+        rows.append({
+            "point": p.key, "status": "ok", "dense_ms": b["median_ms"], "ms": r["median_ms"],
+            "speedup": b["median_ms"] / r["median_ms"], "interval": [lo, hi], "slower": hi < 1.0,
+        })  # fmt: skip
+    return rows

@@ -103,6 +103,83 @@ class Point:
         return cls("decode", int(r["batch"]), kv=int(r["kv"]))
 
 
+#: KV length of a decode serving shape given without one (``decode:16``): the speed grid's shorter
+#: KV point, where the projections' share of a step (and so the effect of factorizing) is largest.
+DEFAULT_DECODE_KV = 512
+#: The serving shapes a compressed model is guarded at unless told otherwise: the grid users run.
+DEFAULT_SERVE = (
+    "prefill:1x128,prefill:1x512,prefill:1x2048,prefill:8x128,prefill:8x512,prefill:8x2048,"
+    "decode:1,decode:16,decode:64"
+)
+
+
+def parse_serve(spec: str | list[str] | tuple[str, ...] | None) -> list[Point]:
+    """Serving shapes from ``prefill:BxS`` and ``decode:B[xKV]`` items, comma-separated (None: the default).
+
+    A decode item without a KV length decodes at :data:`DEFAULT_DECODE_KV` cached tokens.
+
+    >>> [p.key for p in parse_serve("prefill:1x128, decode:16, decode:1x4096")]
+    ['prefill_b1_s128', 'decode_b16_kv512', 'decode_b1_kv4096']
+    >>> parse_serve("prefill:1")
+    Traceback (most recent call last):
+    ...
+    gac.errors.GacError: serving shape 'prefill:1' is not prefill:BxS (e.g. prefill:8x2048)
+    """
+    if spec is None:
+        spec = DEFAULT_SERVE
+    items = [x.strip() for x in (spec.split(",") if isinstance(spec, str) else spec)]
+    if not items or not all(items):
+        raise GacError(
+            f"--serve {spec!r} names no serving shape in some item; give e.g. prefill:1x128,decode:16"
+        )
+    out: list[Point] = []
+    for it in items:
+        phase, _, dims = it.partition(":")
+        phase = phase.strip().lower()
+        nums = dims.strip().lower().split("x")
+        if phase not in ("prefill", "decode") or not all(n.isdigit() and int(n) > 0 for n in nums):
+            raise GacError(
+                f"serving shape {it!r} is not prefill:BxS or decode:B[xKV] with positive integers "
+                "(e.g. prefill:8x2048,decode:16)"
+            )
+        if phase == "prefill":
+            if len(nums) != 2:
+                raise GacError(f"serving shape {it!r} is not prefill:BxS (e.g. prefill:8x2048)")
+            p = Point("prefill", int(nums[0]), seq=int(nums[1]))
+        else:
+            if len(nums) > 2:
+                raise GacError(f"serving shape {it!r} is not decode:B or decode:BxKV (e.g. decode:16x4096)")
+            p = Point("decode", int(nums[0]), kv=int(nums[1]) if len(nums) == 2 else DEFAULT_DECODE_KV)
+        if p in out:
+            raise GacError(f"serving shape {it!r} is listed twice")
+        out.append(p)
+    return out
+
+
+def serve_str(points: list[Point]) -> str:
+    """The ``--serve`` spelling of ``points`` (round-trips through :func:`parse_serve`).
+
+    >>> serve_str(parse_serve("prefill:8x2048,decode:16"))
+    'prefill:8x2048,decode:16x512'
+    """
+    return ",".join(
+        f"prefill:{p.batch}x{p.seq}" if p.phase == "prefill" else f"decode:{p.batch}x{p.kv}" for p in points
+    )
+
+
+def check_context(points: list[Point], max_context: int | None) -> None:
+    """Refuse a serving shape longer than the model's context (prefill ``S``, decode ``KV + 1``)."""
+    if not max_context:
+        return
+    for p in points:
+        n = p.seq if p.phase == "prefill" else p.kv + 1
+        if n > max_context:
+            raise GacError(
+                f"serving shape {serve_str([p])} needs {n} positions, beyond the model's maximum context "
+                f"of {max_context}"
+            )
+
+
 @dataclass
 class Launch:
     """One kernel launch as the model prices it."""

@@ -1,0 +1,72 @@
+"""What the latency guard predicts on the speed grid's shapes (CPU, no weights: meta-device skeletons).
+
+For ``shape:llama3-8b:8`` and ``shape:qwen2.5-7b:8``, SVD-LLM's sites and its native allocation (one
+uniform parameter ratio, :func:`gac.compressors.lowrank.uniform_ratio_dims`) at each ``--ratios``, the
+profile's per-shape prediction (:func:`gac.allocation.serve_prediction`, whole model: the dense
+model's launches outside the sites added, :func:`gac.api.outside_sites_ms`) of unguarded ``gac`` and
+the guarded one at each candidate window, or the shapes the guard cannot meet. Each site's loss is its
+scalar importance (no calibration: random weights would give none worth having), so which sites stay
+dense here says nothing about quality; feasibility and the predicted speedups do not depend on it.
+
+Run (the numbers in docs/allocation.md)::
+
+    OMP_NUM_THREADS=1 python benchmarks/guard_grid_predict.py --out benchmarks/results/cpu/guard_grid_predict.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="shape:llama3-8b:8,shape:qwen2.5-7b:8")
+    ap.add_argument("--ratios", default="0.85,0.7,0.6")
+    ap.add_argument("--windows", default="1,0.25,0.5")
+    ap.add_argument("--profile", default="h200-bfloat16")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+
+    from gac.allocation import GuardInfeasible, allocate
+    from gac.api import outside_sites_ms
+    from gac.compressors.base import get_compressor
+    from gac.compressors.lowrank import uniform_ratio_dims
+    from gac.hardware.latency import parse_serve, skeleton
+    from gac.hardware.profile import load_profile
+    from gac.utils import atomic_write_text
+
+    prof = load_profile(args.profile)
+    serve = parse_serve(None)
+    rows = []
+    for spec in args.models.split(","):
+        model = skeleton(spec, fused=False)
+        sites = get_compressor("svd-llm").sites(model)
+        other = outside_sites_ms(model, sites, prof, serve)
+        dense = sum(s.dense_cost for s in sites)
+        for ratio in (float(r) for r in args.ratios.split(",")):
+            native = uniform_ratio_dims(sites, int(ratio * dense))
+            un = allocate("gac", sites, native, prof, serve=serve, other_ms=other, allow_slower=True)
+            row = {"model": spec, "ratio": ratio, "sites": len(sites),
+                   "unguarded": {r["point"]: r["speedup"] for r in un.serve}, "guarded": {}}  # fmt: skip
+            for w in (float(x) for x in args.windows.split(",")):
+                t0 = time.perf_counter()
+                try:
+                    g = allocate("gac", sites, native, prof, serve=serve, other_ms=other, window=w)
+                    row["guarded"][f"{w:g}"] = {
+                        "status": "ok", "dense_sites": sum(s.dense for s in g.sites), "cost": g.cost,
+                        "budget": g.budget, "speedup": {r["point"]: r["speedup"] for r in g.serve},
+                    }  # fmt: skip
+                except GuardInfeasible as e:
+                    row["guarded"][f"{w:g}"] = {"status": "refused", "best": e.shapes}
+                row["guarded"][f"{w:g}"]["s"] = time.perf_counter() - t0
+                print(spec, ratio, w, row["guarded"][f"{w:g}"], flush=True)
+            rows.append(row)
+    doc = {"schema": "gac.guard_grid_predict/1", "profile": prof.id, "serve": [p.key for p in serve],
+           "settings": vars(args), "rows": rows}  # fmt: skip
+    atomic_write_text(args.out, json.dumps(doc, indent=1))
+
+
+if __name__ == "__main__":
+    main()
