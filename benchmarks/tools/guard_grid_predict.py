@@ -10,7 +10,7 @@ dense here says nothing about quality; feasibility and the predicted speedups do
 
 Run (the numbers in docs/allocation.md)::
 
-    OMP_NUM_THREADS=1 python benchmarks/guard_grid_predict.py --out benchmarks/results/cpu/guard_grid_predict.json
+    OMP_NUM_THREADS=1 python benchmarks/tools/guard_grid_predict.py --out benchmarks/results/cpu/guard_grid_predict.json
 """
 
 from __future__ import annotations

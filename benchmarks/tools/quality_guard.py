@@ -13,9 +13,9 @@ Rows are written atomically as they finish; a re-run skips finished rows.
 
 Run (the numbers in docs/allocation.md)::
 
-    OMP_NUM_THREADS=1 python benchmarks/quality_guard.py --compressors svd-llm \\
+    OMP_NUM_THREADS=1 python benchmarks/tools/quality_guard.py --compressors svd-llm \\
         --out benchmarks/results/cpu/quality_guard_svdllm.json
-    OMP_NUM_THREADS=1 python benchmarks/quality_guard.py --compressors asvd \\
+    OMP_NUM_THREADS=1 python benchmarks/tools/quality_guard.py --compressors asvd \\
         --out benchmarks/results/cpu/quality_guard_asvd.json
 """
 
