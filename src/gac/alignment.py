@@ -78,3 +78,22 @@ def aligned_candidates(d: int, m: int, lo: int = 1, hi: int | None = None, windo
         if c >= max(lo, 1) and (hi is None or c <= hi) and c > 0:
             out.append(c)
     return sorted(set(out))
+
+
+def vector_align(*values: int) -> int:
+    """The largest of 8, 4, 2, 1 that divides every value (element counts: sizes, offsets, row strides).
+
+    Triton proves a runtime integer a multiple of 16 or nothing, so a ``K`` of ``8 mod 16`` (1736, 2872,
+    1512: gac's multiples of 8) left every load of the weight a scalar 2-byte one, not pipelined
+    (``ld.global.b16`` against ``cp.async`` of 16 bytes in the PTX for ``sm_90``), and those shapes ran at
+    half the bandwidth of their neighbours at 16 rows.  The kernels here and in
+    :mod:`gac.kernels.latent_attention` (and :mod:`gac.kernels.gemv`) take such values divided by this and multiply them back, which
+    the compiler reads as "a multiple of it".
+
+    >>> vector_align(1736, 1736, 1736), vector_align(4096, 4096), vector_align(1037, 4096), vector_align(0, 244)
+    (8, 8, 1, 4)
+    """
+    a = 8
+    while a > 1 and any(int(v) % a for v in values):
+        a //= 2
+    return a

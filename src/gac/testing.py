@@ -181,7 +181,7 @@ def latent_decode_inputs(
     group; each KV head's up-projection is zero past its group's rank, as the module packs it.
     Returns ``(q, zk, zv, pack, inv_freq)``.
     """
-    from gac.kernels.gemv import vector_align
+    from gac.alignment import vector_align
 
     g = torch.Generator().manual_seed(seed)
     nk, nv = kv_heads // key_group, kv_heads // value_group

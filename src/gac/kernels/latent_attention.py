@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from gac.kernels.gemv import vector_align
+from gac.alignment import vector_align
 
 try:  # Triton is optional: only the GPU path needs it.
     import triton
