@@ -1,0 +1,75 @@
+"""`gac eval ppl` next to lm-eval's own rolling-loglikelihood perplexity on the same text (offline).
+
+lm-eval runs as users run it: ``HFLM`` loads the model directory, a local task scores the text
+file as one document (``datasets``' ``text`` builder), and its ``byte_perplexity`` gives the summed
+log-likelihood (:func:`gac.eval.lm_eval_bridge.lm_eval_perplexity`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lm_eval")
+
+from gac.cli import main  # noqa: E402
+from gac.data import tokenize  # noqa: E402
+from gac.eval.lm_eval_bridge import lm_eval_perplexity  # noqa: E402
+
+EXCERPT = Path(__file__).resolve().parents[1] / "data" / "britannica_excerpt.txt"
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="module")
+def bos_model_dir(tmp_path_factory) -> Path:
+    """A tiny Llama (HF's own initialisation) whose tokenizer prepends BOS, saved for HFLM to load."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from gac.testing import char_tokenizer, tiny_config
+
+    torch.manual_seed(0)
+    d = tmp_path_factory.mktemp("bos_model")
+    AutoModelForCausalLM.from_config(tiny_config("llama")).save_pretrained(d)
+    char_tokenizer(bos=True).save_pretrained(d)
+    return d
+
+
+def test_tiny_bos_model_agrees_with_lm_eval(tmp_path, bos_model_dir):
+    from transformers import AutoTokenizer
+
+    text = EXCERPT.read_text()
+    out = tmp_path / "ppl.json"
+    args = ["eval", "ppl", str(bos_model_dir), "--dataset", f"text:{EXCERPT}@all", "--seq-len", "256"]
+    assert main([*args, "--out", str(out), "--device", "cpu"]) == 0
+    ours = json.loads(out.read_text())
+    ref = lm_eval_perplexity(str(bos_model_dir), None, text, seq_len=256)
+    # the same token stream as lm-eval's HFLM.tok_encode: BOS first, every character after it
+    tok = AutoTokenizer.from_pretrained(bos_model_dir)
+    ids = tokenize(tok, text)
+    assert ids[0].item() == tok.bos_token_id and ids.numel() == ref["n_tokens"] == ours["n_tokens"]
+    assert ours["tokens"]["bos"] and ours["tokens"]["prefix_ids"] == [tok.bos_token_id]
+    assert ours["split"]["evaluation"]["part"] == "all" and not ours["split"]["overlap"]
+    assert ours["ppl"] == pytest.approx(ref["ppl"], rel=5e-3)
+
+
+@pytest.mark.slow
+def test_smollm2_agrees_with_lm_eval(tmp_path):
+    """SmolLM2 (no BOS added) on the first ~2k tokens of the Britannica test half, 512-token windows."""
+    import math
+
+    from gac.data import load_text, special_tokens
+    from gac.eval.ppl import perplexity
+    from gac.models import load_model
+
+    lm = load_model("smollm2")
+    assert not special_tokens(lm.tokenizer)["bos"]  # SmolLM2's tokenizer adds no BOS
+    full = load_text("britannica", "test")
+    text = full[: full.index("\n\n", 8000)]
+    ours = perplexity(lm.model, lm.tokenizer, text, seq_len=512)
+    ref = lm_eval_perplexity(lm.model, lm.tokenizer, text, seq_len=512, batch_size=4)
+    assert ours["n_tokens"] == ref["n_tokens"] and math.isfinite(ref["ppl"])
+    assert ours["ppl"] == pytest.approx(ref["ppl"], rel=5e-3)
