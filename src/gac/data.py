@@ -29,13 +29,13 @@ tokens, a leading BOS where the tokenizer adds one, as lm-evaluation-harness enc
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
