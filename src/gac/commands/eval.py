@@ -128,7 +128,9 @@ def lm_eval_cmd(
     num_fewshot: int | None = typer.Option(None, "--num-fewshot"),
     include_path: list[str] | None = typer.Option(None, "--include-path", help="Folder of local task YAMLs."),
     dataset: str = typer.Option(
-        "britannica", "--dataset", help="ppl suite: britannica | wikitext2 | c4 | text:PATH."
+        "britannica",
+        "--dataset",
+        help="ppl suite: britannica | wikitext2 | c4 | text:PATH (its test part; @calib / @all pick another).",
     ),
     allow_overlap: bool = typer.Option(
         False, "--allow-overlap", help="ppl suite: evaluate even on the calibration text (recorded)."
