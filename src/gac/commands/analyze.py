@@ -104,6 +104,7 @@ def render_notes(notes: dict, console) -> None:
             f"sliding-window attention (window {notes['sliding_window']}): {len(sl)} of "
             f"{notes['n_layers']} layers ({shown}); their KV cache stops growing at the window",
             markup=False,
+            soft_wrap=True,
         )
     else:
         console.print(
@@ -111,9 +112,10 @@ def render_notes(notes: dict, console) -> None:
         )
     if notes["tied_embeddings"]:
         console.print(
-            "tied embeddings: lm_head is the input embedding matrix (one tensor); "
-            "compressing the head would untie it and add its parameters",
+            "tied embeddings: lm_head is the input embedding matrix (one tensor, its parameters "
+            "counted once; padding the hidden dim pads both)",
             markup=False,
+            soft_wrap=True,
         )
     else:
         console.print("tied embeddings: no (lm_head has its own weights)")
