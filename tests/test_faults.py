@@ -50,12 +50,17 @@ def base(tmp_path_factory) -> dict[str, Path]:
     rep = root / "rep"
     assert main(["repair", str(tiny), "-s", "optimal", "--profile", "default", "--out", str(rep)]) == 0
     (root / "english.txt").write_text(ENGLISH)
+    calib = root / "calib"  # calibrated on the calibration part of english.txt
+    args = ["compress", str(tiny), "-c", "svd-llm", "-r", "0.9", "--profile", "default", "--out", str(calib)]
+    assert (
+        main([*args, "--calib", f"text:{root / 'english.txt'}", "--n-samples", "4", "--seq-len", "64"]) == 0
+    )
     (root / "short.txt").write_text("Too short.")
     (root / "random.txt").write_bytes(os.urandom(20000))
     (root / "file.txt").write_text("a plain file\n")
     demo = {"schema": "gac.demo/1", "rows": [], "env": {}}
     (root / "demo.json").write_text(json.dumps(demo))
-    return {"tiny": tiny, "gacdir": gacdir, "rep": rep, "root": root}
+    return {"tiny": tiny, "gacdir": gacdir, "rep": rep, "calib": calib, "root": root}
 
 
 def _copy(src: Path, dst: Path) -> Path:
@@ -520,9 +525,70 @@ CASES: list[tuple[str, list[str], int, str, object]] = [
     ),
     (
         "ppl-windows-negative",
-        ["eval", "ppl", TINY, "--dataset", "text:{root}/english.txt", "--max-windows", "-1"],
+        [
+            "eval",
+            "ppl",
+            TINY,
+            "--dataset",
+            "text:{root}/english.txt",
+            "--seq-len",
+            "64",
+            "--max-windows",
+            "-1",
+        ],
         2,
         "windows",
+        None,
+    ),
+    (
+        "ppl-calibration-overlap",
+        [
+            "eval",
+            "ppl",
+            "{calib}",
+            "--dataset",
+            "text:{root}/english.txt@calib",
+            "--seq-len",
+            "64",
+            "--out",
+            "{out}.json",
+        ],
+        2,
+        "overlap (characters 3200-6400 of the same text)",
+        None,
+    ),
+    (
+        "ppl-parts-too-short",
+        ["eval", "ppl", TINY, "--dataset", "text:{root}/short.txt", "--seq-len", "8"],
+        2,
+        "too short to give both its parts a window of 8 tokens",
+        None,
+    ),
+    (
+        "ppl-seq-len-beyond-context",
+        ["eval", "ppl", TINY, "--dataset", "text:{root}/english.txt@all", "--seq-len", "1024"],
+        2,
+        "--seq-len 1024 is beyond the model's context of 512 tokens",
+        None,
+    ),
+    (
+        "compress-seq-len-beyond-context",
+        [
+            C,
+            TINY,
+            "-c",
+            "svd-llm",
+            "-r",
+            "0.9",
+            "--calib",
+            "text:{root}/english.txt",
+            "--seq-len",
+            "1024",
+            "--out",
+            "{out}",
+        ],
+        2,
+        "beyond the model's context",
         None,
     ),
     ("ppl-device", ["eval", "ppl", TINY, "--device", "tpu"], 2, "unknown device", None),
@@ -673,6 +739,21 @@ def test_fault(case, base, tmp_path, monkeypatch, capsys):
     assert (work / "precious.txt").read_text() == "keep me" and sorted(os.listdir(work)) == ["precious.txt"]
     if protect:
         assert protect.read_bytes() == before
+
+
+def test_overlap_is_allowed_explicitly_and_recorded(base, tmp_path, capsys):
+    """--allow-overlap scores the calibration text and says so in the JSON; disjoint parts need no flag."""
+    english = base["root"] / "english.txt"
+    for dataset, flag, overlap in (
+        (f"text:{english}@calib", ["--allow-overlap"], True),
+        (f"text:{english}", [], False),
+    ):
+        out = tmp_path / f"{overlap}.json"
+        args = ["eval", "ppl", str(base["calib"]), "--dataset", dataset, "--seq-len", "64", "--out", str(out)]
+        assert main([*args, *flag]) == 0, capsys.readouterr().err
+        split = json.loads(out.read_text())["split"]
+        assert split["overlap"] is overlap and split["allow_overlap"] is bool(flag)
+        assert split["calibration"]["part"] == "train" and split["calibration"]["chars"] == [3200, 6400]
 
 
 def test_fault_table_is_large_enough():

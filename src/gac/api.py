@@ -455,7 +455,7 @@ def plan(
         GacError: unknown compressor, no sites, missing calibration data, unmeetable budget.
     """
     from gac.compressors.base import get_compressor
-    from gac.compressors.calibration import CalibrationConfig, calibration_batches, model_device
+    from gac.compressors.calibration import CalibrationConfig, calibration_data, model_device
 
     config.validate()
     timings: dict[str, float] = {}
@@ -500,6 +500,10 @@ def plan(
                     f"compressor {config.compressor!r} needs calibration data: pass a tokenizer or calib_batches"
                 )
             d = CalibrationConfig.default(model_device(model), source=config.calib)
+            if config.seq_len is not None:
+                from gac.data import check_seq_len
+
+                check_seq_len(model, config.seq_len)
             cc = CalibrationConfig(
                 source=config.calib,
                 n_samples=config.n_samples or d.n_samples,
@@ -507,13 +511,14 @@ def plan(
                 batch_size=config.batch_size,
                 seed=config.calib_seed,
             )
-            calib_batches = calibration_batches(tokenizer, cc)
+            calib_batches, part = calibration_data(tokenizer, cc)
             calib_info = {
                 "used": True,
                 "source": cc.source,
                 "n_samples": cc.n_samples,
                 "seq_len": cc.seq_len,
                 "seed": cc.seed,
+                "text": part.describe(),
             }
         else:
             calib_batches = list(calib_batches)
@@ -833,6 +838,7 @@ def gac_config_for_save(report: CompressionReport, source: dict[str, Any] | None
             {"name": s["name"], "native": s["native"], "dim": s["dim"], "max_dim": s["max_dim"]}
             for s in a["sites"]
         ],
+        "calibration": report.calibration,
         "targeted_ratio": report.targeted_ratio,
         "model_ratio": report.model_ratio,
         "pct_aligned": a["pct_aligned"],

@@ -611,8 +611,8 @@ def _infer(model: Any, e: dict[str, Any], label: str) -> dict[str, Any]:
 def _evaluate(
     plan: ExperimentPlan, cell: Cell, model: Any, tok: Any, report: Any, prof: Any
 ) -> dict[str, Any]:
-    from gac.data import load_text
-    from gac.eval.ppl import perplexity
+    from gac.data import load_part
+    from gac.eval.ppl import check_calibration_overlap, perplexity
 
     out: dict[str, Any] = {}
     for e in plan.evals:
@@ -622,11 +622,14 @@ def _evaluate(
             out["infer"] = _infer(model, e, cell.id)
         elif e["kind"] == "ppl":
             src = e.get("source", "britannica")
+            part = load_part(src, "test")
+            split = check_calibration_overlap(report.calibration if report is not None else None, part)
             r = perplexity(
-                model, tok, load_text(src, "test"), seq_len=e.get("seq_len", 512),
+                model, tok, part.text, seq_len=e.get("seq_len", 512),
                 batch_size=e.get("batch_size", 1), max_windows=e.get("windows"),
             )  # fmt: skip
-            out[f"ppl:{src}"] = {k: r[k] for k in ("ppl", "nll", "n_predicted", "seq_len", "n_windows")}
+            keep = ("ppl", "nll", "n_predicted", "seq_len", "n_windows", "tokens")
+            out[f"ppl:{src}"] = {**{k: r[k] for k in keep}, "split": split}
         elif e["kind"] == "predict":
             a = report.allocation if report is not None else None
             out["predict"] = {

@@ -41,6 +41,7 @@ def evaluate(
     num_fewshot: int | None = None,
     include_path: list[str] | None = None,
     dataset: str = "britannica",
+    allow_overlap: bool = False,
     seq_len: int = 2048,
     max_windows: int | None = None,
     device: str = "auto",
@@ -68,11 +69,14 @@ def evaluate(
 
         lm_tasks = list(tasks or DEFAULT_TASKS)
         check_tasks(lm_tasks, task_manager(include_path))  # before the model loads
-    text = None
+    part = split = None
     if suite == "ppl":
-        from gac.data import load_text
+        from gac.data import load_part
+        from gac.eval.ppl import check_calibration_overlap, saved_calibration
 
-        text = load_text(dataset, "test")
+        part = load_part(dataset, "test")
+        if spec.kind == "dir" and spec.path is not None:
+            split = check_calibration_overlap(saved_calibration(spec.path), part, allow_overlap)
     lv = load_variant(spec, baseline_model_id, dtype=dt, device=dev)
     info = {**lv.info, "device": dev, "dtype": str(dt).removeprefix("torch.")}
     info_lite = {k: v for k, v in info.items() if k != "compression"}
@@ -85,10 +89,16 @@ def evaluate(
             raise GacError(
                 f"variant {variant} has no tokenizer; pass --baseline-model-id with its base model"
             )
+        from gac.data import check_split_windows
+
+        if split is None:  # a SPEC compressed just now: its calibration record is in the report
+            calib = (info.get("compression") or {}).get("calibration")
+            split = check_calibration_overlap(calib, part, allow_overlap)
+        check_split_windows(lv.tokenizer, dataset, seq_len)
         res = perplexity(
-            lv.model, lv.tokenizer, text, seq_len=seq_len, batch_size=batch_size, max_windows=max_windows
+            lv.model, lv.tokenizer, part.text, seq_len=seq_len, batch_size=batch_size, max_windows=max_windows
         )
-        res = {"schema": "gac.ppl/1", "dataset": dataset, "meta": info_lite, **res}
+        res = {"schema": "gac.ppl/1", "dataset": dataset, "meta": info_lite, **res, "split": split}
         atomic_write_text(target, json.dumps(res, indent=1, default=str))
         console.print(f"{spec.name}: ppl {res['ppl']:.4f} on {dataset} -> {target}")
         return res
@@ -128,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--include-path", action="append", default=None, help="folder of local lm-eval task YAMLs"
     )
     ap.add_argument("--dataset", default="britannica", help="ppl: wikitext2 | c4 | britannica | text:PATH")
+    ap.add_argument(
+        "--allow-overlap", action="store_true", help="ppl: evaluate even on the calibration text (recorded)"
+    )
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--max-windows", type=int, default=None)
     ap.add_argument("--device", default="auto")
@@ -156,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             num_fewshot=a.num_fewshot,
             include_path=a.include_path,
             dataset=a.dataset,
+            allow_overlap=a.allow_overlap,
             seq_len=a.seq_len,
             max_windows=a.max_windows,
             device=a.device,

@@ -92,9 +92,14 @@ def tiny_model(
     return model.eval()
 
 
-def char_tokenizer():
-    """A character-level fast tokenizer (printable ASCII, 98 ids) that fits the tiny models' vocab."""
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+def char_tokenizer(bos: bool = False):
+    """A character-level fast tokenizer (printable ASCII, 98 ids) that fits the tiny models' vocab.
+
+    Args:
+        bos: prepend ``<s>`` (id 1) to every encoded text by default, as Llama/Gemma tokenizers do
+            (a post-processor; ``add_special_tokens=False`` leaves it out).
+    """
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
@@ -102,6 +107,10 @@ def char_tokenizer():
         vocab[chr(c)] = len(vocab)
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    if bos:
+        tok.post_processor = processors.TemplateProcessing(
+            single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)]
+        )
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="</s>"
     )

@@ -1,4 +1,6 @@
-"""Perplexity protocol: non-overlapping windows, mean NLL over predicted tokens, nothing dropped."""
+"""Perplexity protocol: non-overlapping windows, mean NLL over predicted tokens, nothing dropped.
+
+The model's BOS convention and agreement with lm-eval: tests/eval/test_ppl_lm_eval.py."""
 
 from __future__ import annotations
 
@@ -14,14 +16,15 @@ from gac.testing import tiny_model
 
 
 def _manual(model, ids, seq_len):
+    """Full windows score all but their first token; the rest is scored after the context before it."""
     nll, n = 0.0, 0
     for start in range(0, ids.numel(), seq_len):
-        w = ids[start : start + seq_len]
-        if w.numel() < 2:
-            continue
+        end = min(start + seq_len, ids.numel())
+        w = ids[max(end - seq_len, 0) : end]  # the last window reaches back for its context
         with torch.no_grad():
             logits = model(w[None]).logits[0]
-        for t in range(w.numel() - 1):
+        first = w.numel() - (end - start)  # position of the first token this window scores
+        for t in range(max(first - 1, 0), w.numel() - 1):
             nll -= F.log_softmax(logits[t].double(), -1)[w[t + 1]].item()
             n += 1
     return math.exp(nll / n), n
@@ -34,17 +37,18 @@ def test_matches_manual_loop_including_partial_window(batch_size):
     res = perplexity_of_ids(model, ids, seq_len=32, batch_size=batch_size)
     ppl, n = _manual(model, ids, 32)
     assert res["ppl"] == pytest.approx(ppl, rel=1e-6)
-    assert res["n_predicted"] == n == 3 * 31 + 16
+    assert res["n_predicted"] == n == 3 * 31 + 17
     assert res["n_windows"] == 4 and res["last_window_tokens"] == 17 and not res["truncated"]
 
 
-def test_max_windows_is_reported_and_single_leftover_token_is_stated():
+def test_max_windows_is_reported_and_a_single_leftover_token_is_scored():
     model = tiny_model("llama")
     ids = torch.randint(0, 250, (3 * 16 + 1,), generator=torch.Generator().manual_seed(1))
     res = perplexity_of_ids(model, ids, seq_len=16, max_windows=2)
     assert res["truncated"] and res["n_windows"] == 2 and res["n_predicted"] == 30
     res = perplexity_of_ids(model, ids, seq_len=16)
-    assert res["dropped_tokens"] == 1 and res["last_window_tokens"] == 0 and res["n_predicted"] == 45
+    assert res["dropped_tokens"] == 0 and res["last_window_tokens"] == 1 and res["n_predicted"] == 46
+    assert res["ppl"] == pytest.approx(_manual(model, ids, 16)[0], rel=1e-6)
 
 
 def test_text_entry_point_and_errors():

@@ -78,3 +78,26 @@ def test_analyze_cli_unsupported_architecture(tmp_path, capsys) -> None:
     GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50)).save_pretrained(tmp_path / "g")
     assert main(["analyze", str(tmp_path / "g")]) == 2
     assert "transformer.h hold no nn.Linear projections" in capsys.readouterr().err
+
+
+def test_analyze_prints_sliding_window_layers_and_tied_embeddings(tmp_path, capsys) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from gac.testing import tiny_config
+
+    cfg = tiny_config("qwen3", layers=3)
+    cfg.use_sliding_window, cfg.sliding_window, cfg.max_window_layers = True, 64, 1
+    cfg.layer_types = ["full_attention", "sliding_attention", "sliding_attention"]
+    cfg.tie_word_embeddings = True
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "swa")
+    j = tmp_path / "a.json"
+    assert main(["analyze", str(tmp_path / "swa"), "--profile", "default", "--json", str(j)]) == 0
+    out = capsys.readouterr().out
+    assert "sliding-window attention (window 64): 2 of 3 layers (1, 2)" in out
+    assert "tied embeddings: lm_head is the input embedding matrix" in out
+    s = json.loads(j.read_text())["structure"]
+    assert s == {"sliding_window": 64, "sliding_layers": [1, 2], "n_layers": 3, "tied_embeddings": True}
+    tiny_model("llama").save_pretrained(tmp_path / "full")  # untied, full attention
+    assert main(["analyze", str(tmp_path / "full"), "--profile", "default"]) == 0
+    out = capsys.readouterr().out
+    assert "sliding-window attention: none (all 2 layers" in out and "tied embeddings: no" in out

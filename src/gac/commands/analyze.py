@@ -97,6 +97,61 @@ def serving_line(s: dict) -> str:
     return f"serving shapes: {s['serve']}; {how}" + (f"; predicted vs dense: {pred}" if pred else "")
 
 
+def structure_notes(model) -> dict:
+    """Sliding-window layers and tied embeddings of ``model``: both change what compression can reach.
+
+    Returns:
+        ``{"sliding_window": W or None, "sliding_layers": [...], "n_layers": N,
+        "tied_embeddings": bool}``.
+    """
+    cfg = getattr(model, "config", None)
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    n = int(getattr(cfg, "num_hidden_layers", 0) or 0)
+    window = getattr(cfg, "sliding_window", None)
+    types = list(getattr(cfg, "layer_types", None) or [])
+    if types:
+        sliding = [i for i, t in enumerate(types) if "sliding" in str(t)]
+    elif window and getattr(cfg, "use_sliding_window", True):
+        first = getattr(cfg, "max_window_layers", None) if hasattr(cfg, "use_sliding_window") else None
+        sliding = list(range(int(first or 0), n)) if first is not None else list(range(n))
+    else:
+        sliding = []
+    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
+    tied = emb is not None and head is not None and head.weight is emb.weight
+    return {
+        "sliding_window": int(window) if window and sliding else None,
+        "sliding_layers": sliding,
+        "n_layers": n,
+        "tied_embeddings": bool(tied),
+    }
+
+
+def render_notes(notes: dict, console) -> None:
+    """One line each for the sliding-window layers and the embeddings."""
+    sl = notes["sliding_layers"]
+    if sl:
+        shown = ", ".join(map(str, sl[:12])) + (f" (+{len(sl) - 12} more)" if len(sl) > 12 else "")
+        console.print(
+            f"sliding-window attention (window {notes['sliding_window']}): {len(sl)} of "
+            f"{notes['n_layers']} layers ({shown}); their KV cache stops growing at the window",
+            markup=False,
+            soft_wrap=True,
+        )
+    else:
+        console.print(
+            f"sliding-window attention: none (all {notes['n_layers']} layers attend to the full context)"
+        )
+    if notes["tied_embeddings"]:
+        console.print(
+            "tied embeddings: lm_head is the input embedding matrix (one tensor, its parameters "
+            "counted once; padding the hidden dim pads both)",
+            markup=False,
+            soft_wrap=True,
+        )
+    else:
+        console.print("tied embeddings: no (lm_head has its own weights)")
+
+
 def register(app: typer.Typer) -> None:
     @app.command("analyze")
     def analyze_cmd(
@@ -136,6 +191,13 @@ def register(app: typer.Typer) -> None:
             doc["model"] = lm.source
             if serving:
                 doc["serving"] = serving
+
+        notes = structure_notes(lm.model)
+        render_notes(notes, Console())
+        if json_out is not None:
+            doc = an.to_dict()
+            doc["model"] = lm.source
+            doc["structure"] = notes
             atomic_write_text(json_out, json.dumps(doc, indent=1))
             console.print(f"wrote {json_out}")
         if plot is not None:

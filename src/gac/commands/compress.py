@@ -75,7 +75,10 @@ def compress_cmd(
         None, "--profile", "-p", help="Hardware profile: path, shipped id or 'default' (auto)."
     ),
     calib: str = typer.Option(
-        "britannica", "--calib", help="Calibration text: britannica | wikitext2 | c4 | text:PATH."
+        "britannica",
+        "--calib",
+        help="Calibration text: britannica | wikitext2 | c4 | text:PATH (its calibration part; "
+        "text:PATH@all for the whole file).",
     ),
     n_samples: int | None = typer.Option(
         None, "--n-samples", help="Calibration windows (default 256 GPU / 32 CPU)."

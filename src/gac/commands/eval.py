@@ -22,7 +22,13 @@ def ppl_cmd(
         "britannica",
         "--dataset",
         "-d",
-        help="britannica (embedded) | wikitext2 | c4 (need the hub) | text:PATH (its test split).",
+        help="britannica (embedded) | wikitext2 | c4 (need the hub) | text:PATH (its test part; "
+        "text:PATH@calib / @all pick another).",
+    ),
+    allow_overlap: bool = typer.Option(
+        False,
+        "--allow-overlap",
+        help="Evaluate even on text the model was calibrated on (recorded in the result).",
     ),
     seq_len: int = typer.Option(2048, "--seq-len", help="Window length (non-overlapping windows)."),
     max_windows: int | None = typer.Option(None, "--max-windows", help="Score only the first N windows."),
@@ -45,13 +51,17 @@ def ppl_cmd(
         None, "--offload-dir", help="Folder for disk offload (--max-memory disk=...)."
     ),
 ) -> None:
-    """Perplexity by the standard protocol (non-overlapping windows, mean NLL, last window kept)."""
+    """Perplexity by the standard protocol (non-overlapping windows, mean NLL, last window kept).
+
+    Tokens follow the model's tokenizer (a leading BOS where it adds one); evaluation text that the
+    model was calibrated on is refused unless --allow-overlap.
+    """
     import json
     from pathlib import Path
 
-    from gac.data import load_text
+    from gac.data import check_split_windows, load_part
     from gac.errors import GacError
-    from gac.eval.ppl import perplexity
+    from gac.eval.ppl import check_calibration_overlap, perplexity, saved_calibration
     from gac.guard import check_out
     from gac.models import load_model
     from gac.utils import atomic_write_text, console, resolve_device_dtype
@@ -64,7 +74,8 @@ def ppl_cmd(
         from gac.eval.dispatch import parse_max_memory
 
         spread = parse_max_memory(max_memory)  # bad input fails before loading
-    text = load_text(dataset, "test")
+    part = load_part(dataset, "test")
+    split = check_calibration_overlap(saved_calibration(model), part, allow_overlap)
     lm = load_model(model, dtype=dt, device="cpu" if spread else dev)
     if spread:
         from gac.eval.dispatch import dispatch_
@@ -76,8 +87,18 @@ def ppl_cmd(
     tok = lm.tokenizer if tokenizer is None else load_model(tokenizer, device="cpu").tokenizer
     if tok is None:
         raise GacError(f"{model} has no tokenizer; pass --tokenizer with the base model")
-    res = perplexity(lm.model, tok, text, seq_len=seq_len, batch_size=batch_size, max_windows=max_windows)
-    res = {"model": model, "dataset": dataset, "device": dev, "dtype": str(dt).removeprefix("torch."), **res}
+    check_split_windows(tok, dataset, seq_len)
+    res = perplexity(
+        lm.model, tok, part.text, seq_len=seq_len, batch_size=batch_size, max_windows=max_windows
+    )
+    res = {
+        "model": model,
+        "dataset": dataset,
+        "device": dev,
+        "dtype": str(dt).removeprefix("torch."),
+        **res,
+        "split": split,
+    }
     partial = f", last partial window {res['last_window_tokens']} tokens" if res["last_window_tokens"] else ""
     trunc = " (first windows only: --max-windows)" if res["truncated"] else ""
     console.print(
@@ -109,7 +130,12 @@ def lm_eval_cmd(
     num_fewshot: int | None = typer.Option(None, "--num-fewshot"),
     include_path: list[str] | None = typer.Option(None, "--include-path", help="Folder of local task YAMLs."),
     dataset: str = typer.Option(
-        "britannica", "--dataset", help="ppl suite: britannica | wikitext2 | c4 | text:PATH."
+        "britannica",
+        "--dataset",
+        help="ppl suite: britannica | wikitext2 | c4 | text:PATH (its test part; @calib / @all pick another).",
+    ),
+    allow_overlap: bool = typer.Option(
+        False, "--allow-overlap", help="ppl suite: evaluate even on the calibration text (recorded)."
     ),
     seq_len: int = typer.Option(2048, "--seq-len", help="ppl suite: window length."),
     max_windows: int | None = typer.Option(None, "--max-windows", help="ppl suite: first N windows only."),
@@ -131,6 +157,7 @@ def lm_eval_cmd(
         num_fewshot=num_fewshot,
         include_path=include_path or None,
         dataset=dataset,
+        allow_overlap=allow_overlap,
         seq_len=seq_len,
         max_windows=max_windows,
         device=device,

@@ -42,7 +42,7 @@ class CalibrationConfig:
     """How much calibration text to use.
 
     Attributes:
-        source: a :func:`gac.data.load_text` source (its ``train`` split is used).
+        source: a :func:`gac.data.load_part` source (its ``train`` part is used).
         n_samples: number of windows (N).
         seq_len: tokens per window (L).
         batch_size: windows per forward pass.
@@ -69,20 +69,34 @@ class CalibrationConfig:
 
 
 def calibration_batches(tokenizer, config: CalibrationConfig) -> list[torch.Tensor]:
-    """Token-id batches ``[batch, seq_len]`` from the ``train`` split of ``config.source``.
+    """Token-id batches ``[batch, seq_len]`` from the ``train`` part of ``config.source``.
 
     Raises:
         GacError: when the text is too short for ``n_samples x seq_len`` tokens.
     """
-    from gac.data import load_text, token_windows
+    return calibration_data(tokenizer, config)[0]
+
+
+def calibration_data(tokenizer, config: CalibrationConfig):
+    """``(batches, part)``: :func:`calibration_batches` and the :class:`gac.data.TextPart` they come from.
+
+    The windows are cut from the tokens of the ``train`` part as the model's tokenizer encodes it
+    (:func:`gac.data.tokenize`: a leading BOS where the tokenizer adds one).
+
+    Raises:
+        GacError: when the text is too short for ``n_samples x seq_len`` tokens.
+    """
+    from gac.data import check_split_windows, load_part, token_windows
 
     if config.batch_size < 1:
         raise GacError(f"calibration batch size must be positive, got {config.batch_size}")
-    text = load_text(config.source, "train")
+    part = load_part(config.source, "train")
+    check_split_windows(tokenizer, config.source, config.seq_len)
+    what = f"calibration text ({config.source}, {part.part} part)"
     if config.seed == 0:
-        windows = token_windows(tokenizer, text, config.seq_len, config.n_samples)
+        windows = token_windows(tokenizer, part.text, config.seq_len, config.n_samples, what=what)
     else:
-        every = token_windows(tokenizer, text, config.seq_len)
+        every = token_windows(tokenizer, part.text, config.seq_len, what=what)
         if every.shape[0] < config.n_samples:
             raise GacError(
                 f"calibration text holds {every.shape[0]} window(s) of {config.seq_len} tokens, "
@@ -91,7 +105,7 @@ def calibration_batches(tokenizer, config: CalibrationConfig) -> list[torch.Tens
         gen = torch.Generator().manual_seed(int(config.seed))
         pick = torch.randperm(every.shape[0], generator=gen)[: config.n_samples].sort().values
         windows = every[pick]
-    return list(windows.split(config.batch_size))
+    return list(windows.split(config.batch_size)), part
 
 
 def model_device(model: nn.Module) -> torch.device:

@@ -158,3 +158,85 @@ def run_lm_eval(
     if out_json:
         atomic_write_text(Path(out_json), json.dumps(res, indent=1, default=str))
     return res
+
+
+#: A local lm-eval task scoring one text file as one document by rolling loglikelihood.
+_ROLLING_TASK = """task: {name}
+dataset_path: text
+dataset_kwargs:
+  data_files:
+    test: "{path}"
+  sample_by: document
+test_split: test
+output_type: loglikelihood_rolling
+doc_to_text: ""
+doc_to_target: "{{{{text}}}}"
+metric_list:
+  - metric: word_perplexity
+  - metric: byte_perplexity
+  - metric: bits_per_byte
+metadata:
+  version: 1.0
+"""
+
+
+def lm_eval_perplexity(
+    model: nn.Module | str, tokenizer: Any, text: str, seq_len: int, batch_size: int = 1
+) -> dict[str, Any]:
+    """lm-eval's own rolling-loglikelihood perplexity of ``text``, per token, to set beside gac's.
+
+    ``text`` is written to a file and scored as one document by a local ``loglikelihood_rolling``
+    task (``datasets``' ``text`` builder, offline) through ``HFLM(pretrained=model,
+    max_length=seq_len)``: lm-eval encodes it with the tokenizer's defaults and scores every token
+    in windows of ``seq_len``. Its ``byte_perplexity`` gives the summed log-likelihood, divided
+    here by the token count.
+
+    Args:
+        model: a loaded causal LM or a local model directory (HFLM loads it).
+        tokenizer: the tokenizer (or None to let HFLM load the directory's own).
+        text: the document.
+        seq_len: lm-eval's ``max_length``: the window length.
+        batch_size: windows per forward pass.
+
+    Returns:
+        ``ppl`` (per token), ``n_tokens``, ``loglikelihood``, lm-eval's ``byte_perplexity``,
+        ``word_perplexity`` and ``n_bytes``.
+    """
+    import math
+    import tempfile
+
+    lm_eval, HFLM, TaskManager = _lm_eval()
+    with tempfile.TemporaryDirectory(prefix="gac-lm-eval-") as tmp:
+        data = Path(tmp) / "doc.txt"
+        data.write_text(text, encoding="utf-8")
+        (Path(tmp) / "gac_rolling_ppl.yaml").write_text(
+            _ROLLING_TASK.format(name="gac_rolling_ppl", path=str(data))
+        )
+        kw: dict[str, Any] = {"tokenizer": tokenizer} if tokenizer is not None else {}
+        if isinstance(model, str):
+            import torch
+
+            kw["device"] = "cuda" if torch.cuda.is_available() else "cpu"
+        else:
+            kw["device"] = str(next(model.parameters()).device)
+        lm = HFLM(pretrained=model, max_length=seq_len, batch_size=batch_size, **kw)
+        out = lm_eval.simple_evaluate(
+            model=lm,
+            tasks=["gac_rolling_ppl"],
+            task_manager=TaskManager(include_path=tmp),
+            log_samples=False,
+            verbosity="ERROR",
+        )
+        n_tokens = len(lm.tok_encode(text))
+    m = out["results"]["gac_rolling_ppl"]
+    n_bytes = len(text.encode("utf-8"))
+    ll = -n_bytes * math.log(m["byte_perplexity,none"])
+    return {
+        "ppl": math.exp(-ll / n_tokens),
+        "n_tokens": n_tokens,
+        "loglikelihood": ll,
+        "byte_perplexity": m["byte_perplexity,none"],
+        "word_perplexity": m["word_perplexity,none"],
+        "n_bytes": n_bytes,
+        "seq_len": seq_len,
+    }

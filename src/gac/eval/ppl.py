@@ -1,18 +1,28 @@
 """Perplexity by the standard protocol.
 
-The text is tokenized once (no special tokens added) and cut into non-overlapping windows of
-``seq_len`` tokens. Each window is scored on its own: the first token of a window is context
-only, every later token is predicted, so a full window contributes ``seq_len - 1`` predictions.
-The perplexity is ``exp(total NLL / total predicted tokens)``. The last, partial window is
-evaluated too (when it has at least two tokens) and reported in the result as
-``last_window_tokens``; nothing is dropped silently. With ``max_windows`` only the first windows are
-scored and the result says so (``truncated: True``).
+The text is tokenized once the way the model's tokenizer encodes a document by default
+(:func:`gac.data.tokenize`: a leading BOS where the tokenizer adds one, as lm-evaluation-harness's
+``HFLM.tok_encode`` does) and cut into non-overlapping windows of ``seq_len`` tokens. Each window is
+scored on its own:
+the first token of a window is context only, every later token is predicted, so a full window
+contributes ``seq_len - 1`` predictions; with a BOS tokenizer the first window starts with BOS and
+every text token in it is predicted. The tokens after the last full window are scored in one more
+window of ``seq_len`` tokens that ends with them, its start taken from before them as context
+(lm-eval's last rolling window does the same), and reported as ``last_window_tokens``; nothing is
+dropped silently. The perplexity is ``exp(total NLL / total predicted tokens)``. With
+``max_windows`` only the first windows are scored and the result says so
+(``truncated: True``). The convention used is recorded as ``tokens`` (``bos``, the ids added).
+
+lm-eval's rolling loglikelihood (``loglikelihood_rolling``) also scores each window's first token
+(from one token of context, and the document's first from its prefix token); docs/eval.md gives
+the difference, which is of order one token per window.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,19 +41,27 @@ def _device(model: nn.Module) -> torch.device:
 
 
 @torch.no_grad()
-def window_nll(model: nn.Module, batch: torch.Tensor) -> tuple[float, int]:
+def window_nll(model: nn.Module, batch: torch.Tensor, score_last: int | None = None) -> tuple[float, int]:
     """Summed next-token NLL over a ``[b, t]`` batch of windows, and the number of predictions.
 
-    Logits are upcast to float32 before the log-softmax.
+    Logits are upcast to float32 before the log-softmax. ``score_last`` scores only the last
+    ``score_last`` tokens of each window (the rest is context).
     """
     logits = model(input_ids=batch.to(_device(model)), use_cache=False).logits
-    return nll_from_logits(logits, batch)
+    return nll_from_logits(logits, batch, score_last)
 
 
-def nll_from_logits(logits: torch.Tensor, batch: torch.Tensor) -> tuple[float, int]:
-    """Summed NLL of ``batch[:, 1:]`` under ``logits[:, :-1]`` (float64 sum) and its token count."""
+def nll_from_logits(
+    logits: torch.Tensor, batch: torch.Tensor, score_last: int | None = None
+) -> tuple[float, int]:
+    """Summed NLL of ``batch[:, 1:]`` under ``logits[:, :-1]`` (float64 sum) and its token count.
+
+    ``score_last`` keeps only the last ``score_last`` targets of each row.
+    """
     pred = logits[:, :-1].float()
     target = batch[:, 1:].to(pred.device)
+    if score_last is not None:
+        pred, target = pred[:, -score_last:], target[:, -score_last:]
     loss = F.cross_entropy(pred.reshape(-1, pred.shape[-1]), target.reshape(-1), reduction="sum")
     return float(loss.double()), int(target.numel())
 
@@ -74,7 +92,13 @@ def perplexity_of_ids(
     n_full = n // seq_len
     rest = n - n_full * seq_len
     windows: list[torch.Tensor] = [ids[: n_full * seq_len].view(n_full, seq_len)] if n_full else []
-    last = ids[n_full * seq_len :] if rest >= 2 else None
+    # the tokens after the last full window: scored in one more window of seq_len tokens whose
+    # start is taken from before them (as lm-eval's last rolling window), or alone in a short text
+    last, score_last = None, None
+    if rest and n_full:
+        last, score_last = ids[n - seq_len :], rest
+    elif rest >= 2:
+        last = ids
     total_windows = n_full + (1 if last is not None else 0)
     truncated = False
     if max_windows is not None and max_windows < total_windows:
@@ -82,15 +106,16 @@ def perplexity_of_ids(
         if max_windows <= n_full:
             windows = [ids[: max_windows * seq_len].view(max_windows, seq_len)]
             last = None
-    batches: list[torch.Tensor] = []
+    batches: list[tuple[torch.Tensor, int | None]] = []
     for w in windows:
-        batches.extend(w.split(batch_size))
+        batches.extend((b, None) for b in w.split(batch_size))
     if last is not None:
-        batches.append(last.view(1, -1))
+        batches.append((last.view(1, -1), score_last))
     nll, count = _accumulate(model, batches, description)
     if not math.isfinite(nll):
         raise GacError(f"perplexity is not finite (summed NLL {nll}); the model produces NaN/inf logits")
-    scored_windows = sum(b.shape[0] for b in batches)
+    scored_windows = sum(b.shape[0] for b, _ in batches)
+    last_tokens = 0 if last is None else (score_last or last.numel())
     return {
         "ppl": math.exp(nll / count),
         "nll": nll / count,
@@ -98,19 +123,21 @@ def perplexity_of_ids(
         "n_tokens": n,
         "n_windows": scored_windows,
         "n_predicted": count,
-        "last_window_tokens": int(last.numel()) if last is not None else 0,
-        "dropped_tokens": int(rest) if rest < 2 else 0,
+        "last_window_tokens": int(last_tokens),
+        "dropped_tokens": int(rest) if (rest == 1 and not n_full) else 0,
         "truncated": truncated,
     }
 
 
-def _accumulate(model: nn.Module, batches: Iterable[torch.Tensor], description: str) -> tuple[float, int]:
+def _accumulate(
+    model: nn.Module, batches: Iterable[tuple[torch.Tensor, int | None]], description: str
+) -> tuple[float, int]:
     was_training = model.training
     model.eval()
     nll, count = 0.0, 0
     try:
-        for b in track(list(batches), description):
-            s, c = window_nll(model, b)
+        for b, score_last in track(list(batches), description):
+            s, c = window_nll(model, b, score_last)
             nll += s
             count += c
     finally:
@@ -138,14 +165,17 @@ def perplexity(
 
     Returns:
         ``ppl``, ``nll`` (mean per predicted token), ``seq_len``, ``n_tokens``, ``n_windows``,
-        ``n_predicted``, ``last_window_tokens`` (length of the evaluated partial window, 0 if none),
-        ``dropped_tokens`` (a single trailing token that cannot be predicted) and ``truncated``.
+        ``n_predicted``, ``last_window_tokens`` (tokens scored after the last full window, 0 if none),
+        ``dropped_tokens`` (a one-token text's token, which cannot be predicted), ``truncated`` and
+        ``tokens`` (the tokenizer's convention: ``bos``, the ids it adds; :func:`gac.data.special_tokens`).
 
     Raises:
-        GacError: not text (mostly non-printable), shorter than one window, or a NaN/inf loss.
+        GacError: not text (mostly non-printable), shorter than one window, a window longer than
+            the model's context, or a NaN/inf loss.
     """
-    from gac.data import check_text, tokenize
+    from gac.data import check_seq_len, check_text, special_tokens, tokenize
 
+    check_seq_len(model, seq_len)
     check_text(text, "the evaluation text")
     ids = tokenize(tokenizer, text)
     if seq_len >= 2 and ids.numel() < seq_len:
@@ -153,4 +183,64 @@ def perplexity(
             f"the evaluation text is too short for one window: {ids.numel()} tokens < seq_len {seq_len} "
             "(give more text or a smaller --seq-len)"
         )
-    return perplexity_of_ids(model, ids, seq_len, batch_size, max_windows)
+    res = perplexity_of_ids(model, ids, seq_len, batch_size, max_windows)
+    return {**res, "tokens": special_tokens(tokenizer)}
+
+
+def saved_calibration(model_dir: str | Path) -> dict[str, Any] | None:
+    """The calibration record of a gac-saved model directory (None when it was not calibrated).
+
+    Newer saves record the calibration text's provenance (``text``); older ones only its source,
+    whose ``train`` part is then located again.
+    """
+    import json
+
+    cfg_path = Path(model_dir) / "gac_config.json"
+    if not cfg_path.is_file():
+        return None
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    calib = cfg.get("calibration")
+    if isinstance(calib, dict):
+        return calib if calib.get("used") else None
+    source = (cfg.get("compress_config") or {}).get("calib")
+    return {"used": True, "source": source} if isinstance(source, str) else None
+
+
+def check_calibration_overlap(
+    calibration: dict[str, Any] | None, evaluation: Any, allow_overlap: bool = False
+) -> dict[str, Any]:
+    """Refuse evaluating on text the model was calibrated on, unless ``allow_overlap``.
+
+    Args:
+        calibration: a compression report's calibration record (``source`` and ``text``, the
+            :meth:`gac.data.TextPart.describe` of its part), or None for a model not calibrated.
+        evaluation: the :class:`gac.data.TextPart` scored.
+        allow_overlap: record the overlap instead of refusing it.
+
+    Returns:
+        The ``split`` record of the result JSON (:func:`gac.data.check_disjoint`).
+
+    Raises:
+        GacError: one line, when calibration and evaluation text overlap without ``allow_overlap``.
+    """
+    from gac.data import TextPart, check_disjoint, load_part, parse_text_source
+
+    if not calibration or calibration.get("source") in (None, "batches"):
+        return {"calibration": None, "evaluation": evaluation.describe(), "overlap": False}
+    text = calibration.get("text")
+    if isinstance(text, dict) and isinstance(text.get("chars"), list):
+        start, end = (int(c) for c in text["chars"])
+        part = TextPart("", text.get("source", calibration["source"]), text.get("part", "train"),
+                        str(text.get("origin")), start, end)  # fmt: skip
+    else:  # saved before parts were recorded: a text file then calibrated on the whole file
+        src = calibration["source"]
+        if src.startswith("text:") and parse_text_source(src)[1] is None:
+            src += "@all"
+        try:
+            part = load_part(src, "train")
+        except GacError as e:
+            raise GacError(f"cannot check that evaluation and calibration text are disjoint: {e}") from None
+    return check_disjoint(part, evaluation, allow_overlap)
