@@ -558,7 +558,7 @@ def capacity_point(
     ``max batch = (budget - weights - workspace₀) // (KV bytes per token x context + workspace per sequence)``,
     with the workspace (activations, logits, compile and graph pools) from the peak memory of decode
     steps at batch 1 and 2 beyond what was allocated when each began and the cache; then that batch is run (and, if it does
-    not fit after all, the next smaller ones: each try is recorded).
+    not fit after all, or its measured peak passes the budget, the next smaller ones: each try is recorded).
     """
     dev = model_device(model)
     if dev.type != "cuda":
@@ -590,6 +590,12 @@ def capacity_point(
             if not _is_oom(e):
                 raise
             out["tries"].append({"batch": b, "status": "oom"})
+            _free(dev)
+            b = min(b - 1, int(b * 0.95))
+            continue
+        peak = r["peak_mem_gib"] * 2**30
+        if peak > plan["budget"]:  # ran, but past the budget: the workspace estimate was short
+            out["tries"].append({"batch": b, "status": "over_budget", "peak_gib": r["peak_mem_gib"]})
             _free(dev)
             b = min(b - 1, int(b * 0.95))
             continue
