@@ -106,6 +106,8 @@ def measure_speed(models: dict[str, Any], label: str = "demo") -> dict[str, dict
 
 
 VARIANTS = ("none", "knapsack", "gac")
+#: the row that shows what the latency guard costs: gac at the same budget with --allow-slower
+UNGUARDED = "gac-unguarded"
 
 #: CPU seconds (user + system, one thread) each compressor's demo took on the project's 2-core
 #: development machine, at the demo's defaults; the CPU run refuses those over :data:`CPU_LIMIT_S`.
@@ -237,6 +239,13 @@ def run_demo(
         models[align] = m
         variants[align] = rep
         timings[f"apply_{align}_s"] = time.perf_counter() - t0
+    if (variants["gac"].allocation.get("guard") or {}).get("guarded"):
+        # what the latency guard cost, where it changed gac: the same budget without it (--allow-slower)
+        ung = p.allocation("gac", allow_slower=True)
+        if ung.dims != alloc.dims:
+            m = copy.deepcopy(base)
+            variants[UNGUARDED] = apply_(m, p, ung)
+            models[UNGUARDED] = m
 
     t0 = time.perf_counter()
     text = load_text("britannica", "test")
@@ -253,7 +262,7 @@ def run_demo(
 
     base_params = sum(q.numel() for q in base.parameters())
     rows = []
-    for name in ("base", *VARIANTS):
+    for name in ("base", *VARIANTS, *([UNGUARDED] if UNGUARDED in variants else [])):
         r = variants.get(name)
         a = r.allocation if r else None
         row = {
@@ -263,6 +272,7 @@ def run_demo(
             "pct_aligned": None if a is None else a["pct_aligned"],
             "ppl": ppl[name]["ppl"],
             "predicted_speedup": 1.0 if a is None else a["predicted_speedup"],
+            "worst_serve_speedup": 1.0 if a is None else a.get("worst_serve_speedup"),
             "kv_bytes_per_token": kv_bytes_per_token(models[name])["cache"],
         }
         if measured:
@@ -276,10 +286,10 @@ def run_demo(
         title=f"gac demo: SmolLM2-135M-Instruct, {label}, {1 - param_ratio:.0%} {what} reduction",
         padding=(0, 1),
     )
-    cols = ["variant", "params", "targeted", "aligned", "perplexity"]
+    cols = ["variant", "params", "targeted", "aligned", "ppl"]
     if compressor == "palu":
         cols.insert(3, "KV B/token")
-    cols += ["prefill x", "decode x"] if measured else ["predicted x"]
+    cols += ["prefill x", "decode x"] if measured else ["pred. x", "worst x"]
     for c in cols:
         table.add_column(c, justify="left" if c == "variant" else "right", no_wrap=True)
     for r in rows:
@@ -298,7 +308,8 @@ def run_demo(
                 for k in ("measured_prefill_speedup", "measured_decode_speedup")
             ]
         else:
-            cells.append(f"{r['predicted_speedup']:.3f}x")
+            w = r.get("worst_serve_speedup")
+            cells += [f"{r['predicted_speedup']:.3f}x", "-" if w is None else f"{w:.3f}x"]
         table.add_row(*cells)
     timings["total_s"] = time.perf_counter() - t_start
     out_console.print(table)  # the result: stdout
@@ -321,6 +332,26 @@ def run_demo(
             f"why gac is {g / none_ppl - 1:+.1%} over none (target {QUALITY_TOLERANCE - 1:.0%}): the "
             f"re-allocation (knapsack {k / none_ppl - 1:+.1%}), not alignment (gac/knapsack {g / k - 1:+.1%}); "
             + WHY.get(compressor, "see docs/results.md"),
+            markup=False,
+            soft_wrap=True,
+        )
+    shapes = ", ".join(r["point"] for r in variants["gac"].allocation.get("serve") or [])
+    if UNGUARDED in variants:
+        u = ppl[UNGUARDED]["ppl"]
+        console.print(
+            f"latency guard: gac keeps every serving shape ({shapes}) at >= dense by the profile's "
+            f"latency model; '{UNGUARDED}' is the same budget without it "
+            f"(--allow-slower): gac / {UNGUARDED} perplexity = {g / u:.4f}, {UNGUARDED} / none = "
+            f"{u / none_ppl:.4f} ('worst shape x': the slowest serving shape, predicted)",
+            markup=False,
+            soft_wrap=True,
+        )
+    elif shapes:
+        g_alloc = variants["gac"].allocation
+        console.print(
+            f"latency guard: gac is predicted no slower than dense at every serving shape ({shapes}): "
+            f"worst {g_alloc.get('worst_serve_speedup') or 0:.3f}x ('worst x'); the guard changed nothing "
+            "here",
             markup=False,
             soft_wrap=True,
         )
