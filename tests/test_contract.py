@@ -23,7 +23,7 @@ from gac.api import CompressConfig, apply_, plan
 from gac.compressors.base import available_compressors
 from gac.hardware.profile import OpRule, default_profile
 from gac.nn import FactorizedLinear
-from gac.surgery.latent_attention import LatentAttention
+from gac.nn.latent import LatentAttention
 from gac.testing import tiny_model
 
 # Real English prose (not random tokens), tokenized as bytes for the byte-vocab tiny models.

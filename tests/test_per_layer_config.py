@@ -64,7 +64,7 @@ def test_config_json_is_the_base_config_with_per_layer_config(pruned_dir):
     back = io.load(out)
     with torch.no_grad():
         torch.testing.assert_close(back(IDS).logits, ref, rtol=0, atol=0)
-    from gac.surgery.latent_attention import kv_bytes_per_token
+    from gac.models.inventory import kv_bytes_per_token
 
     kv = kv_bytes_per_token(back)  # each layer caches its own KV heads (float32: 4 bytes)
     assert kv["cache"] == sum(2 * w["kv_heads"] * 20 * 4 for w in widths)

@@ -86,7 +86,8 @@ def structured_modules(model: nn.Module) -> list[dict[str, Any]]:
     """Every module that describes its own skeleton (a ``gac_spec()`` method), e.g. PaLU's latent attention.
 
     Each entry names the module, its class (``package.module:Class``, always inside ``gac``) and
-    the spec that class's ``skeleton(spec, original, model)`` rebuilds it from.
+    the spec that class's ``skeleton(spec, original, rotary)`` rebuilds it from (``rotary``: the
+    model's rotary embedding module, :func:`gac.models.adapters.model_rotary`).
     """
     out = []
     for name, m in model.named_modules():
@@ -585,6 +586,8 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device: str | torch
                 site["in_features"], site["rank"], site["out_features"], bias=site["bias"], device="meta"
             ),
         )
+    from gac.models.adapters import model_rotary
+
     for entry in cfg.get("modules", []):
         cls = _skeleton_class(str(entry.get("class", "")), path)
         try:
@@ -593,7 +596,7 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device: str | torch
             raise GacError(
                 f"{path / GAC_CONFIG} names module {entry['name']!r}, absent from the architecture"
             ) from None
-        replace_module(model, entry["name"], cls.skeleton(entry["spec"], original, model))
+        replace_module(model, entry["name"], cls.skeleton(entry["spec"], original, model_rotary(model)))
     tensors = _read_weights(path)
     buffers = {k.removeprefix(BUFFER_PREFIX): v for k, v in tensors.items() if k.startswith(BUFFER_PREFIX)}
     params = {k: v for k, v in tensors.items() if not k.startswith(BUFFER_PREFIX)}

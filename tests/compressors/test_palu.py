@@ -11,7 +11,8 @@ from gac.api import CompressConfig, apply_, compress_, gac_config_for_save, plan
 from gac.compat import cache_arg, output_cache
 from gac.compressors.palu import fisher_ranks, round_reference
 from gac.errors import GacError
-from gac.surgery.latent_attention import LatentAttention, LatentCache, kv_bytes_per_token, latent_modules
+from gac.models.inventory import kv_bytes_per_token
+from gac.nn.latent import LatentAttention, LatentCache, latent_modules
 from gac.testing import tiny_model
 
 GEOM = dict(hidden=120, layers=2, heads=8, kv_heads=4, head_dim=24)  # 4 KV heads of 24: misaligned
@@ -324,3 +325,29 @@ def test_load_refuses_a_module_class_outside_gac(tmp_path, llama64):
     (out / "gac_config.json").write_text(json.dumps(cfg))
     with pytest.raises(GacError, match="not a gac class"):
         io.load(out)
+
+
+def test_a_model_saved_under_the_old_class_path_loads(tmp_path, llama64):
+    """PaLU models saved before the module types moved to gac.nn name
+    ``gac.surgery.latent_attention:LatentAttention``; they load to the same logits."""
+    import json
+
+    from gac import io
+
+    m = copy.deepcopy(llama64).float()
+    compress_(
+        m,
+        CompressConfig(compressor="palu", param_ratio=0.5, align="gac", options={"group_size": 2}),
+        calib_batches=_batches(),
+    )
+    out = io.save(m, tmp_path / "p")
+    cfg = json.loads((out / "gac_config.json").read_text())
+    assert {e["class"] for e in cfg["modules"]} == {"gac.nn.latent:LatentAttention"}
+    for e in cfg["modules"]:
+        e["class"] = "gac.surgery.latent_attention:LatentAttention"
+    (out / "gac_config.json").write_text(json.dumps(cfg))
+    back = io.load(out)
+    assert [n for n, _ in latent_modules(back)] == [n for n, _ in latent_modules(m)]
+    ids = _ids()
+    with torch.no_grad():
+        assert torch.equal(m(ids).logits, back(ids).logits)

@@ -12,11 +12,12 @@ import logging
 import pytest
 import torch
 
-import gac.surgery.latent_attention as la
+import gac.nn.latent as la
 from gac.api import CompressConfig, compress_, gac_config_for_save, plan
 from gac.compat import cache_arg
 from gac.errors import GacError
-from gac.surgery.latent_attention import LatentCache, latent_attention_paths, latent_modules
+from gac.models.adapters import model_rotary
+from gac.nn.latent import LatentCache, latent_attention_paths, latent_modules
 from gac.testing import tiny_model
 
 from .test_palu import _applied
@@ -114,7 +115,7 @@ def test_reference_path_is_grouped_cut_to_the_filled_length_with_one_rope_table(
         "scaled_dot_product_attention",
         lambda q, k, v, **kw: seen.append((q.shape, k.shape)) or real_sdpa(q, k, v, **kw),
     )
-    rot = la.model_rotary(m)
+    rot = model_rotary(m)
     real_rot = rot.forward
     monkeypatch.setattr(
         rot,
@@ -139,7 +140,7 @@ def test_decode_path_is_recorded_and_each_reason_warned_once(monkeypatch, caplog
     assert latent_attention_paths(m)["unrecorded"] == 2
     assert latent_attention_paths(base) is None
     ids = _ids(1, 8)
-    with caplog.at_level(logging.WARNING, logger="gac.surgery.latent_attention"):
+    with caplog.at_level(logging.WARNING, logger="gac.nn.latent"):
         for _ in range(2):
             m.generate(ids, **cache_arg(m, LatentCache()), max_new_tokens=3, do_sample=False)
     msgs = [r.getMessage() for r in caplog.records]
@@ -152,7 +153,7 @@ def test_decode_path_is_recorded_and_each_reason_warned_once(monkeypatch, caplog
     caplog.clear()
     for _, a in latent_modules(m):
         a.use_kernel = False
-    with caplog.at_level(logging.WARNING, logger="gac.surgery.latent_attention"):
+    with caplog.at_level(logging.WARNING, logger="gac.nn.latent"):
         m.generate(ids, **cache_arg(m, LatentCache()), max_new_tokens=2, do_sample=False)
     assert la.SWITCHED_OFF in latent_attention_paths(m)["reasons"] and not caplog.records
 

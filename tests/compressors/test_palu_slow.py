@@ -24,7 +24,8 @@ def test_palu_gac_within_two_percent_of_none_with_half_the_cache():
     from gac.eval.ppl import perplexity_of_ids
     from gac.hardware.profile import default_profile
     from gac.models import load_model
-    from gac.surgery.latent_attention import LatentCache, kv_bytes_per_token
+    from gac.models.inventory import kv_bytes_per_token
+    from gac.nn.latent import LatentCache
 
     lm = load_model("smollm2")
     batches = calibration_batches(lm.tokenizer, CalibrationConfig("britannica", 16, 256, batch_size=4))

@@ -233,7 +233,7 @@ def test_model_decode_takes_the_kernel_across_families(family, kg, vg, fold):
     """Every layer's decode steps take the kernel (recorded), with the reference path's logits."""
     from transformers import StaticCache
 
-    from gac.surgery.latent_attention import latent_attention_paths, latent_modules
+    from gac.nn.latent import latent_attention_paths, latent_modules
 
     m, g = _family_model(family, kg, vg, fold, layers=2, hidden=256)
     ids = torch.randint(3, 240, (2, 30), generator=g).to(DEV)

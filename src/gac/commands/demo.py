@@ -142,7 +142,7 @@ def run_demo(
     from gac.guard import check_out
     from gac.hardware.timing import environment
     from gac.models import load_model
-    from gac.surgery.latent_attention import kv_bytes_per_token
+    from gac.models.inventory import kv_bytes_per_token
     from gac.utils import atomic_dir, console, out_console, resolve_device_dtype
 
     t_start = time.perf_counter()

@@ -52,7 +52,7 @@ def register(app: typer.Typer) -> None:
             max_new_tokens,
             fast=fast,
         )
-        from gac.surgery.latent_attention import latent_attention_paths
+        from gac.nn.latent import latent_attention_paths
 
         if json_out:
             # PaLU: which decode path each latent-attention layer took (None for other models)

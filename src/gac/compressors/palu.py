@@ -8,7 +8,7 @@ none of its code is copied.
   (G-LRD): the KV heads are split into groups of ``group_size`` heads (default 4, the reference's;
   1 = per head "M-LRD", all KV heads = joint "J-LRD"); each group's rows ``W_g [G·hd, hidden]``
   get their own rank ``r_g``. The model then caches ``Σ r_g`` latents per token and projection
-  (:mod:`gac.surgery.latent_attention`). Keys and values may be grouped apart
+  (:mod:`gac.nn.latent`). Keys and values may be grouped apart
   (``k_group_size``/``v_group_size``, each defaulting to ``group_size``): keys are rebuilt from
   their latents at every decode step (``G_k·hd/2`` FLOP per latent byte), values never are.
 * **Layouts.** q/k/v/o projections with a key bias (Qwen2: the bias is the up-projection's, added
@@ -61,8 +61,8 @@ from gac.compressors.calibration import LinearStats, linear_stats_hook
 from gac.compressors.lowrank import svd_dtype_for, tail_energy_curve, truncated_factors
 from gac.compressors.svdllm import whitening_factor
 from gac.errors import GacError
+from gac.models.adapters import model_rotary
 from gac.sites import Site
-from gac.surgery.latent_attention import model_rotary
 from gac.utils import track
 
 log = logging.getLogger(__name__)
@@ -436,9 +436,9 @@ class PaluCompressor(Compressor):
     # ----------------------------------------------------------------- apply
     @torch.no_grad()
     def apply(self, model: nn.Module, sites: list[Site], dims: dict[str, int]) -> None:
-        """Replace every layer's attention with :class:`~gac.surgery.latent_attention.LatentAttention`."""
+        """Replace every layer's attention with :class:`~gac.nn.latent.LatentAttention`."""
+        from gac.nn.latent import LatentAttention, LatentProjection
         from gac.surgery.factorized import replace_module
-        from gac.surgery.latent_attention import LatentAttention, LatentProjection, model_rotary
 
         by_layer: dict[int, dict[str, list[Site]]] = {}
         for s in sites:

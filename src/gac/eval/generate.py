@@ -51,7 +51,7 @@ class Generation:
         compiled / graphs: which parts of the fast path ran.
         device: where it ran.
         kv_bytes_per_token: cache bytes one token costs, all layers (``cache``), and for the
-            dense original (``dense``); :func:`gac.surgery.latent_attention.kv_bytes_per_token`.
+            dense original (``dense``); :func:`gac.models.inventory.kv_bytes_per_token`.
         paths: which attention implementation ran (``attention``; ``latent_attention`` counts
             PaLU's latent modules) and what each decode kernel switch did (``kernels``).
     """
@@ -143,7 +143,8 @@ def generate(
         )
         want_compile = want_graphs = False
     from gac.eval.infer import compile_step, use_decode_kernels_
-    from gac.surgery.latent_attention import kv_bytes_per_token, latent_modules
+    from gac.models.inventory import kv_bytes_per_token
+    from gac.nn.latent import latent_modules
 
     kernels = use_decode_kernels_(model, fast.gqa_decode, fast.gemv, fast.fused_lowrank, fast.branches)
     paths = {

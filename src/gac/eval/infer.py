@@ -520,7 +520,7 @@ def decode_point(
 
 def _capacity_budget(model: nn.Module, cfg: SweepConfig) -> dict[str, int]:
     """The budget, weight bytes and KV bytes per token of a capacity run; bad input raises before any work."""
-    from gac.surgery.latent_attention import kv_bytes_per_token
+    from gac.models.inventory import kv_bytes_per_token
 
     dev = model_device(model)
     ctx = int(cfg.capacity_context or 0)
@@ -799,7 +799,7 @@ def sweep_model(
     for r in out["prefill"]:
         r["flops"] = prefill_flops(model, r["batch"], r["seq"])
         r["flops_counter"] = FLOPS_COUNTER
-    from gac.surgery.latent_attention import latent_attention_paths
+    from gac.nn.latent import latent_attention_paths
 
     # PaLU: the decode path each latent-attention layer took (kernel or reference, and why)
     out["latent_attention_path"] = latent_attention_paths(model)

@@ -313,7 +313,7 @@ def launches(
     from torch import nn
 
     from gac.nn import FactorizedLinear
-    from gac.surgery.latent_attention import LatentProjection
+    from gac.nn.latent import LatentProjection
 
     c = constants(profile)
     bw = c["copy_gbps"] * 1e9  # bytes/s

@@ -407,7 +407,7 @@ def latent_decode_attention(
     Args:
         q: roped queries ``[B, H, HD]`` of the new token.
         zk, zv: the layer's key and value latents ``[B, T, Σ r]`` (static cache buffers).
-        pack: from :meth:`gac.surgery.latent_attention.LatentAttention.decode_pack`: ``uk``
+        pack: from :meth:`gac.nn.latent.LatentAttention.decode_pack`: ``uk``
             ``[KVH, HD, RK]``, ``koff``/``kr`` (device int32 per KV head), ``rk_max``, ``kv_heads``,
             ``align``, ``v_offsets``/``v_ranks`` (host lists per value group), and optionally
             ``k_group`` (KV heads per key group; default: the value groups' size), ``k_bias``

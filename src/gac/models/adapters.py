@@ -37,6 +37,7 @@ from torch import nn
 
 from gac.errors import GacError
 from gac.nn import FactorizedLinear
+from gac.nn.latent import LatentProjection
 
 #: projection roles of one decoder layer, in forward order (unfused layout)
 ROLES: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
@@ -78,8 +79,6 @@ def in_features(mod: nn.Module) -> int:
 
 
 def _is_linear(mod: nn.Module) -> bool:
-    from gac.surgery.latent_attention import LatentProjection
-
     return isinstance(mod, nn.Linear | FactorizedLinear | LatentProjection)
 
 
@@ -411,3 +410,13 @@ def get_adapter(model: nn.Module) -> FamilyAdapter:
             except AttributeError:
                 raise GacError(f"{arch}: layer {i} lacks the {r} projection that layer 0 has ({f})") from None
     return ad
+
+
+def model_rotary(model: nn.Module) -> nn.Module | None:
+    """The model's rotary embedding module (found by the family adapter), or None."""
+    try:
+        return model.get_submodule(get_adapter(model).rotary_fqn)
+    except (AttributeError, GacError):
+        pass
+    found = [m for _, m in model.named_modules() if hasattr(m, "inv_freq")]
+    return found[0] if found else None

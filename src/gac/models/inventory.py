@@ -27,13 +27,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from gac.alignment import round_up
+from gac.errors import GacError
 from gac.hardware.profile import Profile
 from gac.models.adapters import get_adapter, in_features, out_features
 from gac.nn import FactorizedLinear
-from gac.surgery.latent_attention import LatentProjection
+from gac.nn.latent import LatentProjection, latent_modules
 
 #: op class for the kinds that are not ``<role>.in/out/rank``
 KIND_OPS: dict[str, str | None] = {
@@ -250,3 +252,40 @@ def plot_histogram(an: Analysis, path: str | Path, title: str = "") -> Path:
     plt.close(fig)
     tmp.replace(path)
     return path
+
+
+def kv_bytes_per_token(model: nn.Module, dtype: torch.dtype | None = None) -> dict[str, int]:
+    """Cache bytes per token (all layers) as the model is, and for its dense original.
+
+    A layer with latent attention caches its latent ranks; any other layer its K and V heads, read
+    from its own ``k_proj``/``v_proj`` widths where the family's projections are found (pruned
+    models keep different KV heads per layer), else from the config.
+
+    Returns:
+        ``{"cache": bytes, "dense": bytes}``; equal for a model that is neither latent nor pruned.
+    """
+    cfg = model.config
+    dt = dtype or next(model.parameters()).dtype
+    el = torch.empty((), dtype=dt).element_size()
+    layers = int(cfg.num_hidden_layers)
+    kvh = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
+    hd = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+    dense = layers * 2 * kvh * hd * el
+    lat = dict(latent_modules(model))
+    per_layer = [2 * kvh * hd * el] * layers
+    try:
+        ad = get_adapter(model)
+        for i in range(min(ad.num_layers, layers)):
+            attn = ad.attention_fqn(i)
+            if attn in lat:
+                rk, rv = lat[attn].latent_dims()
+                per_layer[i] = (rk + rv) * el
+                continue
+            p = ad.projections(i)
+            if "k" in p and "v" in p:
+                k, v = model.get_submodule(p["k"]), model.get_submodule(p["v"])
+                per_layer[i] = (int(k.out_features) + int(v.out_features)) * el
+    except GacError:  # a family the adapter does not know: latent layers by count, the rest from the config
+        per_layer = [2 * kvh * hd * el] * (layers - len(lat))
+        per_layer += [(rk + rv) * el for rk, rv in (m.latent_dims() for m in lat.values())]
+    return {"cache": int(sum(per_layer)), "dense": dense}

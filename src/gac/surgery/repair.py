@@ -42,7 +42,8 @@ from gac.errors import GacError, check_schema
 from gac.hardware.profile import Profile, load_profile
 from gac.models.adapters import FamilyAdapter, get_adapter, in_features, is_rms_norm, out_features
 from gac.nn import FactorizedLinear, replace_module
-from gac.surgery.latent_attention import latent_modules, pad_latent_rank_
+from gac.nn.latent import latent_modules
+from gac.surgery.latent_attention import pad_latent_rank_
 from gac.surgery.padding import (
     head_end_placement,
     pad_embedding_,
