@@ -162,3 +162,95 @@ def test_cli_calibration_text_too_short(tiny_dir, tmp_path, capsys, monkeypatch)
     assert rc == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: ") and "short" in err.lower() and not out.exists()
+
+
+# ------------------------------------------------------------- the workflow gac compress runs
+def test_compress_refuses_an_already_compressed_model(tmp_path):
+    """The one-line refusal of ``gac compress`` on a compressed directory, before any work, in the API too."""
+    from gac import io
+
+    m = tiny_model("llama")
+    compress_(m, CompressConfig(compressor="svd", param_ratio=0.9, profile="default"))
+    io.save(m, tmp_path / "m", {"compressor": "svd"})
+    loaded = io.load(tmp_path / "m")
+    before = {n: p.clone() for n, p in loaded.named_parameters()}
+    with pytest.raises(GacError) as e:
+        compress_(loaded, CompressConfig(compressor="svd", param_ratio=0.9, profile="default"))
+    name = loaded.name_or_path or type(loaded).__name__  # the model's name, else its class
+    assert str(e.value) == f"{name} is already compressed; compress its base model instead"
+    assert all(torch.equal(p, before[n]) for n, p in loaded.named_parameters())  # untouched
+    with pytest.raises(GacError, match=r"^\S+ is already compressed; compress its base model instead$"):
+        compress_(m, CompressConfig(compressor="svd", param_ratio=0.9, profile="default"))  # in memory
+
+
+def test_compress_verify_refused_without_a_gpu_before_any_work():
+    m = tiny_model("llama")
+    before = {n: p.clone() for n, p in m.named_parameters()}
+    with pytest.raises(GacError, match="--verify times the model"):
+        compress_(
+            m, CompressConfig(compressor="svd", param_ratio=0.9, profile="default", verify=True), device="cpu"
+        )
+    assert all(torch.equal(p, before[n]) for n, p in m.named_parameters())
+
+
+def test_compress_lora_recovery_merges(tmp_path):
+    """``recover="lora"`` on a tiny LLM-Pruner model: the LoRA fine-tune runs after pruning and merges
+    (the pruned shapes stay, no peft module remains), lowers the loss, and is recorded in the report,
+    gac_config.json and gac_report.json; the saved model reloads to the same logits."""
+    pytest.importorskip("peft")
+    import copy
+
+    from gac import io
+    from gac.api import gac_config_for_save
+
+    ids = torch.randint(0, 250, (2, 24), generator=torch.Generator().manual_seed(0))
+    base = tiny_model(heads=6, kv_heads=3, head_dim=20, layers=3)  # n_rep 2, head_dim 20, MLP 200
+    kw = dict(
+        compressor="llm-pruner",
+        param_ratio=0.8,
+        profile="default",
+        options={"layer_start": 0, "layer_end": 3},
+    )
+    plain, m = copy.deepcopy(base), copy.deepcopy(base)
+    compress_(plain, CompressConfig(**kw), calib_batches=[ids])
+    with pytest.raises(GacError, match="needs calibration text"):
+        compress_(m, CompressConfig(**kw, recover="lora"))
+    cfg = CompressConfig(**kw, recover="lora", recover_steps=4, recover_rank=4, recover_lr=1e-2)
+    r = compress_(m, cfg, calib_batches=[ids])
+    shapes = {n: tuple(p.shape) for n, p in plain.named_parameters()}
+    assert {n: tuple(p.shape) for n, p in m.named_parameters()} == shapes  # merged: no peft modules left
+    assert not torch.equal(m.model.layers[0].mlp.down_proj.weight, plain.model.layers[0].mlp.down_proj.weight)
+    rec = r.recovery
+    assert rec["method"] == "lora" and rec["steps"] == 4 and rec["rank"] == 4
+    assert rec["loss_last"] < rec["loss_first"]
+    assert r.to_dict()["recovery"] == rec and gac_config_for_save(r)["recovery"] == rec
+    io.save(m, tmp_path / "m", gac_config_for_save(r))
+    assert io.read_gac_config(tmp_path / "m")["recovery"] == rec
+    with torch.no_grad():
+        torch.testing.assert_close(io.load(tmp_path / "m")(ids).logits, m(ids).logits, rtol=0, atol=0)
+
+
+def test_config_round_trips_through_gac_config_json(tmp_path):
+    """The config a compressed model records (gac_config.json's ``compress_config``) rebuilds the
+    config that made it, the workflow fields included; a report without recovery or verification
+    records neither."""
+    from gac import io
+    from gac.api import gac_config_for_save
+
+    m = tiny_model("llama")
+    cfg = CompressConfig(
+        compressor="svd",
+        param_ratio=0.8,
+        profile="default",
+        serve="prefill:1x64,decode:4x128",
+        max_gpu_memory=64.0,
+        recover_steps=7,
+        recover_rank=2,
+        recover_lr=3e-4,
+        allow_slower=True,
+    )
+    r = compress_(m, cfg)
+    io.save(m, tmp_path / "m", gac_config_for_save(r))
+    doc = io.read_gac_config(tmp_path / "m")
+    assert CompressConfig.from_dict(doc["compress_config"]) == cfg
+    assert "recovery" not in doc and "recovery" not in r.to_dict() and "verify" not in r.to_dict()

@@ -50,6 +50,8 @@ CONFIG_VERSION = 1
 #: profile) the widened guard met every shape at 1.84x knapsack's perplexity; a refusal that names the
 #: budgets that can be met, and ``--window 0.25`` for users who accept that trade, say more.
 GUARD_WINDOWS: tuple[float, ...] = ()
+#: what :func:`compress_` may run after compressing (``CompressConfig.recover``)
+RECOVERIES = ("none", "lora")
 
 
 def _window_span(w: float) -> float:
@@ -93,6 +95,12 @@ class CompressConfig:
             (the latency guard; docs/allocation.md).
         allow_slower: ``gac`` without the latency guard: the least loss at the budget, with the
             shapes where it is predicted slower than dense named.
+        recover: ``none`` or ``lora``: after compressing, a short LoRA fine-tune on the calibration
+            text, merged back (:func:`gac.recovery.recover_lora_`; needs peft).
+        recover_steps / recover_rank / recover_lr: the LoRA recovery's optimizer steps, adapter
+            rank and learning rate.
+        verify: after compressing (GPU), time dense and compressed at the serving shapes on the
+            default inference path (:func:`verify_serving`); recorded as the report's ``verify``.
     """
 
     compressor: str = "asvd"
@@ -114,6 +122,11 @@ class CompressConfig:
     max_gpu_memory: float | None = None
     serve: str | None = None
     allow_slower: bool = False
+    recover: str = "none"
+    recover_steps: int = 20
+    recover_rank: int = 8
+    recover_lr: float = 1e-4
+    verify: bool = False
     version: int = CONFIG_VERSION
 
     def __post_init__(self) -> None:
@@ -152,6 +165,15 @@ class CompressConfig:
             raise GacError(
                 f"--allow-slower lifts the latency guard of --align gac; --align {self.align} has no guard to lift"
             )
+        if self.recover not in RECOVERIES:
+            raise GacError(f"unknown recovery {self.recover!r}; choose none or lora")
+        if self.recover == "lora":
+            import importlib.util
+
+            if importlib.util.find_spec("peft") is None:
+                raise GacError("--recover lora needs peft: pip install 'gac[recover]' (or pip install peft)")
+            if self.recover_steps < 1 or self.recover_rank < 1 or not self.recover_lr > 0:
+                raise GacError("--recover-steps and --recover-rank must be >= 1 and --recover-lr > 0")
         if not isinstance(self.calib_seed, int) or self.calib_seed < 0:
             raise GacError(f"calibration seed must be a non-negative integer, got {self.calib_seed}")
         if self.version != CONFIG_VERSION:
@@ -611,6 +633,8 @@ class CompressionReport:
         profile: id, label and whether measured.
         calibration: source, windows, tokens.
         timings: seconds per phase.
+        recovery: what the LoRA recovery did (``CompressConfig.recover``; None: none ran).
+        verify: the measured serving shapes (``CompressConfig.verify``; None: not verified).
     """
 
     config: dict[str, Any]
@@ -625,6 +649,8 @@ class CompressionReport:
     calibration: dict[str, Any]
     timings: dict[str, float]
     schema: str = "gac.compress_report/1"
+    recovery: dict[str, Any] | None = None
+    verify: dict[str, Any] | None = None
 
     @property
     def targeted_ratio(self) -> float:
@@ -644,6 +670,9 @@ class CompressionReport:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        for k in ("recovery", "verify"):  # only when they ran
+            if d[k] is None:
+                del d[k]
         d["targeted_ratio"] = self.targeted_ratio
         d["model_ratio"] = self.model_ratio
         return d
@@ -802,14 +831,101 @@ def apply_(model: nn.Module, plan: Plan, allocation: Allocation | None = None) -
     )
 
 
+def preflight(
+    config: CompressConfig, device: str, out: str | Path | None = None, overwrite: bool = False
+) -> None:
+    """Everything cheap, before a model is loaded or calibrated: the compressor and its options,
+    the output directory, ``config.verify``'s GPU and the profile spec (each a one-line GacError)."""
+    from gac.compressors.base import available_compressors, get_compressor
+    from gac.guard import check_out
+
+    config.validate()
+    if config.compressor not in available_compressors():
+        raise GacError(
+            f"unknown compressor {config.compressor!r}; available: {', '.join(available_compressors())}"
+        )
+    get_compressor(config.compressor, **config.options)  # option names and types fail now, not after loading
+    if out is not None:
+        check_out(out, overwrite)
+    if config.verify:
+        from gac.eval.infer import check_verify
+
+        check_verify(device)
+    if config.profile is not None:
+        load_profile(config.profile)  # a bad spec fails now, not after calibration
+
+
+def check_not_compressed(model: nn.Module, name: str | None = None) -> None:
+    """Refuse a model that already holds factorized layers (compress its base model instead)."""
+    from gac.io import factorized_sites
+
+    if factorized_sites(model):
+        name = name or getattr(model, "name_or_path", None) or type(model).__name__
+        raise GacError(f"{name} is already compressed; compress its base model instead")
+
+
+def place_(model: nn.Module, max_gpu_memory: float, device: str) -> bool:
+    """Move ``model`` onto ``device`` when its parameters fit ``max_gpu_memory`` GiB (True); else leave
+    it where it is, to be calibrated and factorized one decoder layer at a time (said; False)."""
+    need = sum(p.numel() * p.element_size() for p in model.parameters())
+    if need <= max_gpu_memory * 2**30:
+        model.to(device)
+        return True
+    console.print(
+        f"the model ({need / 2**30:.2f} GiB) exceeds --max-gpu-memory {max_gpu_memory:g} GiB: "
+        f"calibrating and factorizing one decoder layer at a time on {device}",
+        markup=False,
+    )
+    return False
+
+
+def recover_(
+    model: nn.Module,
+    config: CompressConfig,
+    tokenizer: Any | None = None,
+    calib_batches: list[torch.Tensor] | None = None,
+) -> dict[str, Any] | None:
+    """``config.recover``'s step on a compressed ``model`` (in place): ``lora`` fine-tunes LoRA
+    adapters on the calibration text (``calib_batches``, else ``config.calib`` through ``tokenizer``)
+    and merges them. Returns ``{"method", ...}`` (:func:`gac.recovery.recover_lora_`), None for ``none``."""
+    if config.recover == "none":
+        return None
+    from gac.compressors.calibration import CalibrationConfig, calibration_batches, model_device
+    from gac.recovery import recover_lora_
+
+    if calib_batches is None:
+        d = CalibrationConfig.default(model_device(model), source=config.calib)
+        cc = CalibrationConfig(
+            source=config.calib,
+            n_samples=config.n_samples or d.n_samples,
+            seq_len=config.seq_len or d.seq_len,
+            batch_size=config.batch_size,
+            seed=config.calib_seed,
+        )
+        calib_batches = calibration_batches(tokenizer, cc)
+    info = recover_lora_(
+        model, calib_batches, steps=config.recover_steps, rank=config.recover_rank, lr=config.recover_lr
+    )
+    console.print(f"LoRA recovery: loss {info['loss_first']:.3f} -> {info['loss_last']:.3f}")
+    return {"method": "lora", **info}
+
+
 def compress_(
     model: nn.Module,
     config: CompressConfig,
     tokenizer: Any | None = None,
     calib_batches: list[torch.Tensor] | None = None,
     profile: Profile | None = None,
+    *,
+    device: str | None = None,
+    dense: Any | None = None,
 ) -> CompressionReport:
-    """Compress ``model`` in place: sites -> calibrate -> budget -> native allocation -> align -> apply.
+    """Compress ``model`` in place: sites -> calibrate -> budget -> native allocation -> align -> apply,
+    then ``config.recover`` and ``config.verify``.
+
+    A model that already holds factorized layers is refused. With ``config.max_gpu_memory`` and
+    ``model`` in CPU memory, the model moves onto the GPU (``device``) when it fits the budget, and
+    otherwise is calibrated and factorized there one decoder layer at a time.
 
     Args:
         model: a Hugging Face causal LM.
@@ -817,12 +933,40 @@ def compress_(
         tokenizer: builds calibration batches from ``config.calib`` when needed.
         calib_batches: explicit calibration token batches.
         profile: the hardware profile (default: from ``config.profile`` or auto).
+        device: the GPU that ``config.max_gpu_memory`` and ``config.verify`` mean (default: ``cuda``
+            when available, else where ``model`` is).
+        dense: ``config.verify``: builds the dense model to time against (default: a copy of
+            ``model`` taken before compressing, kept in CPU memory).
 
     Returns:
-        The :class:`CompressionReport` (per-site dims, alignment, params, predicted speedup).
+        The :class:`CompressionReport` (per-site dims, alignment, params, predicted speedup, and the
+        recovery's and verification's records when they ran).
     """
+    from gac.compressors.calibration import model_device
+
+    config.validate()
+    check_not_compressed(model)
+    dev = device or ("cuda" if torch.cuda.is_available() else str(model_device(model)))
+    if config.verify:
+        from gac.eval.infer import check_verify
+
+        check_verify(dev)
+    if config.recover != "none" and tokenizer is None and calib_batches is None:
+        raise GacError(
+            f"--recover {config.recover} needs calibration text: pass a tokenizer or calib_batches"
+        )
+    if config.verify and dense is None:
+        snapshot = copy.deepcopy(model).to("cpu")
+        dense = lambda: snapshot.to(dev)  # noqa: E731
+    if config.max_gpu_memory is not None and dev.startswith("cuda") and model_device(model).type == "cpu":
+        place_(model, config.max_gpu_memory, dev)
     p = plan(model, config, tokenizer=tokenizer, calib_batches=calib_batches, profile=profile)
-    return apply_(model, p, p.allocation())
+    report = apply_(model, p, p.allocation())
+    report.recovery = recover_(model, config, tokenizer, calib_batches)
+    if config.verify:
+        # on a copy: the inference path fuses projections, and ``model`` stays as compressed
+        report.verify = verify_serving(copy.deepcopy(model), dense, report)
+    return report
 
 
 def gac_config_for_save(report: CompressionReport, source: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -849,6 +993,7 @@ def gac_config_for_save(report: CompressionReport, source: dict[str, Any] | None
         "serve": report.config.get("serve"),
         "guard": a.get("guard"),
         "predicted_serve": {r["point"]: r["speedup"] for r in a.get("serve") or []},
+        **({"recovery": report.recovery} if report.recovery is not None else {}),
     }
 
 
