@@ -19,7 +19,7 @@ bandwidth (read + write). ``rebuild_tflops`` is the key rebuild's FLOPs (``2·r_
 KV head and cached token) over the whole kernel's time. Each configuration is first checked
 against float64 on a small input (``err``).
 
-Run: ``PYTHONPATH=src python3 benchmarks/gpu_latent_kernel.py --out $OUT/latent_kernel.json``
+Run: ``PYTHONPATH=src python3 benchmarks/tools/gpu_latent_kernel.py --out $OUT/latent_kernel.json``
 """
 
 from __future__ import annotations
