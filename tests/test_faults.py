@@ -202,52 +202,52 @@ CASES: list[tuple[str, list[str], int, str, object]] = [
         None,
     ),
     ("compress-unknown-compressor", [C, TINY, "-c", "nope", "--out", "{out}"], 2, "unknown compressor", None),
-    ("compress-option-not-kv", [C, TINY, *SVD, "-o", "alpha", "--out", "{out}"], 2, "KEY=VALUE", None),
+    ("compress-option-not-kv", [C, TINY, *SVD, "-O", "alpha", "--out", "{out}"], 2, "KEY=VALUE", None),
     (
         "compress-option-unknown",
-        [C, TINY, *SVD, "-o", "bogus=1", "--out", "{out}"],
+        [C, TINY, *SVD, "-O", "bogus=1", "--out", "{out}"],
         2,
         "no option 'bogus'",
         None,
     ),
     (
         "compress-option-type",
-        [C, TINY, "-c", "asvd", "-o", "alpha=x", "--out", "{out}"],
+        [C, TINY, "-c", "asvd", "-O", "alpha=x", "--out", "{out}"],
         2,
         "must be a number",
         None,
     ),
     (
         "compress-option-list",
-        [C, TINY, "-c", "asvd", "-o", "probe_ratios=a,b", "--out", "{out}"],
+        [C, TINY, "-c", "asvd", "-O", "probe_ratios=a,b", "--out", "{out}"],
         2,
         "must be a number",
         None,
     ),
     (
         "compress-option-range",
-        [C, TINY, "-c", "asvd", "-o", "probe_ratios=0.6,1.5", "--out", "{out}"],
+        [C, TINY, "-c", "asvd", "-O", "probe_ratios=0.6,1.5", "--out", "{out}"],
         2,
         "(0, 1)",
         None,
     ),
     (
         "compress-option-int",
-        [C, TINY, "-c", "asvd", "-o", "sensitivity_samples=2.5", "--out", "{out}"],
+        [C, TINY, "-c", "asvd", "-O", "sensitivity_samples=2.5", "--out", "{out}"],
         2,
         "integer",
         None,
     ),
     (
         "compress-palu-key-group",
-        [C, TINY, "-c", "palu", "-o", "k_group_size=2", "--out", "{out}"],
+        [C, TINY, "-c", "palu", "-O", "k_group_size=2", "--out", "{out}"],
         2,
         "key group size 2 does not divide the model's 1 KV heads",
         None,
     ),
     (
         "compress-palu-value-group",
-        [C, TINY, "-c", "palu", "-o", "v_group_size=3", "--out", "{out}"],
+        [C, TINY, "-c", "palu", "-O", "v_group_size=3", "--out", "{out}"],
         2,
         "value group size 3 does not divide",
         None,
@@ -358,7 +358,7 @@ CASES: list[tuple[str, list[str], int, str, object]] = [
             "asvd",
             "-r",
             "0.9",
-            "-o",
+            "-O",
             "probe_ratios=0.6,0.8,0.9",
             "--calib",
             "text:{root}/random.txt",
@@ -414,8 +414,14 @@ CASES: list[tuple[str, list[str], int, str, object]] = [
     ("demo-out-cwd", ["demo", "--out", "."], 2, "current directory", None),
     ("demo-out-cwd-overwrite", ["demo", "--overwrite", "--out", "."], 2, "current directory", None),
     ("demo-out-nonempty", ["demo", "--out", "{busy}"], 2, "not empty", s_nonempty_out),
-    ("generate-empty-prompt", ["generate", TINY, "-p", ""], 2, "the prompt is empty", None),
-    ("generate-zero-tokens", ["generate", TINY, "-p", "Hi", "-n", "0"], 2, "--max-new-tokens must be", None),
+    ("generate-empty-prompt", ["generate", TINY, "--prompt", ""], 2, "the prompt is empty", None),
+    (
+        "generate-zero-tokens",
+        ["generate", TINY, "--prompt", "Hi", "-n", "0"],
+        2,
+        "--max-new-tokens must be",
+        None,
+    ),
     ("profile-out-dir", ["profile", "--out", "{busy}"], 2, "directory", s_nonempty_out),
     ("profile-out-exists", ["profile", "--out", "{afile}"], 2, "already exists", s_file_out),
     ("ppl-out-proc", ["eval", "ppl", TINY, "--out", "/proc/x.json"], 2, "/proc", None),
@@ -796,7 +802,7 @@ def test_outputs_get_umask_permissions(base, tmp_path, capsys):
 
 def test_same_seed_same_bytes(base, tmp_path, capsys):
     """Determinism: the same command writes byte-identical safetensors (svd and calibrated asvd)."""
-    for comp in (["-c", "svd"], ["-c", "asvd", "-o", "probe_ratios=0.8,0.9", "--n-samples", "2"]):
+    for comp in (["-c", "svd"], ["-c", "asvd", "-O", "probe_ratios=0.8,0.9", "--n-samples", "2"]):
         outs = []
         for i in range(2):
             out = tmp_path / f"{comp[1]}{i}"

@@ -289,7 +289,7 @@ def test_gac_generate_json_records_the_latent_path(tmp_path):
     )
     out = io.save(m, tmp_path / "p", gac_config_for_save(rep))
     char_tokenizer().save_pretrained(out)
-    r = CliRunner().invoke(app, ["generate", str(out), "-p", "Once upon", "-n", "3", "--json"])
+    r = CliRunner().invoke(app, ["generate", str(out), "--prompt", "Once upon", "-n", "3", "--json"])
     assert r.exit_code == 0, r.output
     got = json.loads(r.stdout[r.stdout.index("{") :])
     path = got["latent_attention_path"]

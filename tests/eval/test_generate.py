@@ -115,7 +115,7 @@ def test_gac_generate_cli_on_the_embedded_model_with_every_kernel_flag():
         "--no-compile",
         "--no-graphs",
     ]
-    r = CliRunner().invoke(app, ["generate", "smollm2", "-p", prompt, "-n", "4", "--json", *flags])
+    r = CliRunner().invoke(app, ["generate", "smollm2", "--prompt", prompt, "-n", "4", "--json", *flags])
     assert r.exit_code == 0, r.output
     got = json.loads(r.stdout[r.stdout.index("{") :])
     lm = load_model("smollm2")

@@ -46,13 +46,13 @@ def cpu_sized_defaults(cfg: Any) -> list[str]:
         cfg.options["sensitivity_samples"] = CPU_SENSITIVITY_SAMPLES
         notes.append(
             f"asvd sensitivity probes on {CPU_SENSITIVITY_SAMPLES} calibration window "
-            "(GPU: all of them); -o sensitivity_samples=N to change"
+            "(GPU: all of them); -O sensitivity_samples=N to change"
         )
     if cfg.compressor == "asvd" and "svd_dtype" not in cfg.options:
         cfg.options["svd_dtype"] = "float32"
         notes.append(
             "SVDs in float32 (as on GPU and in `gac demo`; float64 is several times slower on CPU); "
-            "-o svd_dtype=float64 to change"
+            "-O svd_dtype=float64 to change"
         )
     return notes
 
@@ -93,7 +93,7 @@ SeqLen = Annotated[
 ]
 BatchSize = Annotated[int, typer.Option("--batch-size", help="Calibration windows per forward pass.")]
 Options = Annotated[
-    list[str], typer.Option("--option", "-o", help="Compressor option KEY=VALUE (repeatable).")
+    list[str], typer.Option("--option", "-O", help="Compressor option KEY=VALUE (repeatable).")
 ]
 LatencyTarget = Annotated[
     float | None,

@@ -14,7 +14,7 @@ def register(app: typer.Typer) -> None:
         model: str = typer.Argument(
             ..., help="Model: alias (smollm2), gac/HF directory, .gguf file or hub id."
         ),
-        prompt: str = typer.Option(..., "--prompt", "-p", help="The text to continue."),
+        prompt: str = typer.Option(..., "--prompt", help="The text to continue."),
         max_new_tokens: int = typer.Option(32, "--max-new-tokens", "-n", help="Tokens to generate."),
         device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | cuda:N."),
         dtype: str = typer.Option(

@@ -298,7 +298,7 @@ class AsvdCompressor(LowRankCompressor):
             console.print(
                 f"[yellow]asvd sensitivity: about {est_s / 60:.0f} min at this machine's speed[/yellow] "
                 f"({n_sites * n_r:,} probes); fewer probe windows (now {n_w}) or probe ratios make it "
-                "shorter: options sensitivity_samples and probe_ratios (gac compress: -o KEY=VALUE; "
+                "shorter: options sensitivity_samples and probe_ratios (gac compress: -O KEY=VALUE; "
                 "gac demo: --probe-samples, --probe-ratios)"
             )
         desc = (
