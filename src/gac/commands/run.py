@@ -22,8 +22,9 @@ def run_plan(
     from rich.table import Table
 
     from gac.errors import GacError
-    from gac.executors import EXECUTORS, check_slurm, execute
-    from gac.experiments import check_only, load_plan, open_plan_dir, status_table
+    from gac.plans.executors import EXECUTORS, check_slurm, execute
+    from gac.plans.schema import check_only, load_plan
+    from gac.plans.store import open_plan_dir, status_table
     from gac.utils import console, out_console
 
     plan = load_plan(plan_file)

@@ -1,7 +1,7 @@
 """Where the cells of an experiment plan run: ``local`` (in order, in this process) or ``slurm``.
 
 The Slurm executor submits one job per *group* (the cells sharing one calibration) through
-``submitit``; each job runs :func:`gac.experiments.run_group`, which writes its cells' JSON into the
+``submitit``; each job runs :func:`gac.plans.cells.run_group`, which writes its cells' JSON into the
 plan directory. Job logs land in ``PLAN_DIR/slurm/``. A job that fails (or dies) leaves its cells
 failed or missing; they are reported with the job's log tail and re-submitted on the next run.
 """
@@ -15,9 +15,19 @@ from pathlib import Path
 from typing import Any
 
 from gac.errors import GacError
-from gac.experiments import ExperimentPlan, cell_state, plan_from_dir, run_group, run_local
+from gac.plans.cells import run_group
+from gac.plans.schema import ExperimentPlan
+from gac.plans.store import cell_state, plan_from_dir
 
 EXECUTORS = ("local", "slurm")
+
+
+def run_local(plan: ExperimentPlan, plan_dir: str | Path, only: list[str] | None = None) -> dict[str, str]:
+    """Run every (selected) group in order on this machine; returns cell id -> state."""
+    out: dict[str, str] = {}
+    for g in plan.groups(only):
+        out.update(run_group(plan, plan_dir, g))
+    return out
 
 
 def _group_job(plan_dir: str, group: str) -> dict[str, str]:
