@@ -122,7 +122,7 @@ def test_bad_kinds_refused_before_work(tmp_path, old, new, msg):
 
 
 def test_benches_infer_only_and_report(tmp_path):
-    from gac.commands.run import run_plan
+    from gac.plans.executors import run_plan
     from gac.plans.report import report
 
     plan_file = _plan(tmp_path)

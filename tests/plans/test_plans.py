@@ -172,7 +172,7 @@ def test_sigkill_midway_then_rerun_is_identical(tmp_path):
 
 @pytest.mark.parametrize("name", ["demo", "paper"])
 def test_shipped_plans_expand_and_dry_run(tmp_path, name):
-    from gac.commands.run import run_plan
+    from gac.plans.executors import run_plan
 
     plan_file = Path(__file__).parents[2] / "plans" / f"{name}.toml"
     plan = load_plan(plan_file)

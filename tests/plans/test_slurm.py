@@ -141,7 +141,7 @@ def _cells(d: Path) -> dict[str, str]:
 
 
 def test_slurm_executor_runs_reports_failures_and_resubmits(slurm_cluster, tmp_path, monkeypatch, capsys):
-    from gac.commands.run import run_plan
+    from gac.plans.executors import run_plan
 
     for k, v in slurm_cluster.items():
         monkeypatch.setenv(k, v)

@@ -3,7 +3,8 @@
 * :mod:`gac.plans.schema`: the plan format (parse, validate, expand into cells and groups);
 * :mod:`gac.plans.store`: the plan directory (``plan.json``, one ``cells/<id>.json`` per cell);
 * :mod:`gac.plans.cells`: running a group of cells in this process, one calibration per group;
-* :mod:`gac.plans.executors`: where cells run, ``local`` or ``slurm`` (submitit);
+* :mod:`gac.plans.executors`: where cells run, ``local`` or ``slurm`` (submitit), and
+  :func:`~gac.plans.executors.run_plan` (``gac run``);
 * :mod:`gac.plans.report`: ``gac report`` of a plan directory; :mod:`gac.plans.results` of any
   directory of results;
 * :mod:`gac.plans.suites`: one variant through one suite (``gac eval lm_eval|infer``,
@@ -15,7 +16,7 @@ loses at most the cell in progress, and the cells of one (model, compressor, rat
 calibration.
 """
 
-from gac.plans.executors import EXECUTORS, execute, run_local
+from gac.plans.executors import EXECUTORS, execute, run_local, run_plan
 from gac.plans.report import render_plan, report
 from gac.plans.schema import Cell, ExperimentPlan, load_plan, parse_plan
 from gac.plans.store import open_plan_dir, plan_from_dir
@@ -32,4 +33,5 @@ __all__ = [
     "render_plan",
     "report",
     "run_local",
+    "run_plan",
 ]
