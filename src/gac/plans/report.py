@@ -1,10 +1,13 @@
-"""``gac report PLAN_DIR`` for an experiment plan: per-model tables and speed-vs-quality frontiers.
+"""``gac report``: the report of a plan directory (per-model tables, speed-vs-quality frontiers) and
+the dispatch to :mod:`gac.plans.results` for any other directory of results (:func:`report`).
 
 Reads ``plan.json`` and ``cells/**.json`` (written by ``gac run``); writes ``report.md``, one
 ``frontier_<model>_<profile>.png`` per model and GPU profile: quality (perplexity) against the
-speedup predicted from that GPU's profile, the Pareto frontier drawn through the best cells; and one
+speedup predicted from that GPU's profile, the Pareto frontier drawn through the best cells; one
 ``speedup_<model>.png`` per model with ``infer`` results: each compressed cell's measured speedup over
-dense at every grid point, its ideal and the latency model's prediction beside it, 1.0 marked.
+dense at every grid point, its ideal and the latency model's prediction beside it, 1.0 marked; and one
+``serving_<model>.png`` per model with serving shapes and a ``ppl`` eval: perplexity against the worst
+serving-shape speedup.
 """
 
 from __future__ import annotations
