@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 #: Packages that hold what the library is made of; none may reach up into the user-facing layer.
 LOW = ("gac.nn", "gac.kernels", "gac.hardware", "gac.models")
 #: The user-facing layer: the typer commands, the CLI, the workflow API and the plan runner.
-TOP = ("gac.commands", "gac.cli", "gac.api", "gac.experiments", "gac.executors", "gac.plan_report")
+TOP = ("gac.commands", "gac.cli", "gac.api", "gac.plans", "gac.llm_eval", "gac.llm_run")
 #: The only gac modules ``gac.nn`` may import (it sits at the bottom).
 NN_MAY_IMPORT = ("gac.nn", "gac.errors", "gac.compat")
 #: gac.nn's one upward edge: LatentAttention imports the decode kernel's file inside the methods that
@@ -35,7 +35,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("gac.runtime",),
     ("gac.eval",),
     ("gac.api", "gac.recovery"),
-    ("gac.experiments", "gac.executors", "gac.plan_report", "gac.llm_eval", "gac.llm_run"),
+    ("gac.plans", "gac.llm_eval", "gac.llm_run"),
     ("gac.commands", "gac.cli", "gac.__main__"),
 )
 

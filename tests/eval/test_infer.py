@@ -218,8 +218,8 @@ def test_flop_ideal_ignores_version_1_counts_of_fused_models():
 
 
 def test_decode_kernel_options_are_plumbed_and_recorded_on_cpu():
-    from gac.experiments import parse_plan
     from gac.llm_run import build_parser
+    from gac.plans.schema import parse_plan
 
     a = build_parser().parse_args(
         ["--variant", "baseline", "--out", "x", "--no-fused-lowrank", "--no-gemv", "--no-branches"]

@@ -250,7 +250,7 @@ def _cell(cid: str, compressor: str, dims: dict | None, ms: dict[str, float]) ->
 
 
 def test_report_shows_predicted_and_measured_speedup():
-    from gac.plan_report import infer_predictions, prediction_lines
+    from gac.plans.report import infer_predictions, prediction_lines
 
     cells = [
         _cell("tiny/base", "base", None, {"p": 1.0, "d": 1.0}),
@@ -363,7 +363,7 @@ def test_report_states_dense_decode_share_of_copy_bandwidth(tmp_path):
     import shutil
     from pathlib import Path
 
-    from gac.plan_report import bandwidth_line, render_plan
+    from gac.plans.report import bandwidth_line, render_plan
 
     src = Path(__file__).resolve().parents[2] / "benchmarks/results/h200/speed-gemv"
     base = json.loads((src / "cells/shape-llama3-8b-8/base.json").read_text())

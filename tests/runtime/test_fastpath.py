@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from gac.errors import GacError
 from gac.eval.infer import SweepConfig
-from gac.experiments import EVAL_KINDS, parse_plan
 from gac.llm_run import build_parser
+from gac.plans.schema import EVAL_KINDS, parse_plan
 from gac.runtime.fastpath import GENERATE, INFER, PLAN, FastPath, flag, is_bool, switches, typer_options
 
 PLAN_AXES = {"axes": {"models": ["tiny:llama"], "compressors": ["svd"], "ratios": [0.5]}}
@@ -130,10 +130,10 @@ def test_a_decorated_command_receives_one_fastpath():
 
 
 def test_gac_eval_infer_hands_the_switches_to_llm_run(monkeypatch):
-    import gac.llm_run
+    import gac.plans.suites
 
     seen = {}
-    monkeypatch.setattr(gac.llm_run, "run", lambda *a, **kw: seen.update(kw))
+    monkeypatch.setattr(gac.plans.suites, "run", lambda *a, **kw: seen.update(kw))
     from gac.cli import app
 
     r = CliRunner().invoke(app, ["eval", "infer", "--out", "x", "--no-fuse", "--no-branches", "--triton"])

@@ -144,7 +144,7 @@ def lm_eval_cmd(
     overwrite: bool = typer.Option(False, "--overwrite"),
 ) -> None:
     """Downstream accuracy (lm-eval tasks) or perplexity of a variant: the `python -m gac.llm_eval` entry point."""
-    from gac.llm_eval import evaluate, parse_limit
+    from gac.plans.suites import evaluate, parse_limit
 
     evaluate(
         variant,
@@ -196,7 +196,7 @@ def infer_cmd(
     overwrite: bool = typer.Option(False, "--overwrite"),
 ) -> None:
     """Prefill and decode speed of a variant next to its dense baseline: the `python -m gac.llm_run` entry point."""
-    from gac.llm_run import run
+    from gac.plans.suites import run
 
     run(
         variant,

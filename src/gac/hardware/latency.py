@@ -90,7 +90,7 @@ class Point:
 
     @property
     def key(self) -> str:
-        """``prefill_b8_s2048`` / ``decode_b1_kv512`` (as :func:`gac.plan_report.point_key`)."""
+        """``prefill_b8_s2048`` / ``decode_b1_kv512`` (as :func:`gac.plans.report.point_key`)."""
         if self.phase == "prefill":
             return f"prefill_b{self.batch}_s{self.seq}"
         return f"decode_b{self.batch}_kv{self.kv}"

@@ -12,8 +12,15 @@ from pathlib import Path
 
 import pytest
 
+try:  # Python 3.11+
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
 from gac.errors import GacError
-from gac.experiments import load_plan, open_plan_dir, parse_plan, run_local, status_table
+from gac.plans.executors import run_local
+from gac.plans.schema import load_plan, parse_plan
+from gac.plans.store import open_plan_dir, status_table
 
 TINY = """
 [plan]
@@ -128,7 +135,7 @@ def test_run_skips_finished_and_reports(tmp_path):
     assert sum(v == "ok" for v in third.values()) == 1
     assert _results(d) == res
 
-    from gac.commands.report import report
+    from gac.plans.report import report
 
     md = report(d)
     text = md.read_text()
@@ -142,7 +149,7 @@ def test_sigkill_midway_then_rerun_is_identical(tmp_path):
     plan = load_plan(plan_file)
     run_local(plan, open_plan_dir(plan, ref))
     d = tmp_path / "killed"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src"), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "gac", "run", str(plan_file), "--out", str(d)],
         env=env,
@@ -165,9 +172,9 @@ def test_sigkill_midway_then_rerun_is_identical(tmp_path):
 
 @pytest.mark.parametrize("name", ["demo", "paper"])
 def test_shipped_plans_expand_and_dry_run(tmp_path, name):
-    from gac.commands.run import run_plan
+    from gac.plans.executors import run_plan
 
-    plan_file = Path(__file__).parents[1] / "plans" / f"{name}.toml"
+    plan_file = Path(__file__).parents[2] / "plans" / f"{name}.toml"
     plan = load_plan(plan_file)
     assert {"none", "knapsack", "gac"} <= set(plan.aligns)
     states = run_plan(plan_file, tmp_path / "out", dry_run=True)
@@ -175,6 +182,34 @@ def test_shipped_plans_expand_and_dry_run(tmp_path, name):
     assert not (tmp_path / "out").exists()  # a dry run writes nothing
     if name == "paper":
         assert all("source" in v for v in plan.published.values())  # published values carry their source
+
+
+REPO = Path(__file__).parents[2]
+
+
+@pytest.mark.parametrize("path", sorted(REPO.glob("plans/*.toml")), ids=lambda p: p.name)
+def test_every_shipped_plan_parses(path):
+    plan = load_plan(path)
+    assert plan.cells() and plan.hash == parse_plan(tomllib.loads(path.read_text()), str(path)).hash
+
+
+def test_committed_plan_directories_keep_loading():
+    """Saved plan directories load with the hash they were written under, and each cell file they
+    hold reads back as a cell of that plan with the same inputs (done or failed, never stale)."""
+    from gac.plans.store import cell_path, plan_from_dir, read_cell
+
+    dirs = sorted(p.parent for p in (REPO / "benchmarks" / "results").rglob("plan.json"))
+    assert dirs, "no committed plan directory"
+    done = 0
+    for d in dirs:
+        plan = plan_from_dir(d)
+        assert plan.hash == json.loads((d / "plan.json").read_text())["plan_hash"], d
+        for _, cid, state in status_table(plan, d):
+            cell = next(c for c in plan.cells() if c.id == cid)
+            if cell_path(d, cell).exists():
+                assert read_cell(d, cell) is not None and state in ("done", "failed"), (d, cid, state)
+                done += state == "done"
+    assert done >= 1
 
 
 def test_star_axis_keeps_plan_identity_when_compressors_join(tmp_path, monkeypatch):
@@ -197,7 +232,7 @@ def test_last_cell_of_a_group_is_evaluated_without_the_plan_or_the_dense_model(t
     import weakref
 
     import gac.api
-    import gac.experiments as E
+    import gac.plans.cells as E
 
     refs: list[weakref.ref] = []
     real_plan, real_eval = gac.api.plan, E._evaluate

@@ -1,10 +1,13 @@
-"""``gac report PLAN_DIR`` for an experiment plan: per-model tables and speed-vs-quality frontiers.
+"""``gac report``: the report of a plan directory (per-model tables, speed-vs-quality frontiers) and
+the dispatch to :mod:`gac.plans.results` for any other directory of results (:func:`report`).
 
 Reads ``plan.json`` and ``cells/**.json`` (written by ``gac run``); writes ``report.md``, one
 ``frontier_<model>_<profile>.png`` per model and GPU profile: quality (perplexity) against the
-speedup predicted from that GPU's profile, the Pareto frontier drawn through the best cells; and one
+speedup predicted from that GPU's profile, the Pareto frontier drawn through the best cells; one
 ``speedup_<model>.png`` per model with ``infer`` results: each compressed cell's measured speedup over
-dense at every grid point, its ideal and the latency model's prediction beside it, 1.0 marked.
+dense at every grid point, its ideal and the latency model's prediction beside it, 1.0 marked; and one
+``serving_<model>.png`` per model with serving shapes and a ``ppl`` eval: perplexity against the worst
+serving-shape speedup.
 """
 
 from __future__ import annotations
@@ -13,14 +16,31 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gac.experiments import BASE, PLAN_SCHEMA, plan_from_dir, read_cell, slug
+from gac.errors import GacError
+from gac.plans.schema import BASE, slug
+from gac.plans.store import is_plan_dir, plan_from_dir, read_cell
+
+#: A cell of the plan and its record (None: not run).
+CellRecord = tuple[Any, dict[str, Any] | None]
 
 
-def is_plan_dir(root: Path) -> bool:
-    try:
-        return json.loads((root / "plan.json").read_text()).get("schema") == PLAN_SCHEMA
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-        return False
+def report(results_dir: str | Path, out: str | Path | None = None) -> Path:
+    """``gac report``: a plan directory's report (:func:`render_plan`) or, for any other directory of
+    results, :func:`gac.plans.results.render` of what :func:`gac.plans.results.collect` finds; the
+    Markdown path. Raises :class:`GacError` when nothing usable is found."""
+    root = Path(results_dir)
+    if not root.is_dir():
+        raise GacError(f"{root} is not a directory of gac results")
+    if is_plan_dir(root):  # written by `gac run PLAN.toml`
+        return render_plan(root, Path(out) if out else None)
+    from gac.plans.results import collect, render
+
+    rows = collect(root)
+    if not rows:
+        raise GacError(f"no gac results (infer.json, lm_eval.json, ppl.json, variant.json) under {root}")
+    o = Path(out) if out else root
+    o.mkdir(parents=True, exist_ok=True)
+    return render(rows, o, root)
 
 
 def _f(x: Any, fmt: str) -> str:
@@ -98,7 +118,6 @@ def infer_predictions(cells: list[tuple[Any, dict[str, Any] | None]]) -> dict[st
     from its model spec and kept dims). Returns ``{model: {cell id: {"profile", "rows", "worst"}
     or {"error"}}}``.
     """
-    from gac.errors import GacError
     from gac.hardware.latency import compare_cells, infer_of
 
     out: dict[str, dict[str, Any]] = {}
@@ -278,33 +297,64 @@ def worst_serving(cell: dict[str, Any], measured: dict[str, Any] | None) -> tupl
     return float(pred[k]), k, "predicted"
 
 
-def serving_plot(plt: Any, model: str, pts: list[tuple[str, str, float, float, str]], base_ppl: float | None,
-                 ylabel: str, path: Path) -> None:  # fmt: skip
-    """``serving_<model>.png``: perplexity against the worst serving-shape speedup, one point per
-    (compressor, align) cell, dense at 1.0, the 1.00x line marked: what the latency guard costs."""
+#: One marker per compressor in the plots of cells (colour: the align strategy).
+MARKERS = "osD^v<>P*X"
+
+
+def _cells_figure(plt: Any, pts: list[tuple[Any, ...]], hollow_predicted: bool = False) -> tuple[Any, ...]:
+    """A figure with one point ``(x, y)`` = ``p[2], p[3]`` per (compressor ``p[0]``, align ``p[1]``)
+    cell; with ``hollow_predicted``, points whose ``p[4]`` is ``predicted`` are drawn hollow.
+    Returns ``(fig, ax, compressors, aligns)``."""
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     comps = sorted({p[0] for p in pts})
     aligns = sorted({p[1] for p in pts})
-    markers = "osD^v<>P*X"
     for p in pts:
-        ax.scatter(p[2], p[3], marker=markers[comps.index(p[0]) % len(markers)], color=f"C{aligns.index(p[1])}",
-                   s=40, facecolors="none" if p[4] == "predicted" else None)  # fmt: skip
-    if base_ppl:
-        ax.scatter([1.0], [base_ppl], marker="*", color="k", s=80, label="dense")
-    ax.axvline(1.0, color="gray", lw=0.8, ls=":")
+        kw = {"facecolors": "none" if p[4] == "predicted" else None} if hollow_predicted else {}
+        ax.scatter(p[2], p[3], marker=MARKERS[comps.index(p[0]) % len(MARKERS)],
+                   color=f"C{aligns.index(p[1])}", s=40, **kw)  # fmt: skip
+    return fig, ax, comps, aligns
+
+
+def _save_cells_figure(plt: Any, fig: Any, ax: Any, comps: list[str], aligns: list[str], xlabel: str,
+                       ylabel: str, title: str, path: Path) -> None:  # fmt: skip
+    """Legend entries per compressor (marker) and align strategy (colour), labels, then save."""
     for i, c in enumerate(comps):
-        ax.scatter([], [], marker=markers[i % len(markers)], color="gray", label=c)
+        ax.scatter([], [], marker=MARKERS[i % len(MARKERS)], color="gray", label=c)
     for i, a in enumerate(aligns):
         ax.scatter([], [], marker="s", color=f"C{i}", label=f"align {a}")
-    src = {p[4] for p in pts}
-    how = "filled: measured, hollow: predicted" if len(src) > 1 else src.pop()
-    ax.set_xlabel(f"worst speedup over dense across the serving shapes ({how})")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(f"{model}: quality vs worst serving-shape speed", fontsize=10)
+    ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def serving_plot(plt: Any, model: str, pts: list[tuple[str, str, float, float, str]], base_ppl: float | None,
+                 ylabel: str, path: Path) -> None:  # fmt: skip
+    """``serving_<model>.png``: perplexity against the worst serving-shape speedup, one point per
+    (compressor, align) cell, dense at 1.0, the 1.00x line marked: what the latency guard costs."""
+    fig, ax, comps, aligns = _cells_figure(plt, pts, hollow_predicted=True)
+    if base_ppl:
+        ax.scatter([1.0], [base_ppl], marker="*", color="k", s=80, label="dense")
+    ax.axvline(1.0, color="gray", lw=0.8, ls=":")
+    src = {p[4] for p in pts}
+    how = "filled: measured, hollow: predicted" if len(src) > 1 else src.pop()
+    _save_cells_figure(plt, fig, ax, comps, aligns, f"worst speedup over dense across the serving shapes ({how})",
+                       ylabel, f"{model}: quality vs worst serving-shape speed", path)  # fmt: skip
+
+
+def frontier_plot(plt: Any, model: str, prof: str, pts: list[tuple[str, str, float, float]],
+                  ylabel: str, path: Path) -> None:  # fmt: skip
+    """``frontier_<model>_<profile>.png``: perplexity (log) against the speedup predicted from ``prof``,
+    one marker per compressor, one colour per align strategy, the Pareto frontier dashed."""
+    fig, ax, comps, aligns = _cells_figure(plt, pts)
+    fr = frontier([(p[2], p[3]) for p in pts])
+    ax.plot([x for x, _ in fr], [y for _, y in fr], "k--", lw=0.8, label="frontier")
+    ax.set_yscale("log")
+    _save_cells_figure(plt, fig, ax, comps, aligns, f"predicted speedup ({prof})", ylabel,
+                       f"{model}: speed vs quality", path)  # fmt: skip
 
 
 def render_plan(root: Path, out: Path | None = None) -> Path:
@@ -330,138 +380,153 @@ def render_plan(root: Path, out: Path | None = None) -> Path:
         f"{len(cells) - n_ok - n_failed} not run. Results under `{root}`.",
         "",
     ]
-    plots = []
     speed = infer_speedups(cells)
     preds = infer_predictions(cells)
-    benches = [(c, d) for c, d in cells if c.bench is not None]
-    if benches:
-        lines += ["## Kernel-level experiments", ""]
-        for c, d in benches:
-            if d is None or d.get("status") != "ok":
-                st = "not run" if d is None else f"failed: {d.get('error')}"
-                lines += [f"### {c.bench}: {st}", ""]
-                continue
-            r = d["results"]
-            summ = r.get("summary") or []
-            cols = [k for k in (summ[0] if summ else {}) if k not in ("auto_backends",)]
-            lines += [f"### {c.bench} (`gac bench -e {r['experiment']}`, {r.get('device_label')}, {r.get('dtype')}; "
-                      f"{r.get('points_ok')}/{r.get('points')} points; raw: `{r.get('raw_dir')}/`)", "",
-                      "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]  # fmt: skip
-            for row in summ:
-                vals = [
-                    _f(row.get(k), ".3g") if isinstance(row.get(k), float) else str(row.get(k)) for k in cols
-                ]
-                lines.append("| " + " | ".join(vals) + " |")
-            png = next(iter(sorted((root / str(r.get("raw_dir", ""))).glob("*.png"))), None)
-            if png is not None:
-                lines += ["", f"![{c.bench}]({png.relative_to(root)})"]
-            lines.append("")
+    lines += bench_lines(root, [(c, d) for c, d in cells if c.bench is not None])
     for model in plan.models:
         mcells = [(c, d) for c, d in cells if c.model == model]
-        base = next((d for c, d in mcells if c.compressor == BASE and d and d.get("status") == "ok"), None)
-        bppl = {s: base["results"]["evals"].get(s, {}).get("ppl") for s in srcs} if base else {}
-        head = ["compressor", "ratio", "align", "params", "aligned %", "pred. speedup", *srcs,
-                *(f"{s} / base" for s in srcs), "status"]  # fmt: skip
-        lines += [f"## {model}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        profiles: dict[str, list[tuple[str, str, float, float]]] = {}
-        for c, d in mcells:
-            r = (d or {}).get("results") or {}
-            ev = r.get("evals") or {}
-            pr = ev.get("predict") or {}
-            ppls = [ev.get(s, {}).get("ppl") for s in srcs]
-            rel = [p / bppl[s] if p and bppl.get(s) else None for p, s in zip(ppls, srcs, strict=True)]
-            st = "not run" if d is None else d["status"] + (f": {d['error']}" if d.get("error") else "")
-            lines.append("| " + " | ".join([
-                c.compressor, "1" if c.compressor == BASE else f"{c.ratio:g}", c.align,
-                _f(r.get("params"), ","), _f(r.get("pct_aligned"), ".1f"),
-                _f(pr.get("predicted_speedup"), ".3f"), *[_f(p, ".3f") for p in ppls],
-                *[_f(x, ".4f") for x in rel], st.replace("|", "/")[:120],
-            ]) + " |")  # fmt: skip
-            sp = pr.get("predicted_speedup")
-            if sp and ppls and ppls[0]:
-                profiles.setdefault(str(pr.get("profile")), []).append((c.compressor, c.align, sp, ppls[0]))
-        lines.append("")
-        mspeed = [(c, speed[c.id]) for c, _ in mcells if c.id in speed]
-        if mspeed:
-            pts = [k for k in mspeed[0][1] if not k.startswith("ideal_")]
-            head = ["cell", *(f"{k} (ideal)" for k in pts)]
-            lines += [f"Measured speedup over the dense base ({model}, `infer` eval: the default "
-                      "`gac eval infer` path), ideal in brackets (prefill: FLOPs, or the parameter ratio where no "
-                      "FLOPs were recorded; decode: bytes moved):",
-                      "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
-            for c, sp in mspeed:
-                lines.append("| " + " | ".join([c.id, *(
-                    f"{_f(sp.get(k), '.3f')} ({_f(sp.get('ideal_' + k), '.3f')})" for k in pts)]) + " |")  # fmt: skip
-            lines.append("")
-            bw = bandwidth_line(((base or {}).get("results") or {}).get("evals", {}).get("infer"))
-            if bw:
-                lines += [bw, ""]
-        if model in preds:
-            lines += prediction_lines(model, preds[model])
-        serving = []
-        for c, d in mcells:
-            w = worst_serving(d, speed.get(c.id)) if c.compressor != BASE else None
-            if w is not None:
-                ppl0 = (
-                    (((d or {}).get("results") or {}).get("evals") or {}).get(srcs[0], {}).get("ppl")
-                    if srcs
-                    else None
-                )
-                serving.append((c, w, ppl0))
-        if serving:
-            lines += [f"Worst serving-shape speedup over dense ({model}; measured where the `infer` eval timed "
-                      "every serving shape, else predicted by the profile's latency model):", "",
-                      "| cell | worst speedup | at | source | guard |", "|---|---|---|---|---|"]  # fmt: skip
-            for c, w, _ in serving:
-                g = ((read_cell(root, c) or {}).get("results") or {}).get("guard") or {}
-                how = "guarded" if g.get("guarded") and not g.get("off") else "not guarded"
-                lines.append(f"| {c.id} | {w[0]:.3f} | {w[1]} | {w[2]} | {how} |")
-            lines.append("")
-            qual = [(c.compressor, c.align, w[0], q, w[2]) for c, w, q in serving if q]
-            if qual:
-                name = f"serving_{slug(model)}.png"
-                serving_plot(plt, model, qual, bppl.get(srcs[0]), f"perplexity ({srcs[0]})", out / name)
-                plots.append(name)
-                lines += [f"![{name}]({name})", ""]
-        name = f"speedup_{slug(model)}.png"
-        if mspeed and speed_plot(plt, model, mspeed, preds.get(model), out / name):
-            plots.append(name)
-            lines += [f"![{name}]({name})", ""]
-        for prof, pts in profiles.items():
-            fig, ax = plt.subplots(figsize=(6.4, 4.2))
-            comps = sorted({p[0] for p in pts})
-            aligns = sorted({p[1] for p in pts})
-            markers = "osD^v<>P*X"
-            for p in pts:
-                ax.scatter(p[2], p[3], marker=markers[comps.index(p[0]) % len(markers)],
-                           color=f"C{aligns.index(p[1])}", s=40)  # fmt: skip
-            fr = frontier([(p[2], p[3]) for p in pts])
-            ax.plot([x for x, _ in fr], [y for _, y in fr], "k--", lw=0.8, label="frontier")
-            for i, c in enumerate(comps):
-                ax.scatter([], [], marker=markers[i % len(markers)], color="gray", label=c)
-            for i, a in enumerate(aligns):
-                ax.scatter([], [], marker="s", color=f"C{i}", label=f"align {a}")
-            ax.set_yscale("log")
-            ax.set_xlabel(f"predicted speedup ({prof})")
-            ax.set_ylabel(f"perplexity ({srcs[0]}, log)" if srcs else "perplexity")
-            ax.set_title(f"{model}: speed vs quality", fontsize=10)
-            ax.legend(fontsize=7)
-            fig.tight_layout()
-            name = f"frontier_{slug(model)}_{slug(prof)}.png"
-            fig.savefig(out / name, dpi=110)
-            plt.close(fig)
-            plots.append(name)
-            lines += [f"![{name}]({name})", ""]
+        lines += model_lines(plt, model, mcells, srcs, speed, preds.get(model), out)
     if plan.published:
-        results = {c.id: {**((d or {}).get("results") or {}), "speedup": speed.get(c.id, {})}
-                   for c, d in cells if d is not None and d.get("status") == "ok"}  # fmt: skip
-        rows = published_rows(plan.published, results)
-        if rows:
-            lines += ["## Ours beside the published values", "",
-                      "| table | quantity | published | ours | ours / published | source |",
-                      "|---|---|---|---|---|---|", *rows, ""]  # fmt: skip
-        lines += ["## Published values (from the plan)", "", "```json",
-                  json.dumps(plan.published, indent=1), "```", ""]  # fmt: skip
+        lines += _published_lines(plan.published, cells, speed)
     md = out / "report.md"
     atomic_write_text(md, "\n".join(lines) + "\n")
     return md
+
+
+def bench_lines(root: Path, benches: list[CellRecord]) -> list[str]:
+    """Markdown: one section per ``[[benches]]`` cell, its summary table and plot."""
+    if not benches:
+        return []
+    lines = ["## Kernel-level experiments", ""]
+    for c, d in benches:
+        if d is None or d.get("status") != "ok":
+            st = "not run" if d is None else f"failed: {d.get('error')}"
+            lines += [f"### {c.bench}: {st}", ""]
+            continue
+        r = d["results"]
+        summ = r.get("summary") or []
+        cols = [k for k in (summ[0] if summ else {}) if k not in ("auto_backends",)]
+        lines += [f"### {c.bench} (`gac bench -e {r['experiment']}`, {r.get('device_label')}, {r.get('dtype')}; "
+                  f"{r.get('points_ok')}/{r.get('points')} points; raw: `{r.get('raw_dir')}/`)", "",
+                  "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]  # fmt: skip
+        for row in summ:
+            vals = [_f(row.get(k), ".3g") if isinstance(row.get(k), float) else str(row.get(k)) for k in cols]
+            lines.append("| " + " | ".join(vals) + " |")
+        png = next(iter(sorted((root / str(r.get("raw_dir", ""))).glob("*.png"))), None)
+        if png is not None:
+            lines += ["", f"![{c.bench}]({png.relative_to(root)})"]
+        lines.append("")
+    return lines
+
+
+def model_lines(plt: Any, model: str, mcells: list[CellRecord], srcs: list[str], speed: dict[str, Any],
+                pred: dict[str, Any] | None, out: Path) -> list[str]:  # fmt: skip
+    """Markdown (and PNGs under ``out``): one model's section of the plan report."""
+    base = next((d for c, d in mcells if c.compressor == BASE and d and d.get("status") == "ok"), None)
+    bppl = {s: base["results"]["evals"].get(s, {}).get("ppl") for s in srcs} if base else {}
+    lines, profiles = _cell_table(model, mcells, srcs, bppl)
+    mspeed = [(c, speed[c.id]) for c, _ in mcells if c.id in speed]
+    if mspeed:
+        lines += _measured_lines(model, mspeed, base)
+    if pred is not None:
+        lines += prediction_lines(model, pred)
+    lines += _serving_lines(plt, model, mcells, srcs, speed, bppl, out)
+    name = f"speedup_{slug(model)}.png"
+    if mspeed and speed_plot(plt, model, mspeed, pred, out / name):
+        lines += [f"![{name}]({name})", ""]
+    for prof, pts in profiles.items():
+        name = f"frontier_{slug(model)}_{slug(prof)}.png"
+        ylabel = f"perplexity ({srcs[0]}, log)" if srcs else "perplexity"
+        frontier_plot(plt, model, prof, pts, ylabel, out / name)
+        lines += [f"![{name}]({name})", ""]
+    return lines
+
+
+def _cell_table(model: str, mcells: list[CellRecord], srcs: list[str], bppl: dict[str, Any]
+                ) -> tuple[list[str], dict[str, list[tuple[str, str, float, float]]]]:  # fmt: skip
+    """One row per cell (params, alignment, predicted speedup, perplexities, status), and per profile
+    the (compressor, align, predicted speedup, perplexity) points of its frontier plot."""
+    head = ["compressor", "ratio", "align", "params", "aligned %", "pred. speedup", *srcs,
+            *(f"{s} / base" for s in srcs), "status"]  # fmt: skip
+    lines = [f"## {model}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    profiles: dict[str, list[tuple[str, str, float, float]]] = {}
+    for c, d in mcells:
+        r = (d or {}).get("results") or {}
+        ev = r.get("evals") or {}
+        pr = ev.get("predict") or {}
+        ppls = [ev.get(s, {}).get("ppl") for s in srcs]
+        rel = [p / bppl[s] if p and bppl.get(s) else None for p, s in zip(ppls, srcs, strict=True)]
+        st = "not run" if d is None else d["status"] + (f": {d['error']}" if d.get("error") else "")
+        lines.append("| " + " | ".join([
+            c.compressor, "1" if c.compressor == BASE else f"{c.ratio:g}", c.align,
+            _f(r.get("params"), ","), _f(r.get("pct_aligned"), ".1f"),
+            _f(pr.get("predicted_speedup"), ".3f"), *[_f(p, ".3f") for p in ppls],
+            *[_f(x, ".4f") for x in rel], st.replace("|", "/")[:120],
+        ]) + " |")  # fmt: skip
+        sp = pr.get("predicted_speedup")
+        if sp and ppls and ppls[0]:
+            profiles.setdefault(str(pr.get("profile")), []).append((c.compressor, c.align, sp, ppls[0]))
+    lines.append("")
+    return lines, profiles
+
+
+def _measured_lines(
+    model: str, mspeed: list[tuple[Any, dict[str, Any]]], base: dict[str, Any] | None
+) -> list[str]:
+    """The measured speedup table (ideal in brackets) and the dense base's bandwidth line."""
+    pts = [k for k in mspeed[0][1] if not k.startswith("ideal_")]
+    head = ["cell", *(f"{k} (ideal)" for k in pts)]
+    lines = [f"Measured speedup over the dense base ({model}, `infer` eval: the default "
+             "`gac eval infer` path), ideal in brackets (prefill: FLOPs, or the parameter ratio where no "
+             "FLOPs were recorded; decode: bytes moved):",
+             "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
+    for c, sp in mspeed:
+        lines.append("| " + " | ".join([c.id, *(
+            f"{_f(sp.get(k), '.3f')} ({_f(sp.get('ideal_' + k), '.3f')})" for k in pts)]) + " |")  # fmt: skip
+    lines.append("")
+    bw = bandwidth_line(((base or {}).get("results") or {}).get("evals", {}).get("infer"))
+    if bw:
+        lines += [bw, ""]
+    return lines
+
+
+def _serving_lines(plt: Any, model: str, mcells: list[CellRecord], srcs: list[str], speed: dict[str, Any],
+                   bppl: dict[str, Any], out: Path) -> list[str]:  # fmt: skip
+    """Each compressed cell's worst serving-shape speedup (and its guard), with ``serving_<model>.png``."""
+    serving = []
+    for c, d in mcells:
+        w = worst_serving(d, speed.get(c.id)) if c.compressor != BASE else None
+        if w is not None:
+            evals = ((d or {}).get("results") or {}).get("evals") or {}
+            serving.append((c, d, w, evals.get(srcs[0], {}).get("ppl") if srcs else None))
+    if not serving:
+        return []
+    lines = [f"Worst serving-shape speedup over dense ({model}; measured where the `infer` eval timed "
+             "every serving shape, else predicted by the profile's latency model):", "",
+             "| cell | worst speedup | at | source | guard |", "|---|---|---|---|---|"]  # fmt: skip
+    for c, d, w, _ in serving:
+        g = ((d or {}).get("results") or {}).get("guard") or {}
+        how = "guarded" if g.get("guarded") and not g.get("off") else "not guarded"
+        lines.append(f"| {c.id} | {w[0]:.3f} | {w[1]} | {w[2]} | {how} |")
+    lines.append("")
+    qual = [(c.compressor, c.align, w[0], q, w[2]) for c, _, w, q in serving if q]
+    if qual:
+        name = f"serving_{slug(model)}.png"
+        serving_plot(plt, model, qual, bppl.get(srcs[0]), f"perplexity ({srcs[0]})", out / name)
+        lines += [f"![{name}]({name})", ""]
+    return lines
+
+
+def _published_lines(published: dict[str, Any], cells: list[CellRecord], speed: dict[str, Any]) -> list[str]:
+    """Ours beside the plan's published values, then the published values themselves."""
+    results = {c.id: {**((d or {}).get("results") or {}), "speedup": speed.get(c.id, {})}
+               for c, d in cells if d is not None and d.get("status") == "ok"}  # fmt: skip
+    rows = published_rows(published, results)
+    lines = []
+    if rows:
+        lines += ["## Ours beside the published values", "",
+                  "| table | quantity | published | ours | ours / published | source |",
+                  "|---|---|---|---|---|---|", *rows, ""]  # fmt: skip
+    lines += ["## Published values (from the plan)", "", "```json",
+              json.dumps(published, indent=1), "```", ""]  # fmt: skip
+    return lines

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from gac.errors import GacError
-from gac.experiments import load_plan, open_plan_dir, parse_plan, run_local, status_table
+from gac.plans.executors import run_local
+from gac.plans.schema import load_plan, parse_plan
+from gac.plans.store import open_plan_dir, status_table
 
 PLAN = """
 [plan]
@@ -120,8 +122,8 @@ def test_bad_kinds_refused_before_work(tmp_path, old, new, msg):
 
 
 def test_benches_infer_only_and_report(tmp_path):
-    from gac.commands.report import report
-    from gac.commands.run import run_plan
+    from gac.plans.executors import run_plan
+    from gac.plans.report import report
 
     plan_file = _plan(tmp_path)
     plan = load_plan(plan_file)
@@ -164,7 +166,7 @@ def test_benches_infer_only_and_report(tmp_path):
 
 
 def test_lookup_and_published_rows():
-    from gac.plan_report import lookup, published_rows
+    from gac.plans.report import lookup, published_rows
 
     res = {"c": {"summary": [{"g": "a", "x": 2.0}, {"g": "b", "x": 4.0}], "pct_aligned": 50.0}}
     assert lookup(res["c"], "summary.x", {"g": "b"}) == 4.0

@@ -7,9 +7,10 @@ import json
 import pytest
 
 from gac.cli import main
-from gac.commands.report import collect, report
 from gac.errors import GacError
 from gac.eval.infer import SweepConfig, Variant, run_sweep, write_results
+from gac.plans.report import report
+from gac.plans.results import collect
 from gac.testing import tiny_model
 
 

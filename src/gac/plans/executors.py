@@ -1,7 +1,7 @@
 """Where the cells of an experiment plan run: ``local`` (in order, in this process) or ``slurm``.
 
 The Slurm executor submits one job per *group* (the cells sharing one calibration) through
-``submitit``; each job runs :func:`gac.experiments.run_group`, which writes its cells' JSON into the
+``submitit``; each job runs :func:`gac.plans.cells.run_group`, which writes its cells' JSON into the
 plan directory. Job logs land in ``PLAN_DIR/slurm/``. A job that fails (or dies) leaves its cells
 failed or missing; they are reported with the job's log tail and re-submitted on the next run.
 """
@@ -15,9 +15,19 @@ from pathlib import Path
 from typing import Any
 
 from gac.errors import GacError
-from gac.experiments import ExperimentPlan, cell_state, plan_from_dir, run_group, run_local
+from gac.plans.cells import run_group
+from gac.plans.schema import ExperimentPlan, check_only, load_plan
+from gac.plans.store import cell_state, open_plan_dir, plan_from_dir, status_table
 
 EXECUTORS = ("local", "slurm")
+
+
+def run_local(plan: ExperimentPlan, plan_dir: str | Path, only: list[str] | None = None) -> dict[str, str]:
+    """Run every (selected) group in order on this machine; returns cell id -> state."""
+    out: dict[str, str] = {}
+    for g in plan.groups(only):
+        out.update(run_group(plan, plan_dir, g))
+    return out
 
 
 def _group_job(plan_dir: str, group: str) -> dict[str, str]:
@@ -139,3 +149,51 @@ def execute(
     if executor == "slurm":
         return run_slurm(plan, plan_dir, only=only)
     raise GacError(f"unknown executor {executor!r}; choose one of: {', '.join(EXECUTORS)}")
+
+
+def run_plan(
+    plan_file: str | Path,
+    out: str | Path | None = None,
+    executor: str = "local",
+    dry_run: bool = False,
+    only: list[str] | None = None,
+) -> dict[str, str]:
+    """Validate ``plan_file``, then run (or, ``dry_run``, list) its cells into ``out``.
+
+    Everything is checked before any work: the plan's keys and values, the executor, and that
+    ``out`` holds no other plan's results.
+    """
+    from rich.table import Table
+
+    from gac.utils import console, out_console
+
+    plan = load_plan(plan_file)
+    if executor not in EXECUTORS:
+        raise GacError(f"unknown executor {executor!r}; choose one of: {', '.join(EXECUTORS)}")
+    check_only(plan, only)
+    plan_dir = Path(out) if out else Path("runs") / plan.name
+    if executor == "slurm" and not dry_run:
+        check_slurm()
+    d = open_plan_dir(plan, plan_dir, create=not dry_run)
+    rows = status_table(plan, d, only)
+    n_groups = len({g for g, _, _ in rows})
+    todo = [r for r in rows if r[2] != "done"]
+    if dry_run:
+        t = Table(title=f"plan {plan.name}: {len(rows)} cells in {n_groups} groups, {len(todo)} to run")
+        for c in ("group", "cell", "state"):
+            t.add_column(c)
+        for g, cid, st in rows:
+            t.add_row(g, cid, st)
+        out_console.print(t)
+        return {cid: st for _, cid, st in rows}
+    console.print(
+        f"plan {plan.name} ({plan.hash}): {len(rows)} cells in {n_groups} groups; "
+        f"{len(rows) - len(todo)} done, {len(todo)} to run; results in {d}"
+    )
+    res = execute(plan, d, executor, only)
+    failed = [k for k, v in res.items() if v == "failed"]
+    ran = sum(v == "ok" for v in res.values())
+    console.print(f"ran {ran} cells, skipped {sum(v == 'done' for v in res.values())}, failed {len(failed)}")
+    if failed:
+        raise GacError(f"{len(failed)} cell(s) failed ({', '.join(failed[:3])}...); re-run to retry them")
+    return res

@@ -141,11 +141,11 @@ def _cells(d: Path) -> dict[str, str]:
 
 
 def test_slurm_executor_runs_reports_failures_and_resubmits(slurm_cluster, tmp_path, monkeypatch, capsys):
-    from gac.commands.run import run_plan
+    from gac.plans.executors import run_plan
 
     for k, v in slurm_cluster.items():
         monkeypatch.setenv(k, v)
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parents[1] / "src"))
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parents[2] / "src"))
     d = tmp_path / "out"
     # 1. a job that dies before gac runs: reported with its log tail, its cells left to re-run
     bad = tmp_path / "bad.toml"
@@ -177,7 +177,7 @@ def test_slurm_without_controller_refused(tmp_path, monkeypatch):
     conf = tmp_path / "slurm.conf"
     conf.write_text(f"ClusterName=none\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort={_port()}\n")
     monkeypatch.setenv("SLURM_CONF", str(conf))
-    from gac.executors import check_slurm
+    from gac.plans.executors import check_slurm
 
     with pytest.raises(GacError, match="not reachable"):
         check_slurm()
