@@ -51,6 +51,7 @@ import torch.nn.functional as F
 
 from gac.alignment import pow2_class, round_up
 from gac.errors import GacError
+from gac.guard import atomic_savefig
 from gac.hardware.timing import (
     bench,
     dtype_name,
@@ -639,11 +640,8 @@ def plot_staircase(path: Path, name: str, records: list[dict[str, Any]], title: 
         ax.axis("off")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    atomic_savefig(fig, path, dpi=110)
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 def _median(xs: list[float]) -> float | None:
