@@ -318,8 +318,8 @@ if HAVE_TRITON:
             m_i, l_i, acc, p = _online_softmax(sc, tmask, qk_scale, m_i, l_i, acc)
             pt = tl.trans(p.to(dt))  # [MQ, BLOCK_T]
             acc = _group_values(
-                acc, pt, zv_b, offs_t, tmask, szvt, voff_ptr, vr_ptr, kvh0, offs_m, offs_v, G, NREP, RAV, V_SHARED,
-                UNROLL,
+                acc, pt, zv_b, offs_t, tmask, szvt, voff_ptr, vr_ptr, kvh0, offs_m, offs_v,
+                G, NREP, RAV, V_SHARED, UNROLL,
             )  # fmt: skip
         rows = h0 + offs_m
         optr = o_ptr + b * sob + rows[:, None] * soh + split * sos + offs_v[None, :]
