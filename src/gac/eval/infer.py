@@ -41,6 +41,7 @@ from torch import nn
 
 from gac.compat import with_cache
 from gac.errors import GacError
+from gac.guard import atomic_savefig
 from gac.nn.latent import latent_attention_paths
 from gac.runtime.fastpath import FastPath
 from gac.utils import atomic_write_text, console, progress
@@ -952,7 +953,7 @@ def plot(res: dict[str, Any], out: Path) -> list[Path]:
     ax.legend(fontsize=7)
     fig.tight_layout()
     p = out / "prefill_latency.png"
-    fig.savefig(p, dpi=120)
+    atomic_savefig(fig, p, dpi=120)
     plt.close(fig)
     paths.append(p)
 
@@ -976,7 +977,7 @@ def plot(res: dict[str, Any], out: Path) -> list[Path]:
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
     p = out / "decode_tps.png"
-    fig.savefig(p, dpi=120)
+    atomic_savefig(fig, p, dpi=120)
     plt.close(fig)
     paths.append(p)
     return paths
