@@ -480,24 +480,15 @@ def plan(
         GacError: unknown compressor, no sites, missing calibration data, unmeetable budget.
     """
     from gac.compressors.base import get_compressor
-    from gac.compressors.calibration import CalibrationConfig, calibration_data, model_device
 
     config.validate()
     timings: dict[str, float] = {}
     comp = get_compressor(config.compressor, **config.options)
     prof = profile_for(model, config.profile, profile)
     sites = comp.sites(model)
-    if config.max_gpu_memory is not None:
-        need = sum(p.numel() * p.element_size() for p in model.parameters())
-        if need > config.max_gpu_memory * 2**30:
-            if not comp.supports_sequential:
-                raise GacError(
-                    f"{config.compressor}: the model ({need / 2**30:.2f} GiB) exceeds --max-gpu-memory "
-                    f"{config.max_gpu_memory:g} GiB, and its calibration needs whole-model passes; "
-                    "layer-by-layer compression supports svd and svd-llm"
-                )
-            comp.exec_device = "cuda" if torch.cuda.is_available() else "cpu"
-            timings["sequential"] = 1.0
+    if config.max_gpu_memory is not None and _sequential(model, comp, config):
+        comp.exec_device = "cuda" if torch.cuda.is_available() else "cpu"
+        timings["sequential"] = 1.0
     if not sites:
         raise GacError(f"{config.compressor}: no compressible sites in {type(model).__name__}")
     serve, dropped = serving_shapes(config.serve, model)
@@ -505,60 +496,9 @@ def plan(
         console.print(
             f"serving shapes: the default's {dropped} exceed the model's context; not guarded", markup=False
         )
-    dense = sum(s.dense_cost for s in sites)
-    budget = int(math.floor(config.param_ratio * dense))
-    floor_cost = sum(s.cost(s.min_dim) for s in sites)
-    if floor_cost > budget:
-        raise GacError(
-            f"param ratio {config.param_ratio} cannot be met: even the smallest dims cost "
-            f"{floor_cost:,} of {dense:,} parameters ({floor_cost / dense:.4f})"
-        )
-    check_budget = getattr(comp, "check_budget", None)  # a compressor's own budget bounds (palu)
-    if check_budget is not None:
-        check_budget(sites, budget, prof, config.align)
-    calib_info: dict[str, Any] = {"used": False}
+    budget = _budget(sites, config, comp, prof)
     t0 = time.perf_counter()
-    if comp.needs_calibration:
-        if calib_batches is None:
-            if tokenizer is None:
-                raise GacError(
-                    f"compressor {config.compressor!r} needs calibration data: pass a tokenizer or calib_batches"
-                )
-            d = CalibrationConfig.default(model_device(model), source=config.calib)
-            if config.seq_len is not None:
-                from gac.data import check_seq_len
-
-                check_seq_len(model, config.seq_len)
-            cc = CalibrationConfig(
-                source=config.calib,
-                n_samples=config.n_samples or d.n_samples,
-                seq_len=config.seq_len or d.seq_len,
-                batch_size=config.batch_size,
-                seed=config.calib_seed,
-            )
-            calib_batches, part = calibration_data(tokenizer, cc)
-            calib_info = {
-                "used": True,
-                "source": cc.source,
-                "n_samples": cc.n_samples,
-                "seq_len": cc.seq_len,
-                "seed": cc.seed,
-                "text": part.describe(),
-            }
-        else:
-            calib_batches = list(calib_batches)
-            calib_info = {
-                "used": True,
-                "source": "batches",
-                "n_samples": int(sum(b.shape[0] for b in calib_batches)),
-                "seq_len": int(calib_batches[0].shape[-1]) if calib_batches else 0,
-            }
-        calib_info["tokens"] = int(sum(b.numel() for b in calib_batches))
-        if calib_info["tokens"] == 0:
-            raise GacError(f"compressor {config.compressor!r} needs calibration data; got no tokens")
-        comp.calibrate(model, calib_batches)
-    else:
-        comp.calibrate(model, [])
+    calib_info = _calibrate(model, comp, config, tokenizer, calib_batches)
     timings["calibrate_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     native = {k: int(v) for k, v in comp.native_allocation(model, sites, budget).items()}
@@ -585,6 +525,97 @@ def plan(
         model=model,
         serve=serve,
     )
+
+
+def _sequential(model: nn.Module, comp: Any, config: CompressConfig) -> bool:
+    """Whether the model exceeds ``config.max_gpu_memory`` (then it is compressed layer by layer)."""
+    need = sum(p.numel() * p.element_size() for p in model.parameters())
+    if need <= config.max_gpu_memory * 2**30:
+        return False
+    if not comp.supports_sequential:
+        raise GacError(
+            f"{config.compressor}: the model ({need / 2**30:.2f} GiB) exceeds --max-gpu-memory "
+            f"{config.max_gpu_memory:g} GiB, and its calibration needs whole-model passes; "
+            "layer-by-layer compression supports svd and svd-llm"
+        )
+    return True
+
+
+def _budget(sites: list[Site], config: CompressConfig, comp: Any, prof: Profile) -> int:
+    """The parameter budget of ``config.param_ratio``, refused where even the smallest dims exceed it."""
+    dense = sum(s.dense_cost for s in sites)
+    budget = int(math.floor(config.param_ratio * dense))
+    floor_cost = sum(s.cost(s.min_dim) for s in sites)
+    if floor_cost > budget:
+        raise GacError(
+            f"param ratio {config.param_ratio} cannot be met: even the smallest dims cost "
+            f"{floor_cost:,} of {dense:,} parameters ({floor_cost / dense:.4f})"
+        )
+    check_budget = getattr(comp, "check_budget", None)  # a compressor's own budget bounds (palu)
+    if check_budget is not None:
+        check_budget(sites, budget, prof, config.align)
+    return budget
+
+
+def _calibration_config(model: nn.Module, config: CompressConfig) -> Any:
+    """The :class:`~gac.compressors.calibration.CalibrationConfig` of ``config`` (defaults per device)."""
+    from gac.compressors.calibration import CalibrationConfig, model_device
+
+    d = CalibrationConfig.default(model_device(model), source=config.calib)
+    return CalibrationConfig(
+        source=config.calib,
+        n_samples=config.n_samples or d.n_samples,
+        seq_len=config.seq_len or d.seq_len,
+        batch_size=config.batch_size,
+        seed=config.calib_seed,
+    )
+
+
+def _calibrate(
+    model: nn.Module,
+    comp: Any,
+    config: CompressConfig,
+    tokenizer: Any,
+    calib_batches: list[torch.Tensor] | None,
+) -> dict[str, Any]:
+    """Calibrate ``comp`` on ``calib_batches`` (else on ``config.calib`` text); what it used, for the record."""
+    from gac.compressors.calibration import calibration_data
+
+    if not comp.needs_calibration:
+        comp.calibrate(model, [])
+        return {"used": False}
+    if calib_batches is None:
+        if tokenizer is None:
+            raise GacError(
+                f"compressor {config.compressor!r} needs calibration data: pass a tokenizer or calib_batches"
+            )
+        if config.seq_len is not None:
+            from gac.data import check_seq_len
+
+            check_seq_len(model, config.seq_len)
+        cc = _calibration_config(model, config)
+        calib_batches, part = calibration_data(tokenizer, cc)
+        calib_info = {
+            "used": True,
+            "source": cc.source,
+            "n_samples": cc.n_samples,
+            "seq_len": cc.seq_len,
+            "seed": cc.seed,
+            "text": part.describe(),
+        }
+    else:
+        calib_batches = list(calib_batches)
+        calib_info = {
+            "used": True,
+            "source": "batches",
+            "n_samples": int(sum(b.shape[0] for b in calib_batches)),
+            "seq_len": int(calib_batches[0].shape[-1]) if calib_batches else 0,
+        }
+    calib_info["tokens"] = int(sum(b.numel() for b in calib_batches))
+    if calib_info["tokens"] == 0:
+        raise GacError(f"compressor {config.compressor!r} needs calibration data; got no tokens")
+    comp.calibrate(model, calib_batches)
+    return calib_info
 
 
 def serving_shapes(spec: str | None, model: nn.Module) -> tuple[list[Point], str]:
@@ -890,19 +921,11 @@ def recover_(
     and merges them. Returns ``{"method", ...}`` (:func:`gac.recovery.recover_lora_`), None for ``none``."""
     if config.recover == "none":
         return None
-    from gac.compressors.calibration import CalibrationConfig, calibration_batches, model_device
+    from gac.compressors.calibration import calibration_batches
     from gac.recovery import recover_lora_
 
     if calib_batches is None:
-        d = CalibrationConfig.default(model_device(model), source=config.calib)
-        cc = CalibrationConfig(
-            source=config.calib,
-            n_samples=config.n_samples or d.n_samples,
-            seq_len=config.seq_len or d.seq_len,
-            batch_size=config.batch_size,
-            seed=config.calib_seed,
-        )
-        calib_batches = calibration_batches(tokenizer, cc)
+        calib_batches = calibration_batches(tokenizer, _calibration_config(model, config))
     info = recover_lora_(
         model, calib_batches, steps=config.recover_steps, rank=config.recover_rank, lr=config.recover_lr
     )

@@ -252,6 +252,17 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         tmp.write_text(text)
 
 
+def atomic_savefig(fig: Any, path: str | Path, dpi: int = 110) -> Path:
+    """Save a matplotlib figure to ``path`` through a temporary file and an atomic rename.
+
+    The format follows ``path``'s suffix (PNG without one); the caller closes the figure.
+    """
+    path = Path(path)
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".").lower() or "png")
+    return path
+
+
 # ----------------------------------------------------------------------------- signals
 class Interrupted(BaseException):
     """SIGINT or SIGTERM arrived. A BaseException (like KeyboardInterrupt) so that no

@@ -375,17 +375,12 @@ def guarded_knapsack(
         raise GuardInfeasible(
             f"the budget of {int(budget):,} parameters cannot be met without a slowdown at {shapes}", alone
         )
-    lo, hi = -6.0, math.log10(big)
-    best = found
-    for _ in range(24):
-        mid = (lo + hi) / 2
-        ch, o = solve(10**mid * w)
-        if np.all(o <= tol):
-            hi, best = mid, ch
-        else:
-            lo = mid
-        if hi - lo < 0.05:
-            break
+
+    def feasible(e: float) -> tuple[list[int], bool]:
+        ch, o = solve(10**e * w)
+        return ch, bool(np.all(o <= tol))
+
+    hi, best = _bisect(feasible, found, -6.0, math.log10(big), steps=24, width=0.05)
     fine, o = solve(10**hi * w, max_states)
     if np.all(o <= tol):
         best = fine
@@ -567,17 +562,14 @@ def allocate(
             gives whole-model speedups; without it, the sites' own.
     """
     t0 = time.perf_counter()
-    if strategy not in STRATEGIES:
-        raise GacError(f"unknown align strategy {strategy!r}; choose one of: {', '.join(STRATEGIES)}")
-    if objective not in OBJECTIVES:
-        raise GacError(f"unknown objective {objective!r}; choose one of: {', '.join(OBJECTIVES)}")
+    _check_name("align strategy", strategy, STRATEGIES)
+    _check_name("objective", objective, OBJECTIVES)
     window = check_window(window)
     _validate(sites, native)
     curves = curves or {}
     importance = importance or {}
     native_cost = sum(s.cost(native[s.name]) for s in sites)
-    if budget is None:
-        budget = native_cost
+    budget = native_cost if budget is None else budget
     budget = min(int(budget), native_cost) if strategy in KNAPSACK_STRATEGIES else int(budget)
     curve_loss = {
         s.name: _loss_fn(s, curves.get(s.name), importance.get(s.name, 1.0), native[s.name]) for s in sites
@@ -585,121 +577,172 @@ def allocate(
     has = [curves.get(s.name) is not None for s in sites]
     source = "loss_curve" if all(has) else ("importance" if not any(has) else "mixed")
     notes: list[str] = []
-    loss = curve_loss
-
     if strategy == "none":
         dims = dict(native)
     elif strategy == "round":
-        dims = {}
-        for s in sites:
-            d = native[s.name]
-            if d >= s.max_dim:
-                dims[s.name] = s.max_dim
-                continue
-            rm = s.meta.get("round_multiple")
-            if rm:  # the compressor's reference rounding (PaLU: Python's round, half to even)
-                r = max(max(1, round(d / rm)) * rm, s.min_dim)
-            else:
-                r = max(round_nearest(d, profile.modulus(s.op)), s.min_dim)
-            dims[s.name] = s.max_dim if r >= s.max_dim else r
+        dims = _round_dims(sites, native, profile)
     else:
-        if candidates not in CANDIDATE_STEPS:
-            raise GacError(
-                f"unknown candidate step {candidates!r}; choose one of: {', '.join(CANDIDATE_STEPS)}"
-            )
+        _check_name("candidate step", candidates, CANDIDATE_STEPS)
         aligned = strategy != "knapsack"
-        step = candidates if aligned else "modulus"
-        guarded = strategy == "gac" and bool(serve) and not allow_slower
-        cands = [
-            _candidates(
-                profile, s, native[s.name], window, step, aligned, keep_dense=objective == "curve" or guarded
-            )
-            for s in sites
-        ]
+        loss = curve_loss
         if objective == "paper":
-            loss = {}
-            for s, h in zip(sites, has, strict=True):
-                # one window per site for gac and knapsack alike, so both value a dim the same
-                lo, hi = candidate_range(s, native[s.name], profile.modulus(s.op), window)
-                sens = _sensitivity(s, curve_loss[s.name], importance.get(s.name, 1.0), lo, hi, h)
-                loss[s.name] = _linear_loss(s, sens, native[s.name])
-        costs = [np.array([s.cost(d) for d in c], dtype=np.int64) for s, c in zip(sites, cands, strict=True)]
-        losses = [loss[s.name](np.array(c)) for s, c in zip(sites, cands, strict=True)]
-        plain = None
-        if guarded and objective != "curve":
-            # today's gac (no keep-dense candidates) first: where it already meets every serving
-            # shape, the guard costs nothing. Keep-dense candidates only enter where it does not (the
-            # loss estimates can favour keeping a site dense and cutting others deeper: on SmolLM2,
-            # LLM-Pruner 10%, that cost 1.86x the perplexity of an allocation the guard accepts too)
-            c0 = [_candidates(profile, s, native[s.name], window, step, aligned, False) for s in sites]
-            k0 = [np.array([s.cost(d) for d in c], dtype=np.int64) for s, c in zip(sites, c0, strict=True)]
-            l0 = [loss[s.name](np.array(c)) for s, c in zip(sites, c0, strict=True)]
-            sol = solve_mckp(k0, l0, budget, max_states=max_states)
-            d0 = {s.name: c[j] for s, c, j in zip(sites, c0, sol.choice, strict=True)}
-            d0 = _fill(sites, d0, loss, profile, budget, step, c0, aligned)
-            if all(r["speedup"] >= 1.0 for r in serve_prediction(sites, d0, profile, serve, other_ms)):
-                plain = d0
-                notes.append("latency guard: the unguarded allocation already meets every serving shape")
-        if plain is not None:
-            dims = plain
-        elif guarded:
-            dims, note = guarded_knapsack(
-                sites, cands, costs, losses, budget, profile, serve, max_states, other_ms
-            )
-            notes.extend(note)
-            delta = _shape_deltas(sites, cands, profile, serve)
-            dims = _fill(sites, dims, loss, profile, budget, step, cands, aligned, guard=delta)
-        elif strategy in ("gac", "knapsack"):
-            sol = solve_mckp(costs, losses, budget, max_states=max_states)
-            dims = {s.name: c[j] for s, c, j in zip(sites, cands, sol.choice, strict=True)}
-            if not sol.exact:
-                notes.append(
-                    f"DP costs rounded up to units of {sol.unit:,} parameters ({sol.states:,} states)"
-                )
-            dims = _fill(sites, dims, loss, profile, budget, step, cands, aligned)
+            loss = _paper_loss(sites, native, profile, window, curve_loss, importance, has)
+        step = candidates if aligned else "modulus"
+        r = _Reselect(sites, native, profile, loss, budget, max_states, window, step, aligned)
+        if strategy == "gac-latency":
+            dims = _latency_knapsack(r, objective == "curve", tokens, latency_target, quality_target, notes)
+        elif strategy == "gac" and serve and not allow_slower:
+            dims = _guarded(r, objective, serve, other_ms, notes)
         else:
-            dims, note = _latency_knapsack(
-                sites,
-                cands,
-                costs,
-                losses,
-                budget,
-                profile,
-                tokens,
-                latency_target,
-                quality_target,
-                native,
-                loss,
-                max_states,
-            )
-            notes.extend(note)
-
-    objective_label = "native" if strategy in ("none", "round") else f"{objective}:{source}"
-    rec = _record(
-        strategy,
-        sites,
-        native,
-        dims,
-        profile,
-        budget,
-        curve_loss,
-        tokens,
-        time.perf_counter() - t0,
-        objective_label,
-        notes,
-    )
+            dims = _knapsack(r, objective == "curve", notes)
+    label = "native" if strategy in ("none", "round") else f"{objective}:{source}"
+    solve_s = time.perf_counter() - t0
+    rec = _record(strategy, sites, native, dims, profile, budget, curve_loss, tokens, solve_s, label, notes)
     rec.window = window
     if serve:
-        rec.serve = serve_prediction(sites, dims, profile, serve, other_ms)
-        slower = [r for r in rec.serve if r["speedup"] < 1.0 - SLOWER_TOL]
-        rec.guard = {
-            "guarded": strategy == "gac" and not allow_slower,
-            "allow_slower": bool(allow_slower),
-            "slower": [r["point"] for r in slower],
-        }
-        if slower and strategy == "gac":
-            rec.notes.append("predicted slower than dense at " + _shapes_line(slower) + " (--allow-slower)")
+        _judge_serve(rec, sites, dims, profile, serve, other_ms, strategy == "gac", allow_slower)
     return rec
+
+
+def _check_name(what: str, name: str, choices: tuple[str, ...]) -> None:
+    if name not in choices:
+        raise GacError(f"unknown {what} {name!r}; choose one of: {', '.join(choices)}")
+
+
+def _round_dims(sites: list[Site], native: dict[str, int], profile: Profile) -> dict[str, int]:
+    """``round``: each dim to the nearest multiple of its modulus or of the site's own rounding."""
+    dims = {}
+    for s in sites:
+        d = native[s.name]
+        if d >= s.max_dim:
+            dims[s.name] = s.max_dim
+            continue
+        rm = s.meta.get("round_multiple")
+        if rm:  # the compressor's reference rounding (PaLU: Python's round, half to even)
+            r = max(max(1, round(d / rm)) * rm, s.min_dim)
+        else:
+            r = max(round_nearest(d, profile.modulus(s.op)), s.min_dim)
+        dims[s.name] = s.max_dim if r >= s.max_dim else r
+    return dims
+
+
+def _paper_loss(sites, native, profile, window, curve_loss, importance, has) -> dict[str, Any]:
+    """Per site, the paper's linear value at the native dim (:func:`_linear_loss`)."""
+    loss = {}
+    for s, h in zip(sites, has, strict=True):
+        # one window per site for gac and knapsack alike, so both value a dim the same
+        lo, hi = candidate_range(s, native[s.name], profile.modulus(s.op), window)
+        sens = _sensitivity(s, curve_loss[s.name], importance.get(s.name, 1.0), lo, hi, h)
+        loss[s.name] = _linear_loss(s, sens, native[s.name])
+    return loss
+
+
+@dataclass
+class _Reselect:
+    """A knapsack re-selection's setting: the sites, their losses, the budget and the candidate grid."""
+
+    sites: list[Site]
+    native: dict[str, int]
+    profile: Profile
+    loss: dict[str, Any]  # per site, a vectorised loss(d)
+    budget: int
+    max_states: int
+    window: float
+    step: str
+    aligned: bool
+
+    def grid(self, keep_dense: bool) -> tuple[list[list[int]], list[np.ndarray], list[np.ndarray]]:
+        """Per site: the candidate dims, their parameter costs and their losses."""
+        cands = [
+            _candidates(
+                self.profile, s, self.native[s.name], self.window, self.step, self.aligned, keep_dense
+            )
+            for s in self.sites
+        ]
+        costs = [
+            np.array([s.cost(d) for d in c], dtype=np.int64) for s, c in zip(self.sites, cands, strict=True)
+        ]
+        losses = [self.loss[s.name](np.array(c)) for s, c in zip(self.sites, cands, strict=True)]
+        return cands, costs, losses
+
+    def dims(self, cands: list[list[int]], choice: list[int]) -> dict[str, int]:
+        return {s.name: c[j] for s, c, j in zip(self.sites, cands, choice, strict=True)}
+
+    def fill(self, dims: dict[str, int], cands: list[list[int]], guard=None) -> dict[str, int]:
+        return _fill(
+            self.sites,
+            dims,
+            self.loss,
+            self.profile,
+            self.budget,
+            self.step,
+            cands,
+            self.aligned,
+            guard=guard,
+        )
+
+
+def _knapsack(r: _Reselect, keep_dense: bool, notes: list[str]) -> dict[str, int]:
+    """``gac`` and ``knapsack``: the least loss within the budget, then the fill pass."""
+    cands, costs, losses = r.grid(keep_dense)
+    sol = solve_mckp(costs, losses, r.budget, max_states=r.max_states)
+    if not sol.exact:
+        notes.append(f"DP costs rounded up to units of {sol.unit:,} parameters ({sol.states:,} states)")
+    return r.fill(r.dims(cands, sol.choice), cands)
+
+
+def _guarded(r: _Reselect, objective: str, serve: list[Point], other_ms, notes: list[str]) -> dict[str, int]:
+    """``gac`` under the latency guard (:func:`guarded_knapsack`), every site may also stay dense."""
+    if objective != "curve":
+        # today's gac (no keep-dense candidates) first: where it already meets every serving
+        # shape, the guard costs nothing. Keep-dense candidates only enter where it does not (the
+        # loss estimates can favour keeping a site dense and cutting others deeper: on SmolLM2,
+        # LLM-Pruner 10%, that cost 1.86x the perplexity of an allocation the guard accepts too)
+        d0 = _knapsack(r, False, notes=[])  # its DP note would describe a solve that is not kept
+        if all(x["speedup"] >= 1.0 for x in serve_prediction(r.sites, d0, r.profile, serve, other_ms)):
+            notes.append("latency guard: the unguarded allocation already meets every serving shape")
+            return d0
+    cands, costs, losses = r.grid(keep_dense=True)
+    dims, note = guarded_knapsack(
+        r.sites, cands, costs, losses, r.budget, r.profile, serve, r.max_states, other_ms
+    )
+    notes.extend(note)
+    return r.fill(dims, cands, guard=_shape_deltas(r.sites, cands, r.profile, serve))
+
+
+def _judge_serve(
+    rec: Allocation, sites, dims, profile, serve, other_ms, is_gac: bool, allow_slower: bool
+) -> None:
+    """Record the per-shape prediction of ``dims`` and the latency guard's verdict on ``rec``."""
+    rec.serve = serve_prediction(sites, dims, profile, serve, other_ms)
+    slower = [r for r in rec.serve if r["speedup"] < 1.0 - SLOWER_TOL]
+    rec.guard = {
+        "guarded": is_gac and not allow_slower,
+        "allow_slower": bool(allow_slower),
+        "slower": [r["point"] for r in slower],
+    }
+    if slower and is_gac:
+        rec.notes.append("predicted slower than dense at " + _shapes_line(slower) + " (--allow-slower)")
+
+
+def _bisect(
+    feasible, choice: list[int], lo: float, hi: float, steps: int, width: float
+) -> tuple[float, list[int]]:
+    """Bisect an exponent in ``[lo, hi]`` for the smallest one whose solve is feasible.
+
+    ``feasible(e)`` returns ``(choice, ok)``; ``choice`` is the answer while none is. Returns the
+    last feasible exponent and its choice.
+    """
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        ch, ok = feasible(mid)
+        if ok:
+            hi, choice = mid, ch
+        else:
+            lo = mid
+        if hi - lo < width:
+            break
+    return hi, choice
 
 
 def _linear_loss(site: Site, sensitivity: float, native: int):
@@ -776,27 +819,17 @@ def _fill(
 
 
 def _latency_knapsack(
-    sites,
-    cands,
-    costs,
-    losses,
-    budget,
-    profile,
-    tokens,
-    latency_target,
-    quality_target,
-    native,
-    loss,
-    max_states,
-) -> tuple[dict[str, int], list[str]]:
-    """Bisection on a Lagrange multiplier that trades latency against loss."""
+    r: _Reselect, keep_dense: bool, tokens: int, latency_target, quality_target, notes: list[str]
+) -> dict[str, int]:
+    """``gac-latency``: bisection on a Lagrange multiplier that trades latency against loss."""
+    sites, profile = r.sites, r.profile
+    cands, costs, losses = r.grid(keep_dense)
     lat = [np.array([site_ms(profile, s, d, tokens) for d in c]) for s, c in zip(sites, cands, strict=True)]
     dense_ms = sum(site_ms(profile, s, s.max_dim, tokens) for s in sites)
-    notes: list[str] = []
 
     def solve(w_loss: float, w_lat: float):
         vals = [w_loss * lo + w_lat * la for lo, la in zip(losses, lat, strict=True)]
-        sol = solve_mckp(costs, vals, budget, max_states=max_states)
+        sol = solve_mckp(costs, vals, r.budget, max_states=r.max_states)
         tot_loss = float(sum(lo[j] for lo, j in zip(losses, sol.choice, strict=True)))
         tot_lat = float(sum(la[j] for la, j in zip(lat, sol.choice, strict=True)))
         return sol.choice, tot_loss, tot_lat
@@ -812,50 +845,40 @@ def _latency_knapsack(
         target = latency_target * dense_ms
         # minimise loss/loss_scale + lam * lat/lat_scale; larger lam -> faster.
         best = solve(1.0 / loss_scale, 1e9 / lat_scale)
+        choice = best[0]
         if best[2] > target:
             notes.append(
                 f"latency target {latency_target:.3f} x dense unreachable; returning the fastest allocation"
             )
-            choice = best[0]
         else:
-            lo_l, hi_l = -12.0, 9.0
-            choice = best[0]
-            for _ in range(40):
-                mid = (lo_l + hi_l) / 2
-                ch, _, t = solve(1.0 / loss_scale, 10**mid / lat_scale)
-                if t <= target:
-                    hi_l, choice = mid, ch
-                else:
-                    lo_l = mid
-                if hi_l - lo_l < 1e-3:
-                    break
+
+            def fast_enough(e: float) -> tuple[list[int], bool]:
+                ch, _, t = solve(1.0 / loss_scale, 10**e / lat_scale)
+                return ch, t <= target
+
+            _, choice = _bisect(fast_enough, choice, -12.0, 9.0, steps=40, width=1e-3)
         notes.append(f"gac-latency: least loss with predicted latency <= {latency_target:.3f} x dense")
     else:
         if quality_target is None:
-            quality_target = float(sum(loss[s.name](np.array([native[s.name]]))[0] for s in sites))
+            quality_target = float(sum(r.loss[s.name](np.array([r.native[s.name]]))[0] for s in sites))
             what = "the native allocation's loss"
         else:
             what = f"loss {quality_target:.6g}"
         tol = 1e-9 * loss_scale
         # minimise lat/lat_scale + mu * loss/loss_scale; larger mu -> better quality.
         best = solve(1e9 / loss_scale, 1.0 / lat_scale)
+        choice = best[0]
         if best[1] > quality_target + tol:
             notes.append(f"quality target ({what}) unreachable; returning the least-loss allocation")
-            choice = best[0]
         else:
-            lo_m, hi_m = -12.0, 9.0
-            choice = best[0]
-            for _ in range(40):
-                mid = (lo_m + hi_m) / 2
-                ch, q, _ = solve(10**mid / loss_scale, 1.0 / lat_scale)
-                if q <= quality_target + tol:
-                    hi_m, choice = mid, ch
-                else:
-                    lo_m = mid
-                if hi_m - lo_m < 1e-3:
-                    break
+
+            def good_enough(e: float) -> tuple[list[int], bool]:
+                ch, q, _ = solve(10**e / loss_scale, 1.0 / lat_scale)
+                return ch, q <= quality_target + tol
+
+            _, choice = _bisect(good_enough, choice, -12.0, 9.0, steps=40, width=1e-3)
         notes.append(f"gac-latency: lowest predicted latency with loss <= {what}")
-    return {s.name: c[j] for s, c, j in zip(sites, cands, choice, strict=True)}, notes
+    return r.dims(cands, choice)
 
 
 def _record(

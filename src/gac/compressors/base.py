@@ -17,7 +17,7 @@ which compressor it serves. A new compressor is one module that subclasses
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -110,3 +110,32 @@ class Compressor(ABC):
     def options(self) -> dict[str, Any]:
         """The options to record in ``gac_config.json``."""
         return {}
+
+
+def kept_dim(site: Site, dims: dict[str, int]) -> int:
+    """``dims[site.name]``, checked against ``1..site.max_dim`` (what :meth:`Compressor.apply` is given)."""
+    if site.name not in dims:
+        raise GacError(f"no kept dim given for site {site.name}")
+    d = int(dims[site.name])
+    if d < 1 or d > site.max_dim:
+        raise GacError(f"kept dim {d} of {site.name} is outside 1..{site.max_dim}")
+    return d
+
+
+def bisect_fraction(fits: Callable[[float], bool], fits_high: bool, steps: int = 60) -> float:
+    """The boundary in ``[0, 1]`` of a monotone ``fits``, on its fitting side (``steps`` halvings).
+
+    ``fits_high``: ``fits`` holds from the boundary up (the least fraction that fits, e.g. the
+    least pruning within a budget); else from the boundary down (the largest that fits).
+
+    >>> round(bisect_fraction(lambda r: r >= 0.3, fits_high=True), 6), round(bisect_fraction(lambda r: r <= 0.3, False), 6)
+    (0.3, 0.3)
+    """
+    lo, hi = 0.0, 1.0
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        if fits(mid) == fits_high:
+            hi = mid
+        else:
+            lo = mid
+    return hi if fits_high else lo

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from gac.compressors.base import Compressor, register_compressor
+from gac.compressors.base import Compressor, bisect_fraction, register_compressor
 from gac.errors import GacError
 from gac.sites import Site
 from gac.utils import track
@@ -136,18 +136,10 @@ class LlmPrunerCompressor(Compressor):
             mlp_unit = 3 * hidden + mlp_bias
             mlp_fixed = hidden if mods["down"].bias is not None else 0
             name = ad.mlp_fqn(i)
+            members = (p["gate"], p["up"], p["down"])
+            meta = {"kind": "mlp", "layer": i}
             out.append(
-                Site(
-                    name=name,
-                    op="gemm_n",
-                    max_dim=inter,
-                    unit_cost=mlp_unit,
-                    fixed_cost=mlp_fixed,
-                    dense_cost=mlp_fixed + mlp_unit * inter,
-                    shape=(inter, hidden),
-                    members=(p["gate"], p["up"], p["down"]),
-                    meta={"kind": "mlp", "layer": i},
-                )
+                _group_site(name, "gemm_n", inter, mlp_unit, mlp_fixed, (inter, hidden), members, meta)
             )
             self._info[name] = {"kind": "mlp", "layer": i, "fqns": p}
             groups = mods["k"].out_features // hd
@@ -157,19 +149,10 @@ class LlmPrunerCompressor(Compressor):
             attn_unit = hidden * hd * (2 * n_rep + 2) + qkv_bias
             attn_fixed = hidden if mods["o"].bias is not None else 0
             name = ad.attention_fqn(i)
-            out.append(
-                Site(
-                    name=name,
-                    op="kv_groups",
-                    max_dim=groups,
-                    unit_cost=attn_unit,
-                    fixed_cost=attn_fixed,
-                    dense_cost=attn_fixed + attn_unit * groups,
-                    shape=(groups * n_rep * hd, hidden),
-                    members=(p["q"], p["k"], p["v"], p["o"]),
-                    meta={"kind": "attn", "layer": i, "n_rep": n_rep, "head_dim": hd},
-                )
-            )
+            shape = (groups * n_rep * hd, hidden)
+            members = (p["q"], p["k"], p["v"], p["o"])
+            meta = {"kind": "attn", "layer": i, "n_rep": n_rep, "head_dim": hd}
+            out.append(_group_site(name, "kv_groups", groups, attn_unit, attn_fixed, shape, members, meta))
             self._info[name] = {"kind": "attn", "layer": i, "fqns": p, "n_rep": n_rep, "head_dim": hd}
         return out
 
@@ -265,14 +248,7 @@ class LlmPrunerCompressor(Compressor):
             raise GacError(
                 f"llm-pruner: budget of {budget:,} parameters would remove every head or channel of a layer"
             )
-        lo, hi = 0.0, 1.0
-        for _ in range(60):
-            mid = (lo + hi) / 2
-            if cost(dims_at(mid)) <= budget:
-                hi = mid
-            else:
-                lo = mid
-        return dims_at(hi)
+        return dims_at(bisect_fraction(lambda r: cost(dims_at(r)) <= budget, fits_high=True))
 
     def _global(self, sites: list[Site], budget: int) -> dict[str, int]:
         dims = {s.name: s.max_dim for s in sites}
@@ -329,6 +305,23 @@ class LlmPrunerCompressor(Compressor):
             "layer_range": list(self._range) if self._range else None,
             "global_pruning": self.global_pruning,
         }
+
+
+def _group_site(
+    name: str, op: str, groups: int, unit: int, fixed: int, shape: tuple, members: tuple, meta: dict
+) -> Site:
+    """A site of ``groups`` prunable groups (channels or KV heads), each costing ``unit`` parameters."""
+    return Site(
+        name=name,
+        op=op,
+        max_dim=groups,
+        unit_cost=unit,
+        fixed_cost=fixed,
+        dense_cost=fixed + unit * groups,
+        shape=shape,
+        members=members,
+        meta=meta,
+    )
 
 
 def _slice(model: nn.Module, fqn: str, groups: torch.Tensor, dim: int, width: int) -> None:

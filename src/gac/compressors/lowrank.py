@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from gac.compressors.base import Compressor
+from gac.compressors.base import Compressor, bisect_fraction, kept_dim
 from gac.errors import GacError
 from gac.nn import FactorizedLinear, replace_module
 from gac.sites import Site, lowrank_site
@@ -111,14 +111,7 @@ def uniform_ratio_dims(sites: list[Site], budget: int) -> dict[str, int]:
             f"budget of {budget:,} parameters cannot be met: rank {sites[0].min_dim} at every site "
             f"costs {cost(dims_at(0.0)):,}"
         )
-    lo, hi = 0.0, 1.0  # cost(lo) <= budget < cost(hi)
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if cost(dims_at(mid)) <= budget:
-            lo = mid
-        else:
-            hi = mid
-    return dims_at(lo)
+    return dims_at(bisect_fraction(lambda r: cost(dims_at(r)) <= budget, fits_high=False))
 
 
 # ----------------------------------------------------------------------------- plumbing
@@ -190,11 +183,7 @@ class LowRankCompressor(Compressor):
     def apply(self, model: nn.Module, sites: list[Site], dims: dict[str, int]) -> None:
         todo = []
         for site in sites:
-            if site.name not in dims:
-                raise GacError(f"no kept dim given for site {site.name}")
-            d = int(dims[site.name])
-            if d < 1 or d > site.max_dim:
-                raise GacError(f"kept dim {d} of {site.name} is outside 1..{site.max_dim}")
+            d = kept_dim(site, dims)
             if d < site.max_dim:
                 todo.append((site, d))
         for site, d in track(todo, f"{self.name}: factorizing layers"):

@@ -56,7 +56,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from gac.compressors.base import Compressor, register_compressor
+from gac.compressors.base import Compressor, kept_dim, register_compressor
 from gac.compressors.calibration import LinearStats, linear_stats_hook
 from gac.compressors.lowrank import svd_dtype_for, tail_energy_curve, truncated_factors
 from gac.compressors.svdllm import whitening_factor
@@ -442,11 +442,7 @@ class PaluCompressor(Compressor):
 
         by_layer: dict[int, dict[str, list[Site]]] = {}
         for s in sites:
-            if s.name not in dims:
-                raise GacError(f"no kept dim given for site {s.name}")
-            d = int(dims[s.name])
-            if d < 1 or d > s.max_dim:
-                raise GacError(f"kept dim {d} of {s.name} is outside 1..{s.max_dim}")
+            kept_dim(s, dims)
             by_layer.setdefault(s.meta["layer"], {}).setdefault(s.meta["kind"], []).append(s)
         geom = self._geom
         rotary = model_rotary(model)

@@ -23,6 +23,7 @@ Token ids are drawn at random: token values do not change the work of a forward 
 from __future__ import annotations
 
 import csv
+import functools
 import gc
 import io
 import json
@@ -40,8 +41,10 @@ from torch import nn
 
 from gac.compat import with_cache
 from gac.errors import GacError
+from gac.guard import atomic_savefig
+from gac.nn.latent import latent_attention_paths
 from gac.runtime.fastpath import FastPath
-from gac.utils import atomic_write_text, console
+from gac.utils import atomic_write_text, console, progress
 
 SCHEMA = "gac.infer/1"
 
@@ -720,8 +723,6 @@ def sweep_model(
     model: nn.Module, cfg: SweepConfig, copy_gbps: float | None = None, label: str = "model"
 ) -> dict[str, Any]:
     """Run the prefill and decode grids on one model. OOM points are recorded, not raised."""
-    from gac.utils import progress
-
     dev = model_device(model)
     cap_plan = _capacity_budget(model, cfg) if cfg.capacity_context else None
     graphs, compile_ = resolve_fast_path(cfg, dev)
@@ -738,6 +739,48 @@ def sweep_model(
         "prefill": [],
         "decode": [],
     }
+    forward = _compiled_forward(model, cfg, compile_, out)
+    grid_p = [(b, s) for b in cfg.prefill_batches for s in cfg.prefill_seqs]
+    grid_d = [(b, k) for b in cfg.decode_batches for k in cfg.decode_kv]
+    points = [
+        ("prefill", {"batch": b, "seq": s}, f"prefill B={b} S={s}",
+         lambda f, g, b=b, s=s: prefill_point(model, b, s, cfg, f, g))
+        for b, s in grid_p
+    ] + [
+        ("decode", {"batch": b, "kv": k}, f"decode B={b} KV={k}",
+         lambda f, g, b=b, k=k: decode_point(model, b, k, cfg, g, wbytes, copy_gbps, f))
+        for b, k in grid_d
+    ]  # fmt: skip
+    with progress() as p:
+        task = p.add_task(f"{label}: prefill + decode", total=len(points))
+        for phase, key, what, point in points:
+            run = functools.partial(_fast_or_eager, point, forward, graphs, what, dev)
+            out[phase].append(_guard(run, {"phase": phase, **key}, dev))
+            p.advance(task)
+            _free(dev)
+    if cap_plan is not None:
+        out["capacity"] = capacity_point(model, cfg, graphs, wbytes, copy_gbps, forward, cap_plan)
+    for r in out["prefill"]:
+        r["flops"] = prefill_flops(model, r["batch"], r["seq"])
+        r["flops_counter"] = FLOPS_COUNTER
+    # PaLU: the decode path each latent-attention layer took (kernel or reference, and why)
+    out["latent_attention_path"] = latent_attention_paths(model)
+    ok = [r for r in out["prefill"] + out["decode"] if r.get("status") == "ok"]
+    out["setup_s_total"] = sum(r.get("setup_s", 0.0) for r in ok)  # compile + capture, not in latency
+    out["compiles_total"] = sum(r.get("compiles", 0) for r in ok)
+    out["fallbacks"] = [
+        f"{r['phase']} {r['batch']}x{r.get('seq', r.get('kv'))}" for r in ok if r.get("fallback")
+    ]
+    if cfg.profile_kernels:
+        out["kernels"] = _kernel_names(model, forward, grid_p[:1], grid_d[:1], dev)
+        _free(dev)
+    return out
+
+
+def _compiled_forward(
+    model: nn.Module, cfg: SweepConfig, compile_: bool, out: dict[str, Any]
+) -> Callable[..., Any] | None:
+    """The sweep's compiled forward (None without ``compile_``); records how it compiled in ``out``."""
     if cfg.compile_mode in ("reduce-overhead", "max-autotune"):
         raise GacError(
             f"compile mode {cfg.compile_mode!r} captures CUDA graphs itself; "
@@ -758,84 +801,40 @@ def sweep_model(
     out["compiled_prefill"] = compile_
     out["compile_mode"] = mode or ("default" if compile_ else None)
     out["combo_kernels"] = bool(compile_ and cfg.combo_kernels)
-    grid_p = [(b, s) for b in cfg.prefill_batches for s in cfg.prefill_seqs]
-    grid_d = [(b, k) for b in cfg.decode_batches for k in cfg.decode_kv]
-    with progress() as p:
-        task = p.add_task(f"{label}: prefill + decode", total=len(grid_p) + len(grid_d))
-        for b, s in grid_p:
-            out["prefill"].append(
-                _guard(
-                    lambda b=b, s=s: _fast_or_eager(
-                        lambda f, g: prefill_point(model, b, s, cfg, f, g),
-                        forward,
-                        graphs,
-                        f"prefill B={b} S={s}",
-                        dev,
-                    ),
-                    {"phase": "prefill", "batch": b, "seq": s},
-                    dev,
-                )
-            )
-            p.advance(task)
-            _free(dev)
-        for b, k in grid_d:
-            out["decode"].append(
-                _guard(
-                    lambda b=b, k=k: _fast_or_eager(
-                        lambda f, g: decode_point(model, b, k, cfg, g, wbytes, copy_gbps, f),
-                        forward,
-                        graphs,
-                        f"decode B={b} KV={k}",
-                        dev,
-                    ),
-                    {"phase": "decode", "batch": b, "kv": k},
-                    dev,
-                )
-            )
-            p.advance(task)
-            _free(dev)
-    if cap_plan is not None:
-        out["capacity"] = capacity_point(model, cfg, graphs, wbytes, copy_gbps, forward, cap_plan)
-    for r in out["prefill"]:
-        r["flops"] = prefill_flops(model, r["batch"], r["seq"])
-        r["flops_counter"] = FLOPS_COUNTER
-    from gac.nn.latent import latent_attention_paths
+    return forward
 
-    # PaLU: the decode path each latent-attention layer took (kernel or reference, and why)
-    out["latent_attention_path"] = latent_attention_paths(model)
-    ok = [r for r in out["prefill"] + out["decode"] if r.get("status") == "ok"]
-    out["setup_s_total"] = sum(r.get("setup_s", 0.0) for r in ok)  # compile + capture, not in latency
-    out["compiles_total"] = sum(r.get("compiles", 0) for r in ok)
-    out["fallbacks"] = [
-        f"{r['phase']} {r['batch']}x{r.get('seq', r.get('kv'))}" for r in ok if r.get("fallback")
-    ]
-    if cfg.profile_kernels:
-        out["kernels"] = {}
-        with torch.no_grad():
-            try:
-                for b, s in grid_p[:1]:  # a grid may be decode only, or prefill only
-                    ids = torch.randint(0, _vocab(model), (b, s)).to(dev)
-                    out["kernels"]["prefill"] = {
-                        "batch": b,
-                        "seq": s,
-                        **kernel_summary(
-                            lambda ids=ids: (forward or model)(
-                                input_ids=ids, use_cache=False, logits_to_keep=1
-                            ),
-                            dev,
-                        ),
-                    }
-                for b, k in grid_d[:1]:
-                    step = DecodeStep(model, b, k, graphs=False, forward=forward)
-                    step.set_position(k // 2)
-                    out["kernels"]["decode"] = {"batch": b, "kv": k, **kernel_summary(step, dev)}
-                    step.close()
-            except Exception as e:  # noqa: BLE001 - kernel names are a nice-to-have; record why not
-                if not _is_oom(e):
-                    raise
-                out["kernels"]["error"] = "oom"
-        _free(dev)
-    return out
+
+def _kernel_names(
+    model: nn.Module,
+    forward: Callable[..., Any] | None,
+    grid_p: list[tuple[int, int]],
+    grid_d: list[tuple[int, int]],
+    dev: torch.device,
+) -> dict[str, Any]:
+    """The kernels one prefill point and one decode step ran (:func:`kernel_summary`); ``error`` on OOM."""
+    names: dict[str, Any] = {}
+    with torch.no_grad():
+        try:
+            for b, s in grid_p:  # a grid may be decode only, or prefill only
+                ids = torch.randint(0, _vocab(model), (b, s)).to(dev)
+                names["prefill"] = {
+                    "batch": b,
+                    "seq": s,
+                    **kernel_summary(
+                        lambda ids=ids: (forward or model)(input_ids=ids, use_cache=False, logits_to_keep=1),
+                        dev,
+                    ),
+                }
+            for b, k in grid_d:
+                step = DecodeStep(model, b, k, graphs=False, forward=forward)
+                step.set_position(k // 2)
+                names["decode"] = {"batch": b, "kv": k, **kernel_summary(step, dev)}
+                step.close()
+        except Exception as e:  # noqa: BLE001 - kernel names are a nice-to-have; record why not
+            if not _is_oom(e):
+                raise
+            names["error"] = "oom"
+    return names
 
 
 def run_sweep(
@@ -954,7 +953,7 @@ def plot(res: dict[str, Any], out: Path) -> list[Path]:
     ax.legend(fontsize=7)
     fig.tight_layout()
     p = out / "prefill_latency.png"
-    fig.savefig(p, dpi=120)
+    atomic_savefig(fig, p, dpi=120)
     plt.close(fig)
     paths.append(p)
 
@@ -978,7 +977,7 @@ def plot(res: dict[str, Any], out: Path) -> list[Path]:
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
     p = out / "decode_tps.png"
-    fig.savefig(p, dpi=120)
+    atomic_savefig(fig, p, dpi=120)
     plt.close(fig)
     paths.append(p)
     return paths

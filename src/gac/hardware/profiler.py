@@ -36,22 +36,23 @@ the rule from it.  The method, in the order the code runs:
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import shlex
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
 
 from gac.alignment import pow2_class
 from gac.errors import GacError
+from gac.guard import atomic_savefig
 from gac.hardware.profile import OPS, SCHEMA, OpRule, Profile
 from gac.hardware.sweeps import Config, append_jsonl, measure_point, op_point
 from gac.hardware.timing import dtype_name, environment, gpu_slug, resolve_device, resolve_dtype
@@ -139,8 +140,25 @@ def discover_rule(
         for j, i in enumerate(idx):
             eff[i] = e[j]
             tput_rel[i] = tp[j] / best_tp
-    # modulus
     evidence: dict[str, Any] = {}
+    modulus = _modulus(dims, ms, win, tolerance, min_pass, evidence)
+    return {
+        "modulus": int(modulus),
+        "prefer": int(_prefer(dims, tput_rel, modulus, evidence)),
+        "dims": dims,
+        "ms": ms,
+        "window": win,
+        "efficiency": [round(x, 4) for x in eff],
+        "class_efficiency": _class_efficiency(dims, eff, evidence),
+        "cliffs": _cliffs(dims, ms, win, modulus, tolerance),
+        "rule_evidence": evidence,
+    }
+
+
+def _modulus(
+    dims: list[int], ms: list[float], win: list[int], tolerance: float, min_pass: float, evidence: dict
+) -> int:
+    """The smallest power of two whose multiples run near the best nearby dim, class by class (step 4)."""
     modulus = None
     for m in MODULI:
         members = [i for i, d in enumerate(dims) if d % m == 0]
@@ -181,7 +199,11 @@ def discover_rule(
         # cuBLAS runs N % 8 == 0 slower than odd N): padding is not predicted to help
         modulus = 1
         evidence["no_modulus_passed"] = True
-    # prefer: best mean relative throughput among multiples
+    return modulus
+
+
+def _prefer(dims: list[int], tput_rel: list[float], modulus: int, evidence: dict) -> int:
+    """The smallest multiple of ``modulus`` whose multiples reach the best mean relative throughput."""
     scores = {}
     for m in MODULI:
         if m < modulus:
@@ -192,7 +214,11 @@ def discover_rule(
     best_score = max(scores.values()) if scores else 1.0
     prefer = min((m for m, s in scores.items() if s >= best_score - 0.02), default=modulus)
     evidence["prefer_scores"] = {str(k): round(v, 4) for k, v in scores.items()}
-    # class efficiency
+    return prefer
+
+
+def _class_efficiency(dims: list[int], eff: list[float], evidence: dict) -> dict[str, float]:
+    """The median efficiency per alignment class; a class without points takes the nearest lower one's."""
     ce: dict[str, float] = {}
     for c in CLASSES:
         vals = [eff[i] for i, d in enumerate(dims) if pow2_class(d) == c]
@@ -208,7 +234,11 @@ def discover_rule(
             src = lower[-1] if lower else (higher[0] if higher else None)
             filled[str(c)] = ce[str(src)] if src is not None else 1.0
     evidence["classes_measured"] = sorted(int(c) for c in ce)
-    # cliffs
+    return filled
+
+
+def _cliffs(dims: list[int], ms: list[float], win: list[int], modulus: int, tolerance: float) -> list[dict]:
+    """Alignment cliffs (a dim next to a slower neighbour) and boundary steps between multiples."""
     cliffs: list[dict[str, Any]] = []
     pos = {(win[i], dims[i]): i for i in range(len(dims))}
     thr = 1.0 + 4.0 * tolerance
@@ -230,17 +260,7 @@ def discover_rule(
             r = (ms[b] / dims[b]) / (ms[a] / dims[a])
             if r > thr or r < 1.0 / thr:
                 cliffs.append({"dim": dims[a], "next": dims[b], "ratio": round(r, 3), "kind": "boundary"})
-    return {
-        "modulus": int(modulus),
-        "prefer": int(prefer),
-        "dims": dims,
-        "ms": ms,
-        "window": win,
-        "efficiency": [round(x, 4) for x in eff],
-        "class_efficiency": filled,
-        "cliffs": cliffs,
-        "rule_evidence": evidence,
-    }
+    return cliffs
 
 
 # --------------------------------------------------------------------------- measuring
@@ -259,32 +279,32 @@ def plans(device: torch.device, quick: bool) -> list[OpPlan]:
     if device.type != "cuda":
         c = Config.cpu()
         c.warmup_ms, c.rep_ms, c.max_reps = 1.0, 3.0, 10
-        return [
-            OpPlan("gemm_n", [(48, 80)], c, {"M": c.m, "K": c.k}),
-            OpPlan("gemm_k", [(48, 80)], c, {"M": c.m, "N": c.n}),
-            OpPlan("gemv", [(48, 80)], c, {"M": 1, "K": c.gemv_k}),
-            OpPlan("sdpa_head_dim", [(16, 40)], c, {"B": c.batch, "S": c.seq, "H": c.heads}),
-            OpPlan("lowrank_r", [(16, 48)], c, {"M": c.lowrank_m, "d": c.lowrank_d}),
-        ]
+        return _op_plans(c, [(48, 80)], [(48, 80)], [(48, 80)], [(16, 40)], [(16, 48)])
     c = Config.gpu()
     if quick:
         c.warmup_ms, c.rep_ms, c.min_reps = 5.0, 12.0, 5
         c.seq = 1024
         c.lowrank_m = 2048
-        return [
-            OpPlan("gemm_n", [(992, 1056)], c, {"M": c.m, "K": c.k}),
-            OpPlan("gemm_k", [(96, 160)], c, {"M": c.m, "N": c.n}),
-            OpPlan("gemv", [(992, 1056)], c, {"M": 1, "K": c.gemv_k}),
-            OpPlan("sdpa_head_dim", [(96, 136)], c, {"B": c.batch, "S": c.seq, "H": c.heads}),
-            OpPlan("lowrank_r", [(992, 1056)], c, {"M": c.lowrank_m, "d": c.lowrank_d}),
-        ]
+        return _op_plans(c, [(992, 1056)], [(96, 160)], [(992, 1056)], [(96, 136)], [(992, 1056)])
     c.warmup_ms, c.rep_ms, c.min_reps = 10.0, 30.0, 10
+    return _op_plans(
+        c,
+        [(992, 1088), (4032, 4160)],
+        [(96, 192), (992, 1088)],
+        [(992, 1088), (4032, 4160)],
+        [(64, 256)],
+        [(224, 320), (992, 1088)],
+    )
+
+
+def _op_plans(c: Config, gemm_n, gemm_k, gemv, sdpa_head_dim, lowrank_r) -> list[OpPlan]:
+    """One plan per operator class: its windows, at the shapes of ``c``."""
     return [
-        OpPlan("gemm_n", [(992, 1088), (4032, 4160)], c, {"M": c.m, "K": c.k}),
-        OpPlan("gemm_k", [(96, 192), (992, 1088)], c, {"M": c.m, "N": c.n}),
-        OpPlan("gemv", [(992, 1088), (4032, 4160)], c, {"M": 1, "K": c.gemv_k}),
-        OpPlan("sdpa_head_dim", [(64, 256)], c, {"B": c.batch, "S": c.seq, "H": c.heads}),
-        OpPlan("lowrank_r", [(224, 320), (992, 1088)], c, {"M": c.lowrank_m, "d": c.lowrank_d}),
+        OpPlan("gemm_n", gemm_n, c, {"M": c.m, "K": c.k}),
+        OpPlan("gemm_k", gemm_k, c, {"M": c.m, "N": c.n}),
+        OpPlan("gemv", gemv, c, {"M": 1, "K": c.gemv_k}),
+        OpPlan("sdpa_head_dim", sdpa_head_dim, c, {"B": c.batch, "S": c.seq, "H": c.heads}),
+        OpPlan("lowrank_r", lowrank_r, c, {"M": c.lowrank_m, "d": c.lowrank_d}),
     ]
 
 
@@ -375,81 +395,117 @@ def build_profile(
     pl = op_plans or plans(dev, quick)
     stride = 5 if quick else 3
     t0 = time.time()
-    raw_f = None
-    if results_dir is not None:
-        rd = Path(results_dir)
-        rd.mkdir(parents=True, exist_ok=True)
-        raw_f = open(rd / f"profile-{dname}{'-quick' if quick else ''}.jsonl", "w")  # noqa: SIM115
-        append_jsonl(raw_f, {"type": "meta", "env": env, "command": command, "quick": quick})
-    points: dict[str, dict[str, Any]] = {}
-
-    def real_measure(op: str, d: int, plan: OpPlan) -> float | None:
-        p = op_point("profile", plan.cfg, op, d, "profile")
-        res = measure_point(p, dev, dt, plan.cfg)
-        rec = {"type": "point", **p, **res}
-        points.setdefault(op, {})[str(d)] = res
-        if raw_f is not None:
-            append_jsonl(raw_f, rec)
-        return res.get("median_ms") if res.get("status") == "ok" else None
-
+    points: dict[str, dict[str, Any]] = {}  # the real measurements, per op and dim
     ops: dict[str, OpRule] = {}
-    try:
-        with progress() as bar:
-            est = sum(len(range(lo, hi + 1)) for p in pl for lo, hi in p.windows)
-            task = bar.add_task(f"profile {env['gpu']} {dname}{' (quick)' if quick else ''}", total=est)
-            for plan in pl:
-                if plan.op not in OPS:
-                    raise GacError(f"unknown operator class {plan.op!r}")
-
-                def m(op: str, d: int, plan: OpPlan = plan) -> float | None:
-                    if measure is not None:
-                        v = measure(op, d)
-                        if raw_f is not None:
-                            append_jsonl(raw_f, {"type": "point", "op": op, "dim": d, "median_ms": v})
-                        return v
-                    return real_measure(op, d, plan)
-
-                curve, refined, failed = sweep(
-                    plan.op, plan.windows, m, stride, tolerance, on_point=lambda: bar.advance(task)
-                )
-                rule = discover_rule(curve, tolerance=tolerance, lookahead=lookahead)
-                flops = _flops_fn(plan)
-                tf = [flops(d) / (t * 1e-3) / 1e12 for d, t in zip(rule["dims"], rule["ms"], strict=True)]
-                iqr = [points.get(plan.op, {}).get(str(d), {}).get("iqr_ms") for d in rule["dims"]]
-                ops[plan.op] = OpRule(
-                    modulus=rule["modulus"],
-                    prefer=rule["prefer"],
-                    tolerance=tolerance,
-                    class_efficiency=rule["class_efficiency"],
-                    curve={
-                        "dims": rule["dims"],
-                        "ms": [round(x, 6) for x in rule["ms"]],
-                        "tflops": [round(x, 3) for x in tf],
-                        "efficiency": rule["efficiency"],
-                        "iqr_ms": [None if x is None else round(x, 6) for x in iqr],
-                        "window": rule["window"],
-                        "windows": [list(w) for w in plan.windows],
-                        "context": plan.context,
-                        "coarse_stride": stride,
-                        "refined": refined,
-                        "failed": failed,
-                        "lookahead": lookahead,
-                        "rule_evidence": rule["rule_evidence"],
-                    },
-                    cliffs=rule["cliffs"],
-                )
-    finally:
-        if raw_f is not None:
-            raw_f.close()
-    elapsed = time.time() - t0
-    env["profile_elapsed_s"] = round(elapsed, 2)
+    raw_name = f"profile-{dname}{'-quick' if quick else ''}.jsonl"
+    meta = {"type": "meta", "env": env, "command": command, "quick": quick}
+    with _raw_log(results_dir, raw_name, meta) as raw_f, progress() as bar:
+        est = sum(len(range(lo, hi + 1)) for p in pl for lo, hi in p.windows)
+        task = bar.add_task(f"profile {env['gpu']} {dname}{' (quick)' if quick else ''}", total=est)
+        for plan in pl:
+            if plan.op not in OPS:
+                raise GacError(f"unknown operator class {plan.op!r}")
+            m = _point_measure(plan, measure, raw_f, points, dev, dt)
+            curve, refined, failed = sweep(
+                plan.op, plan.windows, m, stride, tolerance, on_point=lambda: bar.advance(task)
+            )
+            rule = discover_rule(curve, tolerance=tolerance, lookahead=lookahead)
+            iqr = [points.get(plan.op, {}).get(str(d), {}).get("iqr_ms") for d in rule["dims"]]
+            sweep_info = {
+                "coarse_stride": stride,
+                "refined": refined,
+                "failed": failed,
+                "lookahead": lookahead,
+            }
+            ops[plan.op] = _op_rule(plan, rule, iqr, tolerance, sweep_info)
+    env["profile_elapsed_s"] = round(time.time() - t0, 2)
     env["profile_quick"] = quick
     env["command"] = command
+    prof = _measured_profile(env, dname, quick, ops)
+    if dev.type == "cuda" and measure is None:
+        lc = measure_launch_constants(dev, dt)
+        prof.launch_us, prof.copy_gbps, prof.aux_us = lc["launch_us"], lc["copy_gbps"], lc["aux_us"]
+        prof.latency_fit = lc["latency_fit"]
+        prof.fused_lowrank = measure_fused_lowrank(dev, dt)
+    return prof
+
+
+@contextlib.contextmanager
+def _raw_log(results_dir: str | Path | None, name: str, meta: dict[str, Any]) -> Iterator[IO[str] | None]:
+    """The JSON-lines file of raw points under ``results_dir`` (its first line ``meta``); None without one."""
+    if results_dir is None:
+        yield None
+        return
+    rd = Path(results_dir)
+    rd.mkdir(parents=True, exist_ok=True)
+    with open(rd / name, "w") as f:
+        append_jsonl(f, meta)
+        yield f
+
+
+def _point_measure(
+    plan: OpPlan,
+    measure: Measure | None,
+    raw_f: IO[str] | None,
+    points: dict,
+    dev: torch.device,
+    dt: torch.dtype,
+) -> Measure:
+    """``(op, dim) -> ms`` for :func:`sweep`: ``measure`` if given, else a real timed point of ``plan``.
+
+    Each point goes to ``raw_f``; a real one's record also to ``points[op][str(dim)]``.
+    """
+
+    def m(op: str, d: int) -> float | None:
+        if measure is not None:
+            v = measure(op, d)
+            if raw_f is not None:
+                append_jsonl(raw_f, {"type": "point", "op": op, "dim": d, "median_ms": v})
+            return v
+        p = op_point("profile", plan.cfg, op, d, "profile")
+        res = measure_point(p, dev, dt, plan.cfg)
+        points.setdefault(op, {})[str(d)] = res
+        if raw_f is not None:
+            append_jsonl(raw_f, {"type": "point", **p, **res})
+        return res.get("median_ms") if res.get("status") == "ok" else None
+
+    return m
+
+
+def _op_rule(
+    plan: OpPlan, rule: dict[str, Any], iqr: list[float | None], tolerance: float, sweep_info: dict[str, Any]
+) -> OpRule:
+    """The rule of one operator class, with its curve (and how it was swept) for the record."""
+    flops = _flops_fn(plan)
+    tf = [flops(d) / (t * 1e-3) / 1e12 for d, t in zip(rule["dims"], rule["ms"], strict=True)]
+    return OpRule(
+        modulus=rule["modulus"],
+        prefer=rule["prefer"],
+        tolerance=tolerance,
+        class_efficiency=rule["class_efficiency"],
+        curve={
+            "dims": rule["dims"],
+            "ms": [round(x, 6) for x in rule["ms"]],
+            "tflops": [round(x, 3) for x in tf],
+            "efficiency": rule["efficiency"],
+            "iqr_ms": [None if x is None else round(x, 6) for x in iqr],
+            "window": rule["window"],
+            "windows": [list(w) for w in plan.windows],
+            "context": plan.context,
+            **sweep_info,
+            "rule_evidence": rule["rule_evidence"],
+        },
+        cliffs=rule["cliffs"],
+    )
+
+
+def _measured_profile(env: dict[str, Any], dname: str, quick: bool, ops: dict[str, OpRule]) -> Profile:
+    """A measured profile named after the GPU, dtype, torch and CUDA of ``env``."""
     slug = gpu_slug(env["gpu"])
     tv = ".".join(torch.__version__.split("+")[0].split(".")[:2])
     cu = env.get("cuda") or "cpu"
     date = datetime.now(timezone.utc).date().isoformat()
-    prof = Profile(
+    return Profile(
         id=f"{slug}-{dname}-torch{tv}-cuda{cu}{'-quick' if quick else ''}",
         ops=ops,
         measured=True,
@@ -458,12 +514,6 @@ def build_profile(
         env=env,
         schema=SCHEMA,
     )
-    if dev.type == "cuda" and measure is None:
-        lc = measure_launch_constants(dev, dt)
-        prof.launch_us, prof.copy_gbps, prof.aux_us = lc["launch_us"], lc["copy_gbps"], lc["aux_us"]
-        prof.latency_fit = lc["latency_fit"]
-        prof.fused_lowrank = measure_fused_lowrank(dev, dt)
-    return prof
 
 
 #: GEMV shapes ``(N, K)`` timed for the launch fit: 2 MB to 1 GB of 2-byte weights (as issue 9's diag).
@@ -608,11 +658,8 @@ def plot_profile(profile: Profile, path: Path) -> None:
             ax.legend(fontsize=7)
     fig.suptitle(profile.label, fontsize=9)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    atomic_savefig(fig, path, dpi=110)
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 def write_profile_outputs(profile: Profile, out: Path, results_dir: Path | None) -> None:

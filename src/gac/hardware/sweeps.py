@@ -51,6 +51,7 @@ import torch.nn.functional as F
 
 from gac.alignment import pow2_class, round_up
 from gac.errors import GacError
+from gac.guard import atomic_savefig
 from gac.hardware.timing import (
     bench,
     dtype_name,
@@ -437,6 +438,10 @@ def _randn(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> 
     return torch.randn(shape, device=device, dtype=dtype) * 0.5
 
 
+class _Unsupported(Exception):
+    """A forced SDPA backend refused the point's shape (the reason names why)."""
+
+
 def measure_point(p: dict[str, Any], device: torch.device, dtype: torch.dtype, cfg: Config) -> dict[str, Any]:
     """Measure one point; returns the result fields (``status`` plus timing or a reason)."""
     kind = p["kind"]
@@ -450,104 +455,104 @@ def measure_point(p: dict[str, Any], device: torch.device, dtype: torch.dtype, c
     res: dict[str, Any] = {}
     tensors: list[Any] = []
     try:
-        if kind == "sdpa":
-            B, H, S, D = p["B"], p["H"], p["S"], p["D"]
-            scale = p.get("scale")
-            set_bytes = 4 * B * H * S * D * esize
-            n_sets = rotation_sets(set_bytes, device)
-            sets = [tuple(_randn((B, H, S, D), device, dtype) for _ in range(3)) for _ in range(n_sets)]
-            tensors.append(sets)
-            q, k, v = sets[0]
-            backend = p.get("backend", "auto")
-            if backend == "auto":
-                res["auto_backend"] = _auto_choice(q, k, v, scale)
-                res["eligible"], refused = _eligible(q, k, v, scale)
-                if refused:
-                    res["refused"] = refused
-
-                def fn(i: int) -> None:
-                    a, b, c = sets[i % n_sets]
-                    F.scaled_dot_product_attention(a, b, c, scale=scale)
-
-                t = bench(fn, device, **timing_kw)
-            else:
-                from torch.nn.attention import sdpa_kernel
-
-                with warnings.catch_warnings(record=True) as caught:
-                    warnings.simplefilter("always")
-                    try:
-                        with sdpa_kernel([_sdpa_backend_enum(backend)]):
-                            F.scaled_dot_product_attention(q, k, v, scale=scale)
-                    except RuntimeError as e:
-                        if isinstance(e, torch.cuda.OutOfMemoryError):
-                            raise
-                        return {
-                            "status": "unsupported",
-                            "reason": _warning_reasons(caught) or _first_line(str(e)),
-                        }
-
-                def fn(i: int) -> None:
-                    a, b, c = sets[i % n_sets]
-                    with sdpa_kernel([_sdpa_backend_enum(backend)]):
-                        F.scaled_dot_product_attention(a, b, c, scale=scale)
-
-                t = bench(fn, device, **timing_kw)
-            flops = 4.0 * B * H * S * S * D
-            moved = 4 * B * H * S * D * esize
-        elif kind == "linear":
-            M, K, N = p["M"], p["K"], p["N"]
-            set_bytes = (M * K + N * K + M * N) * esize
-            n_sets = rotation_sets(set_bytes, device)
-            sets = [(_randn((M, K), device, dtype), _randn((N, K), device, dtype)) for _ in range(n_sets)]
-            tensors.append(sets)
-
-            def fn(i: int) -> None:
-                x, w = sets[i % n_sets]
-                F.linear(x, w)
-
-            t = bench(fn, device, **timing_kw)
-            flops = 2.0 * M * N * K
-            moved = set_bytes
-        elif kind == "lowrank":
-            M, D, R = p["M"], p["D"], p["R"]
-            set_bytes = (M * D + R * D + D * R + M * R + M * D) * esize
-            n_sets = rotation_sets(set_bytes, device)
-            sets = [
-                (_randn((M, D), device, dtype), _randn((R, D), device, dtype), _randn((D, R), device, dtype))
-                for _ in range(n_sets)
-            ]
-            tensors.append(sets)
-
-            def fn(i: int) -> None:
-                x, v_, u_ = sets[i % n_sets]
-                F.linear(F.linear(x, v_), u_)
-
-            t = bench(fn, device, **timing_kw)
-            flops = 4.0 * M * D * R
-            moved = set_bytes
-        else:
+        if kind not in _TIMERS:
             raise GacError(f"unknown point kind {kind!r}")
+        t, n_sets, flops, moved = _TIMERS[kind](p, device, dtype, esize, timing_kw, tensors, res)
         res.update(status="ok", n_sets=n_sets, **t.to_dict())
         res["tflops"] = flops / (t.median_ms * 1e-3) / 1e12 if t.median_ms > 0 else None
         res["gbps"] = moved / (t.median_ms * 1e-3) / 1e9 if t.median_ms > 0 else None
         return res
+    except _Unsupported as e:
+        return {"status": "unsupported", "reason": str(e)}
     except torch.cuda.OutOfMemoryError as e:
         return {"status": "oom", "reason": _first_line(str(e))[:300]}
     except (RuntimeError, NotImplementedError, ValueError, TypeError) as e:
         msg = _first_line(str(e))[:300]
         low = msg.lower()
-        status = (
-            "unsupported"
-            if any(
-                s in low for s in ("not implemented", "not supported", "no available kernel", "unsupported")
-            )
-            else "error"
-        )
-        return {"status": status, "reason": msg}
+        unsupported = ("not implemented", "not supported", "no available kernel", "unsupported")
+        return {"status": "unsupported" if any(s in low for s in unsupported) else "error", "reason": msg}
     finally:
         tensors.clear()
         if device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _time_sdpa(p, device, dtype, esize, timing_kw, tensors, res) -> tuple[Any, int, float, int]:
+    """Time SDPA at ``p``'s ``B, H, S, D`` (``backend``: ``auto``, recording its choice, or one forced)."""
+    B, H, S, D = p["B"], p["H"], p["S"], p["D"]
+    scale = p.get("scale")
+    set_bytes = 4 * B * H * S * D * esize
+    n_sets = rotation_sets(set_bytes, device)
+    sets = [tuple(_randn((B, H, S, D), device, dtype) for _ in range(3)) for _ in range(n_sets)]
+    tensors.append(sets)
+    q, k, v = sets[0]
+    backend = p.get("backend", "auto")
+    if backend == "auto":
+        res["auto_backend"] = _auto_choice(q, k, v, scale)
+        res["eligible"], refused = _eligible(q, k, v, scale)
+        if refused:
+            res["refused"] = refused
+
+        def fn(i: int) -> None:
+            a, b, c = sets[i % n_sets]
+            F.scaled_dot_product_attention(a, b, c, scale=scale)
+
+        return bench(fn, device, **timing_kw), n_sets, 4.0 * B * H * S * S * D, 4 * B * H * S * D * esize
+    from torch.nn.attention import sdpa_kernel
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with sdpa_kernel([_sdpa_backend_enum(backend)]):
+                F.scaled_dot_product_attention(q, k, v, scale=scale)
+        except RuntimeError as e:
+            if isinstance(e, torch.cuda.OutOfMemoryError):
+                raise
+            raise _Unsupported(_warning_reasons(caught) or _first_line(str(e))) from None
+
+    def forced(i: int) -> None:
+        a, b, c = sets[i % n_sets]
+        with sdpa_kernel([_sdpa_backend_enum(backend)]):
+            F.scaled_dot_product_attention(a, b, c, scale=scale)
+
+    return bench(forced, device, **timing_kw), n_sets, 4.0 * B * H * S * S * D, 4 * B * H * S * D * esize
+
+
+def _time_linear(p, device, dtype, esize, timing_kw, tensors, res) -> tuple[Any, int, float, int]:
+    """Time ``F.linear`` of ``[M, K]`` by ``[N, K]``."""
+    M, K, N = p["M"], p["K"], p["N"]
+    set_bytes = (M * K + N * K + M * N) * esize
+    n_sets = rotation_sets(set_bytes, device)
+    sets = [(_randn((M, K), device, dtype), _randn((N, K), device, dtype)) for _ in range(n_sets)]
+    tensors.append(sets)
+
+    def fn(i: int) -> None:
+        x, w = sets[i % n_sets]
+        F.linear(x, w)
+
+    return bench(fn, device, **timing_kw), n_sets, 2.0 * M * N * K, set_bytes
+
+
+def _time_lowrank(p, device, dtype, esize, timing_kw, tensors, res) -> tuple[Any, int, float, int]:
+    """Time the low-rank pair ``x [M, D] -> [M, R] -> [M, D]``."""
+    M, D, R = p["M"], p["D"], p["R"]
+    set_bytes = (M * D + R * D + D * R + M * R + M * D) * esize
+    n_sets = rotation_sets(set_bytes, device)
+    sets = [
+        (_randn((M, D), device, dtype), _randn((R, D), device, dtype), _randn((D, R), device, dtype))
+        for _ in range(n_sets)
+    ]
+    tensors.append(sets)
+
+    def fn(i: int) -> None:
+        x, v_, u_ = sets[i % n_sets]
+        F.linear(F.linear(x, v_), u_)
+
+    return bench(fn, device, **timing_kw), n_sets, 4.0 * M * D * R, set_bytes
+
+
+#: how :func:`measure_point` times each point kind
+_TIMERS = {"sdpa": _time_sdpa, "linear": _time_linear, "lowrank": _time_lowrank}
 
 
 # --------------------------------------------------------------------------- outputs
@@ -639,11 +644,8 @@ def plot_staircase(path: Path, name: str, records: list[dict[str, Any]], title: 
         ax.axis("off")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    atomic_savefig(fig, path, dpi=110)
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 def _median(xs: list[float]) -> float | None:
@@ -745,6 +747,47 @@ def default_out_dir(device: torch.device) -> Path:
     return Path("benchmarks") / "results" / gpu_slug(name)
 
 
+def _run_points(
+    pts: list[dict[str, Any]],
+    jsonl: Path,
+    resume: bool,
+    meta: dict[str, Any],
+    measure: Callable[[dict[str, Any]], dict[str, Any]],
+    title: str,
+) -> list[dict[str, Any]]:
+    """Measure each point, appending its record to ``jsonl`` as it comes (``meta`` first in a new file).
+
+    With ``resume``, the points already in ``jsonl`` are kept, not measured; points of one shape
+    (:func:`_shape_key`) are measured once and the record marked ``reused_measurement``.
+    """
+    done = {point_key(r): r for r in _read_jsonl(jsonl)} if resume else {}
+    mode = "a" if resume and jsonl.exists() else "w"
+    cache: dict[str, dict[str, Any]] = {}
+    records: list[dict[str, Any]] = []
+    with open(jsonl, mode) as f, progress() as bar:
+        if mode == "w":
+            append_jsonl(f, meta)
+        task = bar.add_task(title, total=len(pts))
+        for p in pts:
+            key = point_key(p)
+            if key in done:
+                records.append(done[key])
+                bar.advance(task)
+                continue
+            sk = _shape_key(p)
+            if sk in cache:
+                res = {k: v for k, v in cache[sk].items()}
+                res["reused_measurement"] = True
+            else:
+                res = measure(p)
+                cache[sk] = res
+            rec = {"type": "point", **p, **res}
+            append_jsonl(f, rec)
+            records.append(rec)
+            bar.advance(task)
+    return records
+
+
 def run_experiment(
     name: str,
     *,
@@ -781,66 +824,24 @@ def run_experiment(
     out_dir = Path(out) if out is not None else default_out_dir(dev)
     command = command or " ".join(shlex.quote(a) for a in sys.argv)
     if name == "all":
-        results = {}
-        for n in EXPERIMENTS:
-            results[n] = run_experiment(
-                n,
-                dtype=dtype,
-                out=out_dir,
-                config=cfg,
-                device=dev,
-                resume=resume,
-                command=command,
-                show=show,
-                measure=measure,
-            )
-        return {"experiments": results}
+        kw = dict(
+            dtype=dtype, config=cfg, device=dev, resume=resume, command=command, show=show, measure=measure
+        )
+        return {"experiments": {n: run_experiment(n, out=out_dir, **kw) for n in EXPERIMENTS}}
     dname = dtype_name(dt)
     env = environment(dev, dt)
     stem = f"{name}-{dname}"
-    jsonl = out_dir / f"{stem}.jsonl"
     out_dir.mkdir(parents=True, exist_ok=True)
-    pts = points_for(name, cfg)
-    done: dict[str, dict[str, Any]] = {}
-    if resume:
-        for r in _read_jsonl(jsonl):
-            done[point_key(r)] = r
-    mode = "a" if resume and jsonl.exists() else "w"
     t_start = time.time()
-    cache: dict[str, dict[str, Any]] = {}
-    records: list[dict[str, Any]] = []
-    with open(jsonl, mode) as f:
-        if mode == "w":
-            append_jsonl(
-                f,
-                {
-                    "type": "meta",
-                    "experiment": name,
-                    "dtype": dname,
-                    "env": env,
-                    "command": command,
-                    "config": cfg.to_dict(),
-                },
-            )
-        with progress() as bar:
-            task = bar.add_task(f"{name} ({env['gpu']}, {dname})", total=len(pts))
-            for p in pts:
-                key = point_key(p)
-                if key in done:
-                    records.append(done[key])
-                    bar.advance(task)
-                    continue
-                sk = _shape_key(p)
-                if sk in cache:
-                    res = {k: v for k, v in cache[sk].items()}
-                    res["reused_measurement"] = True
-                else:
-                    res = measure(p) if measure is not None else measure_point(p, dev, dt, cfg)
-                    cache[sk] = res
-                rec = {"type": "point", **p, **res}
-                append_jsonl(f, rec)
-                records.append(rec)
-                bar.advance(task)
+    meta = {"type": "meta", "experiment": name, "dtype": dname, "env": env, "command": command}
+    records = _run_points(
+        points_for(name, cfg),
+        out_dir / f"{stem}.jsonl",
+        resume,
+        {**meta, "config": cfg.to_dict()},
+        lambda p: measure(p) if measure is not None else measure_point(p, dev, dt, cfg),
+        f"{name} ({env['gpu']}, {dname})",
+    )
     _postprocess(name, records)
     rows = summarize(name, records)
     full = {

@@ -83,6 +83,68 @@ if HAVE_TRITON:
         return tl.dot(kr1, q1t) + tl.dot(kr2, q2t)
 
     @triton.jit
+    def _chunked_head_scores(
+        zk_b, offs_t, tmask, szkt, koff, kr, ub, sud, kvh, kb_ptr, kn_ptr, offs_d, c, sn, q1t, q2t, eps,
+        HALF, RK, BLOCK_R, BLOCK_T, HAS_BIAS, HAS_NORM,
+    ):  # fmt: skip
+        """KV head ``kvh``'s scores ``[BLOCK_T, MQ]``, its keys rebuilt chunk by chunk (up-projection at ``ub``)."""
+        k1, k2 = _chunked_keys(
+            zk_b, offs_t, tmask, szkt, koff, kr, ub, sud, offs_d, HALF, RK, BLOCK_R, BLOCK_T
+        )
+        return _head_scores(
+            k1, k2, kvh, kb_ptr, kn_ptr, offs_d, c, sn, q1t, q2t, eps, HALF, HAS_BIAS, HAS_NORM
+        )
+
+    @triton.jit
+    def _group_scores(
+        zk_b, offs_t, tmask, szkt, koff, kr, uk_ptr, kvh0, suh, sud, offs_r, rmask, u1a, u2a, u1b, u2b,
+        kb_ptr, kn_ptr, offs_d, c, sn, q1t, q2t, col_head, eps,
+        G, HALF, RK, MQ, BLOCK_R, BLOCK_T, HAS_BIAS, HAS_NORM, STAGE_U, UNROLL,
+    ):  # fmt: skip
+        """One tile's scores ``[BLOCK_T, MQ]``: each column against its KV head's rebuilt keys.
+
+        ``STAGE_U`` (unrolled only): the keys come from the staged up-projections ``u1a``..``u2b``
+        and one load of the tile's key latents; otherwise rank chunk by rank chunk.
+        """
+        sc = tl.zeros((BLOCK_T, MQ), tl.float32)
+        if UNROLL:  # the group's heads unrolled: every load sits in the pipelined tile loop
+            if STAGE_U:
+                x = tl.load(
+                    zk_b + offs_t[:, None] * szkt + (koff + offs_r)[None, :],
+                    mask=tmask[:, None] & rmask[None, :],
+                    other=0.0,
+                )
+            for j in tl.static_range(G):
+                if STAGE_U:
+                    if j == 0:
+                        k1 = tl.dot(x, u1a)
+                        k2 = tl.dot(x, u2a)
+                    else:
+                        k1 = tl.dot(x, u1b)
+                        k2 = tl.dot(x, u2b)
+                    kvh = kvh0 + j
+                    sj = _head_scores(
+                        k1, k2, kvh, kb_ptr, kn_ptr, offs_d, c, sn, q1t, q2t, eps, HALF, HAS_BIAS, HAS_NORM
+                    )
+                else:
+                    sj = _chunked_head_scores(
+                        zk_b, offs_t, tmask, szkt, koff, kr, uk_ptr + (kvh0 + j) * suh, sud, kvh0 + j, kb_ptr,
+                        kn_ptr, offs_d, c, sn, q1t, q2t, eps, HALF, RK, BLOCK_R, BLOCK_T, HAS_BIAS, HAS_NORM,
+                    )  # fmt: skip
+                if G == 1:
+                    sc = sj
+                else:
+                    sc += tl.where((col_head == j)[None, :], sj, 0.0)
+        else:
+            for j in range(G):
+                sj = _chunked_head_scores(
+                    zk_b, offs_t, tmask, szkt, koff, kr, uk_ptr + (kvh0 + j) * suh, sud, kvh0 + j, kb_ptr,
+                    kn_ptr, offs_d, c, sn, q1t, q2t, eps, HALF, RK, BLOCK_R, BLOCK_T, HAS_BIAS, HAS_NORM,
+                )  # fmt: skip
+                sc += tl.where((col_head == j)[None, :], sj, 0.0)
+        return sc
+
+    @triton.jit
     def _head_values(pt, zv_b, offs_t, tmask, szvt, voff_ptr, vr_ptr, kvh0, j, offs_m, offs_v, NREP, RAV):
         """``P·Z_v`` over KV head ``kvh0 + j``'s value slice, on the rows of its query heads only."""
         voff = tl.load(voff_ptr + kvh0 + j) // RAV * RAV
@@ -95,55 +157,110 @@ if HAVE_TRITON:
         return tl.where((offs_m // NREP == j)[:, None], tl.dot(pt, zv), 0.0)
 
     @triton.jit
+    def _group_values(
+        acc,
+        pt,
+        zv_b,
+        offs_t,
+        tmask,
+        szvt,
+        voff_ptr,
+        vr_ptr,
+        kvh0,
+        offs_m,
+        offs_v,
+        G,
+        NREP,
+        RAV,
+        V_SHARED,
+        UNROLL,
+    ):
+        """``acc`` plus the tile's ``P·Z_v``, each query head through its value group's latent slice."""
+        if V_SHARED:  # every KV head of the key group reads one value slice
+            voff = tl.load(voff_ptr + kvh0) // RAV * RAV
+            vr = tl.load(vr_ptr + kvh0)
+            zv = tl.load(
+                zv_b + offs_t[:, None] * szvt + (voff + offs_v)[None, :],
+                mask=tmask[:, None] & (offs_v < vr)[None, :],
+                other=0.0,
+            )
+            acc += tl.dot(pt, zv)
+        elif UNROLL:
+            for j in tl.static_range(G):
+                acc += _head_values(
+                    pt, zv_b, offs_t, tmask, szvt, voff_ptr, vr_ptr, kvh0, j, offs_m, offs_v, NREP, RAV
+                )
+        else:
+            for j in range(G):
+                acc += _head_values(
+                    pt, zv_b, offs_t, tmask, szvt, voff_ptr, vr_ptr, kvh0, j, offs_m, offs_v, NREP, RAV
+                )
+        return acc
+
+    @triton.jit
+    def _split_range(len_ptr, split, NSPLIT, BLOCK_T):
+        """The cached tokens ``[start, end)`` of split ``split``: whole tiles of the valid length read on device."""
+        n_valid = tl.load(len_ptr).to(tl.int32)
+        per = tl.cdiv(tl.cdiv(n_valid, NSPLIT), BLOCK_T) * BLOCK_T
+        start = split * per
+        return start, tl.minimum(start + per, n_valid)
+
+    @triton.jit
+    def _staged_up(uk_ptr, kvh0, suh, sud, kr, offs_d, G, HALF, BLOCK_R):
+        """``STAGE_U``: one rank chunk of the key group's (at most two) up-projections, halves ``[BLOCK_R, HALF]``."""
+        offs_r = tl.arange(0, BLOCK_R)
+        rmask = offs_r < kr
+        ub = uk_ptr + kvh0 * suh + offs_r[:, None]
+        u1a = tl.load(ub + offs_d[None, :] * sud, mask=rmask[:, None], other=0.0)
+        u2a = tl.load(ub + (HALF + offs_d)[None, :] * sud, mask=rmask[:, None], other=0.0)
+        if G == 2:
+            u1b = tl.load(ub + suh + offs_d[None, :] * sud, mask=rmask[:, None], other=0.0)
+            u2b = tl.load(ub + suh + (HALF + offs_d)[None, :] * sud, mask=rmask[:, None], other=0.0)
+        else:
+            u1b = u1a
+            u2b = u2a
+        return offs_r, rmask, u1a, u2a, u1b, u2b
+
+    @triton.jit
+    def _tile_rope(inv, t0, ci, si, rope_scale):
+        """The rotary ``cos``/``sin`` of the tile at ``t0`` by angle addition (``ci``/``si``: the in-tile offsets')."""
+        a0 = inv * t0
+        cb = tl.cos(a0)[None, :]
+        sb = tl.sin(a0)[None, :]
+        return (cb * ci - sb * si) * rope_scale, (sb * ci + cb * si) * rope_scale
+
+    @triton.jit
+    def _online_softmax(sc, tmask, qk_scale, m_i, l_i, acc):
+        """One tile's online-softmax step (log2 units): the new running max and sum, the rescaled ``acc`` and ``P``."""
+        sc = tl.where(tmask[:, None], sc * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, axis=0))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(sc - m_new[None, :])  # [BLOCK_T, MQ]
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+        return m_new, l_i, acc * alpha[:, None], p
+
+    @triton.jit
     def _latent_flash_kernel(
         q_ptr,  # [B, H, HD] roped queries
-        zk_ptr,  # [B, T, *] key latents of the layer
-        zv_ptr,  # [B, T, *] value latents of the layer
+        zk_ptr, zv_ptr,  # [B, T, *] key and value latents of the layer
         uk_ptr,  # [KVH, HD, RK] packed key up-projections (zero past each head's rank)
-        koff_ptr,  # [KVH] int32 latent offset of each KV head's key group
-        kr_ptr,  # [KVH] int32 key rank of each KV head's key group
-        voff_ptr,  # [KVH] int32 latent offset of each KV head's value group
-        vr_ptr,  # [KVH] int32 value rank of each KV head's value group
+        koff_ptr, kr_ptr,  # [KVH] int32 latent offset and rank of each KV head's key group
+        voff_ptr, vr_ptr,  # [KVH] int32 latent offset and rank of each KV head's value group
         kb_ptr,  # [KVH, HD] key bias (unused without HAS_BIAS)
         kn_ptr,  # [HD] key RMSNorm weight (unused without HAS_NORM)
         inv_ptr,  # [HD/2] fp32 rotary inverse frequencies
         len_ptr,  # [1] valid cached tokens
         o_ptr,  # [B, H, NSPLIT, RVP] fp32 partial outputs
         ml_ptr,  # [B, H, NSPLIT, 2] fp32 running max (log2 units) and sum of each split
-        sqb,
-        sqh,
-        szkb_,
-        szkt_,
-        szvb_,
-        szvt_,
-        suh_,
-        sud_,
-        sob,
-        soh,
-        sos,
-        smb,
-        smh,
-        KGROUPS,
-        NSPLIT,
+        sqb, sqh, szkb_, szkt_, szvb_, szvt_, suh_, sud_, sob, soh, sos, smb, smh,
+        KGROUPS, NSPLIT,
         qk_scale,  # softmax scale times log2(e)
-        rope_scale,
-        eps,
-        NREP: tl.constexpr,
-        G: tl.constexpr,
-        HALF: tl.constexpr,
-        RK: tl.constexpr,
-        RVP: tl.constexpr,
-        MQ: tl.constexpr,
-        BLOCK_T: tl.constexpr,
-        BLOCK_R: tl.constexpr,
-        HAS_BIAS: tl.constexpr,
-        HAS_NORM: tl.constexpr,
-        V_SHARED: tl.constexpr,
-        STAGE_U: tl.constexpr,
-        UNROLL: tl.constexpr,
-        RA: tl.constexpr,
-        RAV: tl.constexpr,
-    ):
+        rope_scale, eps,
+        NREP: tl.constexpr, G: tl.constexpr, HALF: tl.constexpr, RK: tl.constexpr, RVP: tl.constexpr,
+        MQ: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr, HAS_BIAS: tl.constexpr,
+        HAS_NORM: tl.constexpr, V_SHARED: tl.constexpr, STAGE_U: tl.constexpr, UNROLL: tl.constexpr,
+        RA: tl.constexpr, RAV: tl.constexpr,
+    ):  # fmt: skip
         # the latent and up-projection strides arrive divided by RA (RAV for the values), and every
         # group's latent offset and rank is a multiple of it: multiplied back, the compiler can prove
         # the latent rows 16-byte aligned and load them as vectors
@@ -157,10 +274,7 @@ if HAVE_TRITON:
         split = tl.program_id(1)
         b = pid // KGROUPS
         kg = pid % KGROUPS
-        n_valid = tl.load(len_ptr).to(tl.int32)
-        per = tl.cdiv(tl.cdiv(n_valid, NSPLIT), BLOCK_T) * BLOCK_T
-        start = split * per
-        end = tl.minimum(start + per, n_valid)
+        start, end = _split_range(len_ptr, split, NSPLIT, BLOCK_T)
         dt = q_ptr.dtype.element_ty
         offs_m = tl.arange(0, MQ)
         mrow = offs_m < G * NREP
@@ -184,119 +298,29 @@ if HAVE_TRITON:
         zk_b = zk_ptr + b * szkb
         zv_b = zv_ptr + b * szvb
         if STAGE_U:  # one rank chunk of at most two KV heads: their up-projections stay on chip for the split
-            offs_r = tl.arange(0, BLOCK_R)
-            rmask = offs_r < kr
-            ub = uk_ptr + kvh0 * suh + offs_r[:, None]
-            u1a = tl.load(ub + offs_d[None, :] * sud, mask=rmask[:, None], other=0.0)
-            u2a = tl.load(ub + (HALF + offs_d)[None, :] * sud, mask=rmask[:, None], other=0.0)
-            if G == 2:
-                u1b = tl.load(ub + suh + offs_d[None, :] * sud, mask=rmask[:, None], other=0.0)
-                u2b = tl.load(ub + suh + (HALF + offs_d)[None, :] * sud, mask=rmask[:, None], other=0.0)
-            else:
-                u1b = u1a
-                u2b = u2a
+            offs_r, rmask, u1a, u2a, u1b, u2b = _staged_up(
+                uk_ptr, kvh0, suh, sud, kr, offs_d, G, HALF, BLOCK_R
+            )
+        else:  # the keys are rebuilt rank chunk by rank chunk (_chunked_keys): nothing staged
+            offs_r, rmask, u1a, u2a, u1b, u2b = None, None, None, None, None, None
         m_i = tl.full((MQ,), float("-inf"), tl.float32)
         l_i = tl.zeros((MQ,), tl.float32)
         acc = tl.zeros((MQ, RVP), tl.float32)
         for t0 in range(start, end, BLOCK_T):
             offs_t = t0 + offs_i
             tmask = offs_t < end
-            a0 = inv * t0
-            cb = tl.cos(a0)[None, :]
-            sb = tl.sin(a0)[None, :]
-            c = (cb * ci - sb * si) * rope_scale
-            sn = (sb * ci + cb * si) * rope_scale
-            sc = tl.zeros((BLOCK_T, MQ), tl.float32)
-            if UNROLL:  # the group's heads unrolled: every load sits in the pipelined tile loop
-                if STAGE_U:
-                    x = tl.load(
-                        zk_b + offs_t[:, None] * szkt + (koff + offs_r)[None, :],
-                        mask=tmask[:, None] & rmask[None, :],
-                        other=0.0,
-                    )
-                for j in tl.static_range(G):
-                    if STAGE_U:
-                        if j == 0:
-                            k1 = tl.dot(x, u1a)
-                            k2 = tl.dot(x, u2a)
-                        else:
-                            k1 = tl.dot(x, u1b)
-                            k2 = tl.dot(x, u2b)
-                    else:
-                        ub = uk_ptr + (kvh0 + j) * suh
-                        k1, k2 = _chunked_keys(
-                            zk_b, offs_t, tmask, szkt, koff, kr, ub, sud, offs_d, HALF, RK, BLOCK_R, BLOCK_T
-                        )
-                    sj = _head_scores(
-                        k1,
-                        k2,
-                        kvh0 + j,
-                        kb_ptr,
-                        kn_ptr,
-                        offs_d,
-                        c,
-                        sn,
-                        q1t,
-                        q2t,
-                        eps,
-                        HALF,
-                        HAS_BIAS,
-                        HAS_NORM,
-                    )
-                    if G == 1:
-                        sc = sj
-                    else:
-                        sc += tl.where((col_head == j)[None, :], sj, 0.0)
-            else:
-                for j in range(G):
-                    ub = uk_ptr + (kvh0 + j) * suh
-                    k1, k2 = _chunked_keys(
-                        zk_b, offs_t, tmask, szkt, koff, kr, ub, sud, offs_d, HALF, RK, BLOCK_R, BLOCK_T
-                    )
-                    sj = _head_scores(
-                        k1,
-                        k2,
-                        kvh0 + j,
-                        kb_ptr,
-                        kn_ptr,
-                        offs_d,
-                        c,
-                        sn,
-                        q1t,
-                        q2t,
-                        eps,
-                        HALF,
-                        HAS_BIAS,
-                        HAS_NORM,
-                    )
-                    sc += tl.where((col_head == j)[None, :], sj, 0.0)
-            sc = tl.where(tmask[:, None], sc * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(sc, axis=0))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(sc - m_new[None, :])  # [BLOCK_T, MQ]
-            l_i = l_i * alpha + tl.sum(p, axis=0)
-            acc = acc * alpha[:, None]
+            c, sn = _tile_rope(inv, t0, ci, si, rope_scale)
+            sc = _group_scores(
+                zk_b, offs_t, tmask, szkt, koff, kr, uk_ptr, kvh0, suh, sud, offs_r, rmask, u1a, u2a, u1b, u2b,
+                kb_ptr, kn_ptr, offs_d, c, sn, q1t, q2t, col_head, eps,
+                G, HALF, RK, MQ, BLOCK_R, BLOCK_T, HAS_BIAS, HAS_NORM, STAGE_U, UNROLL,
+            )  # fmt: skip
+            m_i, l_i, acc, p = _online_softmax(sc, tmask, qk_scale, m_i, l_i, acc)
             pt = tl.trans(p.to(dt))  # [MQ, BLOCK_T]
-            if V_SHARED:  # every KV head of the key group reads one value slice
-                voff = tl.load(voff_ptr + kvh0) // RAV * RAV
-                vr = tl.load(vr_ptr + kvh0)
-                zv = tl.load(
-                    zv_b + offs_t[:, None] * szvt + (voff + offs_v)[None, :],
-                    mask=tmask[:, None] & (offs_v < vr)[None, :],
-                    other=0.0,
-                )
-                acc += tl.dot(pt, zv)
-            elif UNROLL:
-                for j in tl.static_range(G):
-                    acc += _head_values(
-                        pt, zv_b, offs_t, tmask, szvt, voff_ptr, vr_ptr, kvh0, j, offs_m, offs_v, NREP, RAV
-                    )
-            else:
-                for j in range(G):
-                    acc += _head_values(
-                        pt, zv_b, offs_t, tmask, szvt, voff_ptr, vr_ptr, kvh0, j, offs_m, offs_v, NREP, RAV
-                    )
-            m_i = m_new
+            acc = _group_values(
+                acc, pt, zv_b, offs_t, tmask, szvt, voff_ptr, vr_ptr, kvh0, offs_m, offs_v,
+                G, NREP, RAV, V_SHARED, UNROLL,
+            )  # fmt: skip
         rows = h0 + offs_m
         optr = o_ptr + b * sob + rows[:, None] * soh + split * sos + offs_v[None, :]
         tl.store(optr, acc, mask=mrow[:, None])

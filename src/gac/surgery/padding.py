@@ -90,24 +90,23 @@ def pad_linear_in_(lin: nn.Linear, new: int, placement: torch.Tensor | None = No
 
 def pad_out_(mod: nn.Module, new: int, placement: torch.Tensor | None = None) -> None:
     """:func:`pad_linear_out_` for an ``nn.Linear`` or a ``FactorizedLinear`` (pads ``u``)."""
-    if isinstance(mod, FactorizedLinear):
-        pad_linear_out_(mod.u, new, placement)
-        mod.out_features = new
-    elif isinstance(mod, nn.Linear):
-        pad_linear_out_(mod, new, placement)
-    else:
-        raise TypeError(f"cannot pad the output of {type(mod).__name__}")
+    _pad_side_(mod, new, placement, "out")
 
 
 def pad_in_(mod: nn.Module, new: int, placement: torch.Tensor | None = None) -> None:
     """:func:`pad_linear_in_` for an ``nn.Linear`` or a ``FactorizedLinear`` (pads ``v``)."""
+    _pad_side_(mod, new, placement, "in")
+
+
+def _pad_side_(mod: nn.Module, new: int, placement: torch.Tensor | None, side: str) -> None:
+    pad, inner, what = {"out": (pad_linear_out_, "u", "output"), "in": (pad_linear_in_, "v", "input")}[side]
     if isinstance(mod, FactorizedLinear):
-        pad_linear_in_(mod.v, new, placement)
-        mod.in_features = new
+        pad(getattr(mod, inner), new, placement)
+        setattr(mod, f"{side}_features", new)
     elif isinstance(mod, nn.Linear):
-        pad_linear_in_(mod, new, placement)
+        pad(mod, new, placement)
     else:
-        raise TypeError(f"cannot pad the input of {type(mod).__name__}")
+        raise TypeError(f"cannot pad the {what} of {type(mod).__name__}")
 
 
 def pad_rank_(mod: FactorizedLinear, new: int) -> None:

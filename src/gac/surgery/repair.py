@@ -242,11 +242,30 @@ def repair_(
     report = RepairReport(strategy=strategy, profile=prof.id, tokens=tokens)
     report.params_before = param_count(model)
     t_before = predicted_latency_ms(model, prof, tokens)
+    # all checks before any change, so a refusal leaves the model untouched
+    plan = _plan_repair(model, ad, strategy, prof, report)
+    if not _planned(plan):
+        report.params_after = report.params_before
+        return report
+    _apply_repair(model, ad, plan, report)
+    report.params_after = param_count(model)
+    t_after = predicted_latency_ms(model, prof, tokens)
+    report.predicted_speedup = t_before / t_after if t_after > 0 else 1.0
+    return report
+
+
+def _plan_repair(
+    model: nn.Module, ad: FamilyAdapter, strategy: str, prof: Profile, report: RepairReport
+) -> dict:
+    """What to pad, ``{dim kind: (d, d_new) or {where: (d, d_new)}}``; what cannot be goes to ``report.skipped``.
+
+    Raises:
+        GacError: misaligned dims of which none can be padded.
+    """
 
     def target(kind: str, d: int) -> int:
         return round_up(d, target_modulus(strategy, kind, prof))
 
-    # -- plan (all checks before any change, so a refusal leaves the model untouched)
     plan: dict[str, Any] = {}
     h = ad.hidden
     if target("hidden", h) != h:
@@ -290,39 +309,31 @@ def repair_(
     v = ad.vocab
     if round_up(v, target_modulus(strategy, "hidden", prof)) != v:
         report.skipped.append(f"vocab {v}: not padded (extra logits would change the output distribution)")
+    if unrepairable and not _planned(plan):
+        raise GacError(
+            "no repairable dims: the misaligned dims cannot be zero-padded exactly ("
+            + "; ".join(unrepairable)
+            + ")"
+        )
+    return plan
 
-    if not (
+
+def _planned(plan: dict[str, Any]) -> bool:
+    return bool(
         plan.get("hidden") or plan["intermediate"] or plan.get("head_dim") or plan["rank"] or plan["latent"]
-    ):
-        if unrepairable:
-            raise GacError(
-                "no repairable dims: the misaligned dims cannot be zero-padded exactly ("
-                + "; ".join(unrepairable)
-                + ")"
-            )
-        report.params_after = report.params_before
-        return report
+    )
 
-    # -- apply
-    if plan["rank"]:
-        for name, (r, r_new) in plan["rank"].items():
-            pad_rank_(model.get_submodule(name), r_new)
-            report.changes.append(DimChange("rank", name, r, r_new))
+
+def _apply_repair(model: nn.Module, ad: FamilyAdapter, plan: dict[str, Any], report: RepairReport) -> None:
+    """Pad what :func:`_plan_repair` planned, in place, recording each change in ``report``."""
+    for name, (r, r_new) in plan["rank"].items():
+        pad_rank_(model.get_submodule(name), r_new)
+        report.changes.append(DimChange("rank", name, r, r_new))
     for (name, kind, g), (r, r_new) in plan["latent"].items():
         pad_latent_rank_(model.get_submodule(name), kind, g, r_new)
         report.changes.append(DimChange("latent_rank", f"{name}.{kind}_proj:g{g}", r, r_new))
     for i, (d, d_new) in plan["intermediate"].items():
-        p = ad.projections(i)
-        if "gate_up" in p:  # fused [gate | up]: each half grows separately
-            halves = torch.cat([torch.arange(d), d_new + torch.arange(d)])
-            pad_out_(model.get_submodule(p["gate_up"]), 2 * d_new, halves)
-        for role in ("gate", "up"):  # fc1/fc2 MLPs have "up" only: act(0) = 0 keeps the zeros
-            if role in p:
-                pad_out_(model.get_submodule(p[role]), d_new)
-        pad_in_(model.get_submodule(p["down"]), d_new)
-        mlp = model.get_submodule(ad.mlp_fqn(i))
-        if hasattr(mlp, "intermediate_size"):
-            mlp.intermediate_size = d_new
+        _pad_intermediate(model, ad, i, d, d_new)
         report.changes.append(DimChange("intermediate", ad.mlp_fqn(i), d, d_new))
     if "head_dim" in plan:
         d, d_new = plan["head_dim"]
@@ -335,10 +346,21 @@ def repair_(
         _pad_hidden(model, ad, d, d_new)
         report.changes.append(DimChange("hidden", "model", d, d_new))
     _sync_config(model, ad)
-    report.params_after = param_count(model)
-    t_after = predicted_latency_ms(model, prof, tokens)
-    report.predicted_speedup = t_before / t_after if t_after > 0 else 1.0
-    return report
+
+
+def _pad_intermediate(model: nn.Module, ad: FamilyAdapter, i: int, d: int, d_new: int) -> None:
+    """Pad layer ``i``'s MLP intermediate dim ``d -> d_new``: zero rows in, zero columns out."""
+    p = ad.projections(i)
+    if "gate_up" in p:  # fused [gate | up]: each half grows separately
+        halves = torch.cat([torch.arange(d), d_new + torch.arange(d)])
+        pad_out_(model.get_submodule(p["gate_up"]), 2 * d_new, halves)
+    for role in ("gate", "up"):  # fc1/fc2 MLPs have "up" only: act(0) = 0 keeps the zeros
+        if role in p:
+            pad_out_(model.get_submodule(p[role]), d_new)
+    pad_in_(model.get_submodule(p["down"]), d_new)
+    mlp = model.get_submodule(ad.mlp_fqn(i))
+    if hasattr(mlp, "intermediate_size"):
+        mlp.intermediate_size = d_new
 
 
 def _pad_head_dim(model: nn.Module, ad: FamilyAdapter, d: int, d_new: int) -> str | None:
