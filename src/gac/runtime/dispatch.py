@@ -48,7 +48,7 @@ Site = tuple[str, nn.Module, Hashable]
 
 def cache_key(device: torch.device, dtype: torch.dtype) -> str:
     """The part of a dispatch cache that holds this GPU's records: GPU, torch, Triton and dtype."""
-    name = torch.cuda.get_device_name(device).replace(" ", "-")
+    name = torch.cuda.get_device_name(device).replace(" ", "-") if device.type == "cuda" else device.type
     tv = triton.__version__ if HAVE_TRITON else "none"
     return f"{name}|torch{torch.__version__}|triton{tv}|{str(dtype).removeprefix('torch.')}"
 
@@ -139,6 +139,15 @@ class Dispatch:
         """A switched module's zeroed counters (registered as :attr:`buffer`), or None."""
         return None
 
+    def unavailable(self, param: torch.Tensor | None) -> str | None:
+        """Why a model whose first parameter is ``param`` cannot be switched, or None: the kernels run on
+        CUDA, most of them through Triton."""
+        if param is None or param.device.type != "cuda":
+            return "not on CUDA"
+        if self.needs_triton and not HAVE_TRITON:
+            return "Triton is not installed"
+        return None
+
     def sort(self, shapes: set[Hashable]) -> list[Hashable]:
         """The order shapes are measured and reported in."""
         return sorted(shapes, key=str)
@@ -194,10 +203,9 @@ class Dispatch:
         ``"reason"`` says why.
         """
         p = next(model.parameters(), None)
-        if p is None or p.device.type != "cuda":
-            return {"modules": 0, "of": 0, "reason": "not on CUDA"}
-        if self.needs_triton and not HAVE_TRITON:
-            return {"modules": 0, "of": 0, "reason": "Triton is not installed"}
+        reason = self.unavailable(p)
+        if reason is not None or p is None:
+            return {"modules": 0, "of": 0, "reason": reason or "no parameters"}
         sites = [s for s in self.sites(model) if not s[0].endswith(skip or ("\0",))]
         table = self.decisions(self.sort({s[2] for s in sites}), p.dtype, p.device)
         n = self.switch_sites_(sites, table)
