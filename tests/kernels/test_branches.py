@@ -281,7 +281,9 @@ def test_latency_model_prices_a_branched_group_as_one_second_stage_launch():
     groups = RB.groups(model)
     branched = sum(sum(o is not None for o in g[2][2]) - 1 for g in groups)
     assert groups and branched > 0
-    RB.BRANCHES.switch_sites_(groups, {site_key(k, list(sp), list(o)): {16: True} for _, _, (k, sp, o) in groups})
+    RB.BRANCHES.switch_sites_(
+        groups, {site_key(k, list(sp), list(o)): {16: True} for _, _, (k, sp, o) in groups}
+    )
     after = predict(model, prof, point)
     assert after["gemm_launches"] == before["gemm_launches"] - branched
     assert after["ms"] < before["ms"]
@@ -289,7 +291,9 @@ def test_latency_model_prices_a_branched_group_as_one_second_stage_launch():
     p64 = Point("decode", batch=64, kv=64)
     RB.undo_branches_(model)
     ref64 = predict(model, prof, p64)
-    RB.BRANCHES.switch_sites_(groups, {site_key(k, list(sp), list(o)): {16: True} for _, _, (k, sp, o) in groups})
+    RB.BRANCHES.switch_sites_(
+        groups, {site_key(k, list(sp), list(o)): {16: True} for _, _, (k, sp, o) in groups}
+    )
     assert predict(model, prof, p64)["gemm_launches"] == ref64["gemm_launches"]
 
 
@@ -404,7 +408,9 @@ def test_compiled_branched_group_hands_the_first_stage_to_the_op_uncopied():
         fuse_projections_(m)
         groups = RB.groups(m)
         assert (
-            RB.BRANCHES.switch_sites_(groups, {site_key(k, list(sp), list(o)): {16: True} for _, _, (k, sp, o) in groups})
+            RB.BRANCHES.switch_sites_(
+                groups, {site_key(k, list(sp), list(o)): {16: True} for _, _, (k, sp, o) in groups}
+            )
             == 1
         )
         torch._dynamo.reset()

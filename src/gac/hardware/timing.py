@@ -25,7 +25,7 @@ import platform
 import re
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -335,3 +335,41 @@ def bench_graph(fn: Callable[[int], Any], reps: int = 64, samples: int = 15) -> 
     """
     ts = graph_timings(fn, reps, samples)
     return ts[len(ts) // 2]
+
+
+def time_configs(
+    configs: Iterable[Sequence[int]],
+    check: Callable[[Sequence[int]], str | None],
+    timed: Callable[[Sequence[int]], Callable[[int], Any]],
+    rec: dict[str, Any],
+    after: Callable[[], str | None] = lambda: None,
+    bench: Callable[[Callable[[int], Any]], float] | None = None,
+) -> tuple[float, Sequence[int]] | None:
+    """Time each configuration of a kernel after one checked run: the fastest ``(µs, config)``, or None.
+
+    ``check(cfg)`` runs it once and says what is wrong with its result (None: right); only then is
+    ``timed(cfg)`` (a function of the call index) timed by ``bench`` (default :func:`bench_graph`), and
+    ``after()`` says what the timed replays left wrong (None: nothing, e.g. counters back to zero).  A
+    configuration that raises (does not compile, does not fit) is skipped.  ``rec`` gets ``tried``
+    (``[config, µs | None]`` for each) and ``failed`` (why, for each that failed).
+    """
+    bench = bench or bench_graph
+    best: tuple[float, Sequence[int]] | None = None
+    tried: list[list[Any]] = []
+    for cfg in configs:
+        tried.append([list(cfg), None])
+        try:
+            bad = check(cfg)
+            if bad is None:
+                us = bench(timed(cfg))
+                bad = after()
+        except Exception as e:  # noqa: BLE001 - a configuration that does not compile/fit is skipped
+            bad = f"{type(e).__name__}: {str(e)[:120]}"
+        if bad is not None:
+            rec.setdefault("failed", []).append(f"{list(cfg)}: {bad}")
+            continue
+        tried[-1][1] = us
+        if best is None or us < best[0]:
+            best = (us, cfg)
+    rec["tried"] = tried
+    return best

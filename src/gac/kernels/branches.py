@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gac.hardware.dispatch_table import row_class
-from gac.hardware.timing import bench_graph
+from gac.hardware.timing import bench_graph, time_configs
 from gac.kernels.gemv import GROUP_CONFIGS, REVISION, group_launch, swap_of
 from gac.kernels.jit import HAVE_TRITON
 from gac.kernels.lowrank_fused import site_setup
@@ -274,23 +274,15 @@ def measure_group(
     rec["sequential_us"] = bench_graph(s.existing)
     rec["branched_us"] = bench_graph(branched)
     best: tuple[float, Any] = (rec["branched_us"], True)
-    tried: list[list[Any]] = []
-    for cfg in GROUP_CONFIGS[row_class(rows, GROUP_CONFIGS)] if HAVE_TRITON else ():
-        tried.append([list(cfg), None])
-        grouped = branched_fn(s, splits, outs, list(cfg))
-        try:
-            err = _error(grouped(0), s.ref, splits, outs)
-            if not err < 2e-2:
-                rec.setdefault("failed", []).append(f"{list(cfg)}: rel err {err:.2e}")
-                continue
-            us = bench_graph(grouped)
-        except Exception as e:  # noqa: BLE001 - a configuration that does not compile/fit is skipped
-            rec.setdefault("failed", []).append(f"{list(cfg)}: {type(e).__name__}: {str(e)[:120]}")
-            continue
-        tried[-1][1] = us
-        if us < best[0]:
-            best = (us, list(cfg))
-    rec["tried"] = tried
+
+    def check(cfg: Any) -> str | None:
+        err = _error(branched_fn(s, splits, outs, list(cfg))(0), s.ref, splits, outs)
+        return None if err < 2e-2 else f"rel err {err:.2e}"
+
+    configs = GROUP_CONFIGS[row_class(rows, GROUP_CONFIGS)] if HAVE_TRITON else ()
+    grouped = time_configs(configs, check, lambda cfg: branched_fn(s, splits, outs, list(cfg)), rec)
+    if grouped is not None and grouped[0] < best[0]:
+        best = (grouped[0], list(grouped[1]))
     rec["best_us"] = best[0]
     rec["use"] = best[0] < margin * rec["sequential_us"]
     rec["config"] = best[1]

@@ -50,7 +50,7 @@ import torch
 
 from gac.alignment import vector_align
 from gac.hardware.dispatch_table import row_class
-from gac.hardware.timing import bench_graph, copies_past_l2
+from gac.hardware.timing import bench_graph, copies_past_l2, time_configs
 from gac.kernels.jit import HAVE_TRITON, tl, triton
 
 MAX_ROWS = 16
@@ -449,32 +449,26 @@ def measure_shape(
     rec: dict[str, Any] = {"n": n, "k": k, "rows": rows, "bytes": w_bytes, "revision": REVISION}
     rec["cublas_us"] = bench_graph(lambda i: torch.mm(x, ws[i % copies].t(), out=y))
     ref = (x @ ws[0].t()).float()
-    best, tried = None, []
-    for cfg in configs or CONFIGS[row_class(rows, CONFIGS)]:
-        tried.append([list(cfg), None])
-        try:
-            _launch(x, ws[0], None, y, cfg, counters)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            err = ((y.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-            if counters.any() or not err < 2e-2:
-                rec.setdefault("failed", []).append(
-                    f"{list(cfg)}: tickets {counters.count_nonzero().item()} left, rel err {err:.2e}"
-                )
-                counters.zero_()
-                continue
-            t = bench_graph(lambda i, cfg=cfg: _launch(x, ws[i % copies], None, y, cfg, counters))
-        except Exception as e:  # noqa: BLE001 - a configuration that does not compile/fit is skipped
-            rec.setdefault("failed", []).append(f"{list(cfg)}: {type(e).__name__}")
-            continue
-        if counters.any():
-            rec.setdefault("failed", []).append(f"{list(cfg)}: tickets not reset under graph replay")
+
+    def check(cfg: tuple[int, ...]) -> str | None:
+        _launch(x, ws[0], None, y, cfg, counters)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        err = ((y.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+        if counters.any() or not err < 2e-2:
+            left = counters.count_nonzero().item()
             counters.zero_()
-            continue
-        tried[-1][1] = t
-        if best is None or t < best[0]:
-            best = (t, cfg)
-    rec["tried"] = tried
+            return f"tickets {left} left, rel err {err:.2e}"
+        return None
+
+    def after() -> str | None:
+        if counters.any():
+            counters.zero_()
+            return "tickets not reset under graph replay"
+        return None
+
+    timed = lambda cfg: lambda i: _launch(x, ws[i % copies], None, y, cfg, counters)  # noqa: E731
+    best = time_configs(configs or CONFIGS[row_class(rows, CONFIGS)], check, timed, rec, after, bench_graph)
     if best is not None:
         rec["triton_us"], rec["config"] = best[0], list(best[1])
     rec["use"] = best is not None and best[0] < margin * rec["cublas_us"]

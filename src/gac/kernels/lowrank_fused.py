@@ -36,13 +36,14 @@ rows keep the existing path.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 from gac.hardware.dispatch_table import row_class
-from gac.hardware.timing import bench_graph, copies_past_l2
+from gac.hardware.timing import bench_graph, copies_past_l2, time_configs
 from gac.kernels.jit import HAVE_TRITON, tl, triton
 
 MAX_ROWS = 64
@@ -674,47 +675,36 @@ def measure_site(
     ws, copies, x, real, ref = su.ws, su.copies, su.x, su.real, su.ref
     configs = configs or CONFIGS[row_class(rows, CONFIGS)]
     rec: dict[str, Any] = {"site": site_key(k, splits, outs), "rows": rows, "bytes": su.nbytes}
-    tried: list[list[Any]] = []  # [config, µs | None (failed)]
     rec["existing_us"] = bench_graph(su.existing)
     v0, us0 = ws[0]
     y = torch.empty(rows, sum(real), device=device, dtype=dtype)
     counters = new_counters(device)
     nones = [None] * len(splits)
-    best = None
-    for cfg in configs:
-        tried.append([list(cfg), None])
-        try:
-            _launch(x, v0, None, us0, nones, splits, real, y, counters, cfg)
-            torch.cuda.synchronize(device)
-            c = counters.tolist()
-            err = ((y.double() - ref).norm() / ref.norm()).item()
-            if c[:3] != [0, 0, 0] or not err < 2e-2:
-                counters.zero_()
-                rec.setdefault("failed", []).append(f"{list(cfg)}: counters {c}, rel err {err:.2e}")
-                continue
-            us_ = _bench_graph_fused(ws, copies, x, splits, real, y, counters, cfg)
-        except Exception as e:  # noqa: BLE001 - a configuration that does not compile/fit is skipped
-            rec.setdefault("failed", []).append(f"{list(cfg)}: {type(e).__name__}: {str(e)[:120]}")
-            continue
+
+    def check(cfg: tuple[int, ...]) -> str | None:
+        _launch(x, v0, None, us0, nones, splits, real, y, counters, cfg)
+        torch.cuda.synchronize(device)
+        c = counters.tolist()
+        err = ((y.double() - ref).norm() / ref.norm()).item()
+        if c[:3] != [0, 0, 0] or not err < 2e-2:
+            counters.zero_()
+            return f"counters {c}, rel err {err:.2e}"
+        return None
+
+    def after() -> str | None:
         if counters.tolist()[:3] != [0, 0, 0]:
             counters.zero_()
-            rec.setdefault("failed", []).append(f"{list(cfg)}: counters not reset under graph replay")
-            continue
-        tried[-1][1] = us_
-        if best is None or us_ < best[0]:
-            best = (us_, cfg)
-    rec["tried"] = tried
+            return "counters not reset under graph replay"
+        return None
+
+    def timed(cfg: tuple[int, ...]) -> Callable[[int], Any]:
+        return lambda i: _launch(
+            x, ws[i % copies][0], None, ws[i % copies][1], nones, splits, real, y, counters, cfg
+        )
+
+    best = time_configs(configs, check, timed, rec, after, bench_graph)
     if best is not None:
         rec["fused_us"], rec["config"] = best[0], list(best[1])
     rec["use"] = best is not None and best[0] < margin * rec["existing_us"]
     ws.clear()
     return rec
-
-
-def _bench_graph_fused(ws, copies, x, splits, outs, y, counters, cfg) -> float:  # noqa: ANN001
-    nones = [None] * len(splits)
-    return bench_graph(
-        lambda i: _launch(
-            x, ws[i % copies][0], None, ws[i % copies][1], nones, splits, outs, y, counters, cfg
-        )
-    )
