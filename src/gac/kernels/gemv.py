@@ -92,11 +92,12 @@ if HAVE_TRITON:
         )
 
     @triton.jit
-    def _gemv_tile(
+    def gemv_tile(
         x_ptr, w_ptr, offs_m, offs_n, mask_m, mask_n, K, sxm, swn, k_lo, ks,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr,
     ):  # fmt: skip
-        # fp32 ``x[rows, k_lo : k_lo + ks] @ w[offs_n, same]ᵀ`` as a [BLOCK_M, BLOCK_N] tile (K masked)
+        # fp32 ``x[rows, k_lo : k_lo + ks] @ w[offs_n, same]ᵀ`` as a [BLOCK_M, BLOCK_N] tile (K masked); also
+        # the first stage of gac::lowrank_fused (constexpr arguments stay constants in the inlined call)
         acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)  # M = 1: reduced once, after the loop
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # SWAP: the weight tile as the left operand
@@ -163,7 +164,7 @@ if HAVE_TRITON:
         mask_n = offs_n < N
         mask_m = offs_m < M
         ks = tl.cdiv(tl.cdiv(K, SPLIT), BLOCK_K) * BLOCK_K  # each slice a whole number of tiles
-        acc = _gemv_tile(
+        acc = gemv_tile(
             x_ptr, w_ptr, offs_m, offs_n, mask_m, mask_n, K, sxm, swn, s * ks, ks, BLOCK_M, BLOCK_N, BLOCK_K, SWAP
         )  # fmt: skip
         if SPLIT == 1:
@@ -196,7 +197,7 @@ if HAVE_TRITON:
         mask_n = offs_n < N
         mask_m = offs_m < M
         ks = tl.cdiv(K, BLOCK_K) * BLOCK_K
-        acc = _gemv_tile(
+        acc = gemv_tile(
             x_ptr, w_ptr, offs_m, offs_n, mask_m, mask_n, K, sxm, K, 0, ks, BLOCK_M, BLOCK_N, BLOCK_K, SWAP
         )
         _gemv_epilogue(acc, b_ptr, y_ptr, offs_m, offs_n, mask_m, mask_n, N, HAS_BIAS)

@@ -93,6 +93,7 @@ CONFIGS = {
 _PROGRAMS: dict[tuple, int] = {}  # (device, specialisation) -> programs that are co-resident
 
 if HAVE_TRITON:
+    from gac.kernels.gemv import gemv_tile  # the GEMV's tile loop (a JIT function, defined with Triton only)
 
     @triton.jit
     def _stage1_block(
@@ -119,28 +120,10 @@ if HAVE_TRITON:
         offs_m = tl.arange(0, BLOCK_M)
         mask_r = offs_r < RT
         mask_m = offs_m < M
-        # M = 1: an elementwise fp32 accumulator, reduced once after the loop (no shuffles per step)
-        acc2 = tl.zeros((BLOCK_R, BLOCK_K), dtype=tl.float32)
-        acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-        for k0 in range(0, KS, BLOCK_K):
-            offs_k = s * KS + k0 + tl.arange(0, BLOCK_K)
-            mask_k = offs_k < K
-            w = tl.load(
-                v_ptr + offs_r[:, None] * K + offs_k[None, :],
-                mask=mask_r[:, None] & mask_k[None, :],
-                other=0.0,
-            )
-            x = tl.load(
-                x_ptr + offs_m[:, None] * sxm + offs_k[None, :],
-                mask=mask_m[:, None] & mask_k[None, :],
-                other=0.0,
-            )
-            if BLOCK_M == 1:
-                acc2 += x.to(tl.float32) * w.to(tl.float32)
-            else:
-                acc += tl.dot(x, tl.trans(w))
-        if BLOCK_M == 1:
-            acc = tl.sum(acc2, axis=1)[None, :]
+        # x[:, slice] @ V[block, slice]ᵀ: the GEMV's tile (M = 1: an elementwise fp32 accumulator, reduced once)
+        acc = gemv_tile(
+            x_ptr, v_ptr, offs_m, offs_r, mask_m, mask_r, K, sxm, K, s * KS, KS, BLOCK_M, BLOCK_R, BLOCK_K, False
+        )  # fmt: skip
         if HAS_BIAS:  # once: in slice 0's partial sums
             bias = tl.load(b_ptr + offs_r, mask=mask_r, other=0.0).to(tl.float32)
             acc += tl.where(s == 0, bias, 0.0)[None, :]
