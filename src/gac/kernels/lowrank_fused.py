@@ -49,7 +49,8 @@ from gac.kernels.jit import HAVE_TRITON, tl, triton
 MAX_ROWS = 64
 #: row classes measured for dispatch: one token row only.  The kernel runs 2..64 rows
 #: (``CONFIGS[16]``, ``CONFIGS[64]``, tested) but lost to the existing path there on the H200 (see
-#: :data:`CONFIGS`); ``decisions(..., row_classes=(1, 16, 64))`` measures them.
+#: :data:`CONFIGS`); ``gac.runtime.lowrank_fused.LOWRANK_FUSED.decisions(..., row_classes=(1, 16, 64))``
+#: measures them.
 ROW_CLASSES = (1,)
 MAX_SEGMENTS = 3
 #: barrier reads before a program gives up (normal waits are a few hundred; ~0.1-1 s in all)
