@@ -1,4 +1,4 @@
-"""Why fused q/k/v slices off a 16-byte boundary are copied (:func:`gac.kernels.fusion.aligned_split`).
+"""Why fused q/k/v slices off a 16-byte boundary are copied (:func:`gac.nn.fused.aligned_split`).
 
 A tiny Llama (bf16, CUDA) with odd ranks (7, 37, 13, 29) and a dense ``v_proj``, fused: the ``v``
 slice of the fused q/k/v product starts 44 elements (88 bytes) into its row.  One forward:
@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-import gac.kernels.fusion as F
+import gac.nn.fused as F
 from gac.testing import factorize_at_odd_ranks, tiny_model
 
 mode = sys.argv[1] if len(sys.argv) > 1 else "aligned"

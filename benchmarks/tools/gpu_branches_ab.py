@@ -1,7 +1,7 @@
 """Same-machine A/B of one default-path kernel switch on a recorded cell's model.
 
-``--switch branches`` (the default): the parallel second stages (gac.kernels.branches); ``--switch
-gemv``: the Triton GEMV (gac.kernels.gemv); ``--switch swap``: the GEMV's SWAP configurations at 16 rows
+``--switch branches`` (the default): the parallel second stages (gac.runtime.branches); ``--switch
+gemv``: the Triton GEMV (gac.runtime.gemv); ``--switch swap``: the GEMV's SWAP configurations at 16 rows
 (off: each shape takes its best plain configuration from the same dispatch record, or cuBLAS); ``--switch
 autotune``: ``torch.compile`` in mode ``max-autotune-no-cudagraphs`` (Inductor times its Triton GEMM templates
 against cuBLAS per shape) against the default mode; it implies ``--compile``.  The cell's structure (its spec and kept dims,
@@ -54,37 +54,39 @@ def main() -> int:
     ap.add_argument("--kv", default="512")
     a = ap.parse_args()
     from gac.eval.infer import SweepConfig, sweep_model
-    from gac.kernels import branches, gemv
+    from gac.kernels.gemv import swap_of
+    from gac.runtime.branches import BRANCHES, undo_branches_
+    from gac.runtime.gemv import GEMV, undo_triton_gemv_
 
     ints = lambda s: tuple(int(v) for v in s.split(",") if v)  # noqa: E731
     undo = {
-        "branches": branches.undo_branches_,
-        "gemv": gemv.undo_triton_gemv_,
-        "swap": gemv.undo_triton_gemv_,
-        "autotune": gemv.undo_triton_gemv_,
-        "grouped": branches.undo_branches_,
+        "branches": undo_branches_,
+        "gemv": undo_triton_gemv_,
+        "swap": undo_triton_gemv_,
+        "autotune": undo_triton_gemv_,
+        "grouped": undo_branches_,
     }[a.switch]
-    decisions = gemv.decisions
+    decisions = GEMV.decisions
 
     def without_swap(shapes, dtype, device):  # noqa: ANN001, ANN202
         # the dispatch as it would be without CONFIGS' SWAP members: from each 16-row record, the best
         # plain configuration if it beat cuBLAS by the dispatch's margin (0.97), else cuBLAS
-        recs, out = gemv.measured(dtype, device), {}
-        for (n, k), row in decisions(shapes, dtype, device).items():
+        recs, out = GEMV.measured(dtype, device), {}
+        for key, row in decisions(shapes, dtype, device).items():
             row = dict(row)
-            if row.get(16) is not None and gemv._swap(row[16]):
-                rec = recs[f"{n}x{k}@16"]
-                plain = [(t, c) for c, t in rec["tried"] if t is not None and not gemv._swap(c)]
+            if row.get(16) is not None and swap_of(row[16]):
+                rec = recs[f"{key}@16"]
+                plain = [(t, c) for c, t in rec["tried"] if t is not None and not swap_of(c)]
                 row[16] = min(plain)[1] if plain and min(plain)[0] < 0.97 * rec["cublas_us"] else None
-            out[(n, k)] = row
+            out[key] = row
         return out
 
-    branch_decisions = branches.decisions
+    branch_decisions = BRANCHES.decisions
 
     def streams_only(shapes, dtype, device):  # noqa: ANN001, ANN202
         # the branch dispatch as it would be without the grouped launch: streams where they beat the
         # sequential path by the margin (0.97) in the same record, else sequential
-        recs, out = branches.measured(dtype, device), {}
+        recs, out = BRANCHES.measured(dtype, device), {}
         for key, row in branch_decisions(shapes, dtype, device).items():
             row = dict(row)
             for r, v in row.items():
@@ -112,9 +114,9 @@ def main() -> int:
             for on in (True, False):
                 undo(model)
                 if a.switch == "swap":  # the GEMV stays on in both arms; its 16-row table changes
-                    gemv.decisions = decisions if on else without_swap
+                    GEMV.decisions = decisions if on else without_swap  # this run's dispatch object
                 if a.switch == "grouped":  # the branches stay on in both arms; their table changes
-                    branches.decisions = branch_decisions if on else streams_only
+                    BRANCHES.decisions = branch_decisions if on else streams_only
                 cfg = SweepConfig(
                     prefill_batches=(1,) if ints(a.prefill_seqs) else (),
                     prefill_seqs=ints(a.prefill_seqs),

@@ -7,7 +7,7 @@ factorized at the ranks ``gac compress --compressor svd-llm --param-ratio 0.85 -
 speed does not depend on the values).
 
 * ``gemv``: every distinct GEMV shape of both models timed alone, cuBLAS against the Triton GEMV's
-  configurations (:func:`gac.kernels.gemv.decisions`, the dispatch table the default path uses);
+  configurations (:meth:`gac.runtime.dispatch.Dispatch.decisions` of `gac.runtime.gemv.GEMV`, the dispatch table the default path uses);
 * ``decode``: the decode grid B x KV for dense with SDPA on the grouped query and with the two
   batched GEMMs (``gac.kernels.attention.DECODE_MODE``), then, with the faster attention per point,
   both models with and without the Triton GEMV dispatch;
@@ -36,9 +36,9 @@ DIMS = ROOT / "benchmarks/results/h200/speed/cells/shape-llama3-8b-8/svd-llm-r0.
 
 
 def build(spec: str, dims: dict[str, int] | None, device: str = "cuda"):
-    from gac.kernels.fusion import fuse_projections_
     from gac.models import load_model
     from gac.nn import FactorizedLinear, replace_module
+    from gac.nn.fused import fuse_projections_
 
     m = load_model(spec, dtype=torch.bfloat16, device=device).model
     if dims:
@@ -62,7 +62,7 @@ def build(spec: str, dims: dict[str, int] | None, device: str = "cuda"):
 
 def gemv_shapes(model) -> list[tuple[int, int]]:
     """(N, K) of every distinct linear layer (fused first stages included), lm_head last."""
-    from gac.kernels.fusion import FusedInputProjection
+    from gac.nn.fused import FusedInputProjection
 
     out: list[tuple[int, int]] = []
     for _, mod in model.named_modules():
@@ -163,7 +163,7 @@ def main() -> int:
     import gac.kernels.attention as attn
     from gac.eval.infer import SweepConfig, copy_bandwidth, decode_point, weight_bytes_per_step
     from gac.hardware.timing import environment
-    from gac.kernels import gemv as G
+    from gac.runtime import gemv as G
 
     dev = torch.device(a.device)
     cuda = dev.type == "cuda"

@@ -185,11 +185,11 @@ def gemv_bandwidth(dev: torch.device, copy_gbps: float | None, scale: int = 1) -
 
 def _transform(model, fuse: bool, triton: bool) -> None:
     if fuse:
-        from gac.kernels.fusion import fuse_projections_
+        from gac.nn.fused import fuse_projections_
 
         fuse_projections_(model)
     if triton:
-        from gac.kernels.lowrank_gemv import use_triton_lowrank_
+        from gac.runtime.lowrank_gemv import use_triton_lowrank_
 
         use_triton_lowrank_(model)
 

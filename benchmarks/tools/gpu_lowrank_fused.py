@@ -31,7 +31,8 @@ from pathlib import Path
 
 import torch
 
-from gac.kernels.gemv import copies_past_l2, graph_timings
+from gac.hardware.dispatch_table import row_class
+from gac.hardware.timing import copies_past_l2, graph_timings
 
 # per model shape: (name, in features, per member (rank, out)) at the SVD-LLM (15%, --align gac)
 # ranks of benchmarks/results/h200/speed/cells/shape-llama3-8b-8/svd-llm-r0.85-gac.json and
@@ -139,7 +140,7 @@ def run_site(name, k, members, rows, dtype, dev, res, deadline, t_end, margin) -
     counters = L.new_counters(dev)
     nones = [None] * len(members)
     rec["configs"] = []
-    for cfg in L.CONFIGS[L.row_class(rows)]:
+    for cfg in L.CONFIGS[row_class(rows, L.CONFIGS)]:
         c: dict = {"config": list(cfg)}
         rec["configs"].append(c)
         if time.perf_counter() > t_end:

@@ -113,7 +113,7 @@ def diag_rows(diag: dict, profile) -> list[dict]:
 
 
 def plan_rows(plan: Path) -> dict:
-    from gac.hardware.latency import compare_cells
+    from gac.runtime.cells import compare_cells
 
     out = {}
     for mdir in sorted((plan / "cells").iterdir()):

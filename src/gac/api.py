@@ -1032,7 +1032,7 @@ def verify_serving(
     (a saved model directory) the result goes into its ``gac_report.json`` as ``verify``.
     """
     from gac.eval.infer import Variant, model_device, run_sweep, serve_speedups, serve_sweep_config
-    from gac.kernels.fusion import fuse_projections_
+    from gac.nn.fused import fuse_projections_
 
     pts = parse_serve(report.config["serve"])
     cfg = serve_sweep_config(pts)

@@ -190,7 +190,7 @@ def test_prefill_flops_counts_linears_attention_and_last_token_head():
         replace_module(m, fqn, FactorizedLinear(i, 100, h, bias=False))
     assert prefill_flops(m, b, s) == want - b * s * 2 * (i * h - 100 * (i + h))
     # fusing q/k/v and gate/up (dense and factorized members) leaves the count unchanged
-    from gac.kernels.fusion import fuse_projections_
+    from gac.nn.fused import fuse_projections_
 
     before = prefill_flops(m, b, s)
     assert len(fuse_projections_(m)) == 2 * L

@@ -17,7 +17,7 @@ def smollm2():
 
 def test_smollm2_tiny_grid_dense_and_fused(smollm2):
     from gac.eval.infer import SweepConfig, sweep_model
-    from gac.kernels.fusion import fuse_projections_, unfuse_projections_
+    from gac.nn.fused import fuse_projections_, unfuse_projections_
 
     m = smollm2.model
     cfg = SweepConfig(prefill_batches=(1,), prefill_seqs=(32, 64), decode_batches=(1, 2), decode_kv=(32,),

@@ -19,8 +19,8 @@ from gac.hardware.profile import (
     default_profile,
     load_profile,
 )
-from gac.kernels.fusion import fuse_projections_
 from gac.nn import FactorizedLinear, replace_module
+from gac.nn.fused import fuse_projections_
 from gac.testing import tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,7 +55,7 @@ def test_launch_counting_fused_factorized_dense():
 
 
 def test_sites_on_the_fused_low_rank_kernel_are_one_launch_where_their_row_class_is():
-    from gac.kernels.lowrank_fused import decode_sites, switch_
+    from gac.runtime.lowrank_fused import decode_sites, switch_
 
     m = tiny_model()
     for li in range(2):
@@ -336,8 +336,9 @@ def test_fused_lowrank_measured_on_the_gpu_fits_its_winning_shapes(tmp_path, mon
 
 
 def test_a_recorded_cell_is_priced_with_the_sites_its_infer_switched_to_the_fused_kernel():
-    from gac.hardware.latency import cell_skeleton
-    from gac.kernels.lowrank_fused import decode_sites, site_key
+    from gac.kernels.lowrank_fused import site_key
+    from gac.runtime.cells import cell_skeleton
+    from gac.runtime.lowrank_fused import decode_sites
 
     dims = {"model.layers.0.self_attn.q_proj": 8, "model.layers.0.mlp.down_proj": 16}
     _, plain = _cell("tiny/svd", "svd", dims, {"p": 1.0, "d": 1.0})

@@ -12,10 +12,12 @@ import torch
 import torch.nn.functional as F
 
 from gac.eval.infer import _capture
+from gac.hardware.dispatch_table import choice, row_class
 from gac.kernels import branches as B
 from gac.kernels import gemv as G
-from gac.kernels.fusion import FusedInputProjection, fuse_projections_
 from gac.kernels.lowrank_fused import site_key
+from gac.nn.fused import FusedInputProjection, fuse_projections_
+from gac.runtime import branches as RB
 
 from .interp import HAVE_TRITON, needs_triton, run_interpreted
 from .test_lowrank_fused import BLOCK_SCRIPT, Block, switched_on_gpu
@@ -48,7 +50,7 @@ def test_branch_linears_equals_f_linear_on_the_members_columns_with_and_without_
 
 
 def test_members_at_odd_offsets_get_the_sequential_paths_aligned_copies():
-    from gac.kernels.fusion import aligned_split
+    from gac.nn.fused import aligned_split
 
     t = torch.randn(3, 8 + 8 + 16, dtype=torch.bfloat16)  # rows of 64 bytes
     assert B._aligned(t[:, 8:16]).data_ptr() == t[:, 8:16].data_ptr()  # 16-byte offset: a view
@@ -86,9 +88,11 @@ def test_branch_linears_gradients_match_the_sequential_layers():
 GROUPED = textwrap.dedent(
     """
     import torch
+    from gac.hardware.dispatch_table import row_class
     from gac.kernels import branches as B, gemv as G
-    from gac.kernels.fusion import FusedInputProjection, fuse_projections_
+    from gac.nn.fused import FusedInputProjection, fuse_projections_
     from gac.kernels.lowrank_fused import site_key
+    from gac.runtime import branches as RB
     from gac.testing import assert_compiled_grads_match
 
     torch.manual_seed(0)
@@ -106,7 +110,7 @@ GROUPED = textwrap.dedent(
                     offs.append(offs[-1] + k + (5 if len(offs) == 1 else 0))  # a dense member's 5 columns
                 ws = [(torch.randn(n, k) * k ** -0.5).to(dt) for n, k in zip(ns, ks)]
                 bs = [torch.randn(n, dtype=dt) if b else torch.empty(0, dtype=dt) for n, b in zip(ns, bias)]
-                for cfg in G.GROUP_CONFIGS[G.row_class(rows)]:
+                for cfg in G.GROUP_CONFIGS[row_class(rows, G.GROUP_CONFIGS)]:
                     got = B.second_stages(t, offs, ws, bs, list(cfg))
                     for y, o, w, b in zip(got, offs, ws, bs):
                         ref = t[:, o : o + w.shape[1]].double() @ w.double().t()
@@ -141,8 +145,8 @@ GROUPED = textwrap.dedent(
         fuse_projections_(blk)
         want16, want1 = blk(x16), blk(x1)
         cfg = list(G.GROUP_CONFIGS[16][-1])
-        groups = B._groups(blk)
-        assert B._switch(groups, {site_key(k, list(sp), list(o)): {1: None, 16: cfg} for _, _, (k, sp, o) in groups}) == 2
+        groups = RB.groups(blk)
+        assert RB.BRANCHES.switch_sites_(groups, {site_key(k, list(sp), list(o)): {1: None, 16: cfg} for _, _, (k, sp, o) in groups}) == 2
         calls = []
         real = B.group_gemv
         B.group_gemv = lambda *a: calls.append(len(a[2])) or real(*a)
@@ -156,7 +160,7 @@ GROUPED = textwrap.dedent(
         assert all(m._parts == [] for m in blk.modules() if isinstance(m, FusedInputProjection))
 
     def undo(m):
-        assert B.undo_branches_(m) == 2
+        assert RB.undo_branches_(m) == 2
 
     assert_compiled_grads_match(blk, x16, want16, undo)
     print("ok", worst)
@@ -170,18 +174,17 @@ def test_grouped_second_stages_in_triton_interpreter_match_float64_and_the_unswi
 
 
 def test_decisions_round_trip_streams_and_grouped_configurations():
-    assert B._how(True) is True and B._how(None) is None and B._how(False) is None
-    assert B._how((32, 128, 4, 4, 1, 1)) == [32, 128, 4, 4, 1, 1]
-    x16, x1 = torch.randn(16, 8), torch.randn(1, 8)
+    how = RB.BRANCHES.value
+    assert how(True) is True and how(None) is None and how(False) is None
+    assert how((32, 128, 4, 4, 1, 1)) == [32, 128, 4, 4, 1, 1]
     table = {1: None, 16: [32, 128, 4, 4]}
-    assert B.decision(table, x16) == [32, 128, 4, 4] and B.decision(table, x1) is None
-    assert B.applies(table, x16) and not B.applies(table, x1) and B.decision(None, x16) is None
-    assert B.decision({16: True}, torch.randn(17, 8)) is None  # past every row class
+    assert choice(table, 16) == [32, 128, 4, 4] and choice(table, 1) is None and choice(None, 16) is None
+    assert choice({1: None, 16: True}, 17) is None  # past every row class
     blk = _block()
     fuse_projections_(blk)
     shapes = {site_key(k, list(sp), list(o)): {"1": True, "16": [16, 256, 4, 3]}
-              for _, _, (k, sp, o) in B._groups(blk)}  # fmt: skip
-    assert B.switch_recorded_(blk, shapes) == 2
+              for _, _, (k, sp, o) in RB.groups(blk)}  # fmt: skip
+    assert RB.switch_recorded_(blk, shapes) == 2
     assert {str(m.branch_table) for m in blk.modules() if getattr(m, "branch_table", None)} == {
         "{1: True, 16: [16, 256, 4, 3]}"
     }
@@ -190,17 +193,18 @@ def test_decisions_round_trip_streams_and_grouped_configurations():
 @pytest.mark.skipif(not HAVE_TRITON, reason="the grouped launch's configurations need Triton")
 def test_branch_dispatch_remeasures_records_without_the_grouped_launch():
     old = {"sequential_us": 20.0, "branched_us": 15.0, "use": True, "config": True}  # streams only
-    assert not B._fresh(old, 16)
+    fresh = RB.BRANCHES.fresh
+    assert not fresh(old, 16)
     tried = [[list(c), 9.0] for c in G.GROUP_CONFIGS[16]]
-    assert B._fresh({**old, "revision": G.REVISION, "tried": tried}, 16)
-    assert not B._fresh({**old, "revision": G.REVISION - 1, "tried": tried}, 16)
-    assert not B._fresh({**old, "revision": G.REVISION, "tried": tried[:-1]}, 16)
+    assert fresh({**old, "revision": G.REVISION, "tried": tried}, 16)
+    assert not fresh({**old, "revision": G.REVISION - 1, "tried": tried}, 16)
+    assert not fresh({**old, "revision": G.REVISION, "tried": tried[:-1]}, 16)
 
 
 def test_groups_need_two_factorized_members():
     blk = _block()
     fuse_projections_(blk)
-    groups = B._groups(blk)
+    groups = RB.groups(blk)
     # q/k factorized with v dense, and gate/up: both groups qualify; o_proj/down_proj are no groups
     assert sorted(g[0] for g in groups) == ["fused_gate_up", "fused_q_k_v"]
     assert [g[2] for g in groups if g[0] == "fused_q_k_v"] == [(48, (7, 13, 24), (40, 24, None))]
@@ -209,13 +213,13 @@ def test_groups_need_two_factorized_members():
 def test_switched_block_equals_unswitched_only_at_the_row_classes_it_names():
     blk = _block()
     fuse_projections_(blk)
-    keys = {site_key(k, list(sp), list(o)): True for _, _, (k, sp, o) in B._groups(blk)}
+    keys = {site_key(k, list(sp), list(o)): True for _, _, (k, sp, o) in RB.groups(blk)}
     x1 = torch.randn(1, 1, 48)  # 1 row: a class the table leaves sequential
     x16 = torch.randn(4, 4, 48)  # 16 rows
     x40 = torch.randn(5, 8, 48)  # 40 rows: past every row class
     with torch.no_grad():
         want1, want16, want40 = blk(x1), blk(x16), blk(x40)
-        assert B._switch(B._groups(blk), {k: {1: None, 16: True} for k in keys}) == 2
+        assert RB.BRANCHES.switch_sites_(RB.groups(blk), {k: {1: None, 16: True} for k in keys}) == 2
         calls = []
         real = B.branch_linears
         B.branch_linears = lambda *a: calls.append(len(a[2])) or real(*a)
@@ -244,11 +248,11 @@ def test_switched_block_compiles_whole_with_the_layers_gradients():
     with torch.no_grad():
         want = blk(x)
         fuse_projections_(blk)
-        table = {site_key(k, list(sp), list(o)): {16: True} for _, _, (k, sp, o) in B._groups(blk)}
-        B._switch(B._groups(blk), table)
+        table = {site_key(k, list(sp), list(o)): {16: True} for _, _, (k, sp, o) in RB.groups(blk)}
+        RB.BRANCHES.switch_sites_(RB.groups(blk), table)
 
     def undo(m):
-        assert B.undo_branches_(m) == 2
+        assert RB.undo_branches_(m) == 2
 
     assert_compiled_grads_match(blk, x, want, undo)
 
@@ -256,12 +260,12 @@ def test_switched_block_compiles_whole_with_the_layers_gradients():
 def test_recorded_switch_round_trip_and_cpu_model_left_alone():
     blk = _block()
     fuse_projections_(blk)
-    assert B.use_branches_(blk) == {"modules": 0, "of": 0, "reason": "not on CUDA"}
+    assert RB.use_branches_(blk) == {"modules": 0, "of": 0, "reason": "not on CUDA"}
     assert all(getattr(m, "branch_table", None) is None for m in blk.modules())
-    shapes = {site_key(k, list(sp), list(o)): {"16": True} for _, _, (k, sp, o) in B._groups(blk)}
-    assert B.switch_recorded_(blk, shapes) == 2
+    shapes = {site_key(k, list(sp), list(o)): {"16": True} for _, _, (k, sp, o) in RB.groups(blk)}
+    assert RB.switch_recorded_(blk, shapes) == 2
     assert {m.branch_table[16] for m in blk.modules() if getattr(m, "branch_table", None)} == {True}
-    assert B.undo_branches_(blk) == 2 and B.undo_branches_(blk) == 0
+    assert RB.undo_branches_(blk) == 2 and RB.undo_branches_(blk) == 0
 
 
 def test_latency_model_prices_a_branched_group_as_one_second_stage_launch():
@@ -274,18 +278,22 @@ def test_latency_model_prices_a_branched_group_as_one_second_stage_launch():
     prof = default_profile()
     point = Point("decode", batch=16, kv=64)
     before = predict(model, prof, point)
-    groups = B._groups(model)
+    groups = RB.groups(model)
     branched = sum(sum(o is not None for o in g[2][2]) - 1 for g in groups)
     assert groups and branched > 0
-    B._switch(groups, {site_key(k, list(sp), list(o)): {16: True} for _, _, (k, sp, o) in groups})
+    RB.BRANCHES.switch_sites_(
+        groups, {site_key(k, list(sp), list(o)): {16: True} for _, _, (k, sp, o) in groups}
+    )
     after = predict(model, prof, point)
     assert after["gemm_launches"] == before["gemm_launches"] - branched
     assert after["ms"] < before["ms"]
     # at a row class without a decision nothing changes
     p64 = Point("decode", batch=64, kv=64)
-    B.undo_branches_(model)
+    RB.undo_branches_(model)
     ref64 = predict(model, prof, p64)
-    B._switch(groups, {site_key(k, list(sp), list(o)): {16: True} for _, _, (k, sp, o) in groups})
+    RB.BRANCHES.switch_sites_(
+        groups, {site_key(k, list(sp), list(o)): {16: True} for _, _, (k, sp, o) in groups}
+    )
     assert predict(model, prof, p64)["gemm_launches"] == ref64["gemm_launches"]
 
 
@@ -304,9 +312,10 @@ def test_the_dispatch_times_a_branched_path_that_matches_the_float64_reference()
 
 
 def test_row_classes_cover_decode_batches_of_up_to_16_rows_only():
-    assert [B.row_class(r) for r in (1, 2, 16)] == [1, 16, 16]
+    assert RB.BRANCHES.classes == B.ROW_CLASSES
+    assert [row_class(r, B.ROW_CLASSES) for r in (1, 2, 16)] == [1, 16, 16]
     # more rows keep the sequential path (branches lost in whole compiled steps at 64 and 128 rows)
-    assert all(B.row_class(r) is None for r in (0, 17, 64, 128, 2048, 4096))
+    assert all(row_class(r, B.ROW_CLASSES) is None for r in (0, 17, 64, 128, 2048, 4096))
 
 
 # ------------------------------------------------------------------------------ GPU
@@ -322,7 +331,7 @@ def test_branches_in_a_cuda_graph_equal_the_sequential_path(rows, how):
     model = factorize_at_odd_ranks(tiny_model("llama", dtype=torch.bfloat16).cuda())
     fuse_projections_(model)
     ids = torch.randint(0, 250, (rows, 1), device="cuda")
-    path = True if how == "streams" else list(G.GROUP_CONFIGS[G.row_class(rows)][-1])
+    path = True if how == "streams" else list(G.GROUP_CONFIGS[row_class(rows, G.GROUP_CONFIGS)][-1])
     with torch.no_grad():
         want = model(ids, use_cache=False).logits
         # the compiled model without branches: bf16 logits of a compiled step differ from eager ones
@@ -330,8 +339,8 @@ def test_branches_in_a_cuda_graph_equal_the_sequential_path(rows, how):
         torch._dynamo.reset()
         want_c = torch.compile(model, dynamic=False)(ids, use_cache=False).logits.clone()
         torch._dynamo.reset()
-        groups = B._groups(model)
-        assert B._switch(groups, {site_key(k, list(sp), list(o)): {c: path for c in B.ROW_CLASSES}
+        groups = RB.groups(model)
+        assert RB.BRANCHES.switch_sites_(groups, {site_key(k, list(sp), list(o)): {c: path for c in B.ROW_CLASSES}
                                   for _, _, (k, sp, o) in groups}) == len(groups) > 0  # fmt: skip
         eager = model(ids, use_cache=False).logits
         if how == "streams":
@@ -351,12 +360,12 @@ def test_branches_in_a_cuda_graph_equal_the_sequential_path(rows, how):
 
 @pytest.mark.gpu
 def test_use_branches_on_gpu_is_measured_cached_and_exact(tmp_path, monkeypatch):
-    blk, info, want, got = switched_on_gpu(tmp_path, monkeypatch, B.use_branches_, (4, 4))
-    assert (tmp_path / B.CACHE).exists() and info["of"] == 2
-    table = B.measured(torch.half, want.device)
+    blk, info, want, got = switched_on_gpu(tmp_path, monkeypatch, RB.use_branches_, (4, 4))
+    assert (tmp_path / RB.BRANCHES.cache).exists() and info["of"] == 2
+    table = RB.measured(torch.half, want.device)
     assert len(table) == len(B.ROW_CLASSES) * 2
     for rec in table.values():
-        assert rec["sequential_us"] > 0 and rec["branched_us"] > 0 and B._fresh(rec, rec["rows"])
+        assert rec["sequential_us"] > 0 and rec["branched_us"] > 0 and RB.BRANCHES.fresh(rec, rec["rows"])
         times = [rec["branched_us"]] + [us for _, us in rec["tried"] if us is not None]
         assert len(times) > 1 and rec["best_us"] == min(times)  # the grouped launch ran in some configuration
         assert rec["use"] == (rec["best_us"] < 0.97 * rec["sequential_us"])
@@ -397,9 +406,11 @@ def test_compiled_branched_group_hands_the_first_stage_to_the_op_uncopied():
     with torch.no_grad():
         want = m(x)
         fuse_projections_(m)
-        groups = B._groups(m)
+        groups = RB.groups(m)
         assert (
-            B._switch(groups, {site_key(k, list(sp), list(o)): {16: True} for _, _, (k, sp, o) in groups})
+            RB.BRANCHES.switch_sites_(
+                groups, {site_key(k, list(sp), list(o)): {16: True} for _, _, (k, sp, o) in groups}
+            )
             == 1
         )
         torch._dynamo.reset()

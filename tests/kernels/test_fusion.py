@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gac.kernels.fusion import FusedInputProjection, FusedSlice, fuse_projections_, unfuse_projections_
 from gac.nn import FactorizedLinear, replace_module
+from gac.nn.fused import FusedInputProjection, FusedSlice, fuse_projections_, unfuse_projections_
 from gac.testing import tiny_model
 
 
@@ -100,7 +100,7 @@ def test_fused_block_compiles_in_one_graph_without_recompiles():
 
 @pytest.mark.parametrize("rows", [1, 3])
 def test_aligned_split_copies_exactly_the_slices_off_a_16_byte_boundary(rows):
-    from gac.kernels.fusion import aligned_split
+    from gac.nn.fused import aligned_split
 
     y = torch.randn(rows, 7 + 37 + 20 + 8, dtype=torch.bfloat16)
     parts = aligned_split(y, [7, 37, 20, 8])

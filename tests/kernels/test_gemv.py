@@ -9,8 +9,10 @@ import pytest
 import torch
 from torch import nn
 
+from gac.hardware.dispatch_table import row_class
 from gac.kernels import gemv as G
-from gac.kernels.gemv import GemvLinear, dispatch_linear, undo_triton_gemv_, use_triton_gemv_
+from gac.runtime.gemv import GEMV, undo_triton_gemv_, use_triton_gemv_
+from gac.runtime.modules import GemvLinear, dispatch_linear
 
 from .interp import needs_triton, run_interpreted
 
@@ -21,9 +23,11 @@ INTERPRETED = textwrap.dedent(
     """
     import torch
     from torch import nn
+    from gac.hardware.dispatch_table import row_class
     from gac.kernels import gemv as G
-    from gac.kernels.fusion import fuse_projections_
+    from gac.nn.fused import fuse_projections_
     from gac.nn import FactorizedLinear
+    from gac.runtime.gemv import GEMV, undo_triton_gemv_
     from gac.testing import assert_compiled_grads_match
 
     torch.manual_seed(0)
@@ -37,7 +41,7 @@ INTERPRETED = textwrap.dedent(
             counters = G.new_counters(n)
             # and, at 2..16 rows, the weight tile as tl.dot's left operand (SWAP), split or not
             swaps = [(32, 128, 4, 4, 2, 1), (64, 64, 4, 3, 1, 1)] if rows > 1 else []
-            for cfg in list(G.CONFIGS[G.row_class(rows)]) + swaps:
+            for cfg in list(G.CONFIGS[row_class(rows, G.CONFIGS)]) + swaps:
                 y = torch.empty(rows, n, dtype=dt)
                 G._launch(x, w, b, y, cfg, counters)
                 err = ((y.double() - ref).norm() / ref.norm()).item()
@@ -77,16 +81,12 @@ INTERPRETED = textwrap.dedent(
     with torch.no_grad():
         want = blk(x)
         fuse_projections_(blk)
-        split = [c for c in G.CONFIGS[16] if G._split(c) > 1][0]  # split-K at 2..16 rows: counters per module
+        split = [c for c in G.CONFIGS[16] if G.split_of(c) > 1][0]  # split-K at 2..16 rows: counters per module
         table = {1: list(G.CONFIGS[1][1]), 16: list(split)}
         n = 0
-        for m in blk.modules():
-            if isinstance(m, nn.Linear) or type(m).__name__ == "FusedInputProjection":
-                m.gemv_table = table
-                m.register_buffer("gemv_counters", G.new_counters(m.weight.shape[0]), persistent=False)
-                if type(m) is nn.Linear:
-                    m.__class__ = G.GemvLinear
-                n += 1
+        for _, m, _ in GEMV.sites(blk):  # every linear layer and the fused first stage
+            GEMV.switch_(m, table)
+            n += 1
         calls = []
         real = G.gemv_op
         G.gemv_op = lambda *a: calls.append(a[1].shape) or real(*a)
@@ -107,7 +107,7 @@ INTERPRETED = textwrap.dedent(
         assert calls == []
     # with autograd on (parameters that require grad, as a loaded model has them): the compiled
     # forward traces through the op's autograd formula, and its gradients are the linear layers'
-    assert_compiled_grads_match(blk, x, want, G.undo_triton_gemv_)
+    assert_compiled_grads_match(blk, x, want, undo_triton_gemv_)
     assert n == 4
     print("ok", worst)
     """
@@ -130,12 +130,12 @@ def test_dispatch_without_table_or_for_prefill_is_f_linear():
 
 
 def test_row_classes_and_split_k_needs_counters():
-    assert [G.row_class(r) for r in (1, 2, 16)] == [1, 16, 16]
-    for bad in (0, 17):
-        with pytest.raises(ValueError, match="1 to 16 rows"):
-            G.row_class(bad)
+    assert [row_class(r, G.CONFIGS) for r in (1, 2, 16)] == [1, 16, 16]
+    assert row_class(0, G.CONFIGS) is None and row_class(17, G.CONFIGS) is None
+    with pytest.raises(ValueError, match="1 to 16 rows"):
+        G.gemv(torch.randn(17, 32), torch.randn(8, 32))
     x, w = torch.randn(4, 32), torch.randn(200, 32)  # 200 rows: at least 2 blocks of any tile
-    split = next(c for c in G.CONFIGS[16] if G._split(c) > 1)
+    split = next(c for c in G.CONFIGS[16] if G.split_of(c) > 1)
     with pytest.raises(ValueError, match="zeroed counters"):
         G._launch(x, w, None, torch.empty(4, 200), split)
     with pytest.raises(ValueError, match="zeroed counters"):  # too few tickets for the blocks
@@ -168,7 +168,7 @@ def test_gemv_matches_float64_on_gpu(shape, dtype):
     w = (torch.randn(n, k, device="cuda", generator=g) * k**-0.5).to(dtype)
     ref = x.double() @ w.double().t()
     counters = G.new_counters(n, "cuda")
-    for cfg in G.CONFIGS[G.row_class(rows)]:
+    for cfg in G.CONFIGS[row_class(rows, G.CONFIGS)]:
         y = torch.empty(rows, n, device="cuda", dtype=dtype)
         G._launch(x, w, None, y, cfg, counters)
         assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-2, cfg
@@ -181,7 +181,6 @@ def test_gemv_matches_float64_on_gpu(shape, dtype):
 
 @pytest.mark.gpu
 def test_use_triton_gemv_on_gpu_is_measured_cached_and_exact_under_graphs(tmp_path, monkeypatch):
-    from gac.kernels import gemv as G
 
     monkeypatch.setenv("GAC_CACHE", str(tmp_path))
     m = nn.Sequential(nn.Linear(4096, 1736, bias=False), nn.Linear(1736, 4096, bias=False)).cuda().half()
@@ -189,7 +188,7 @@ def test_use_triton_gemv_on_gpu_is_measured_cached_and_exact_under_graphs(tmp_pa
     want = m(x)
     info = use_triton_gemv_(m)
     assert (tmp_path / "gemv_dispatch.json").exists()
-    table = G.measured(torch.half, x.device)
+    table = GEMV.measured(torch.half, x.device)
     assert {"4096x1736@1", "1736x4096@1", "4096x1736@16", "1736x4096@16"} <= set(table)
     for rec in table.values():
         assert rec["cublas_us"] > 0 and ("triton_us" not in rec or rec["triton_us"] > 0)
@@ -210,60 +209,31 @@ def test_use_triton_gemv_on_gpu_is_measured_cached_and_exact_under_graphs(tmp_pa
         assert torch.allclose(out.float(), want.float(), rtol=1e-2, atol=1e-2), rows
 
 
-def test_cached_decisions_measure_what_is_missing_once_and_keep_partial_work(tmp_path, monkeypatch):
-    import json
-
-    monkeypatch.setenv("GAC_CACHE", str(tmp_path))
-    monkeypatch.setattr(G, "_cache_key", lambda device, dtype: "test-gpu|bfloat16")
-    calls = []
-
-    def measure(key, rows):
-        calls.append((key, rows))
-        if key == "boom":
-            raise RuntimeError("interrupted")
-        return {"use": key == "fast", "config": [rows]}
-
-    args = ("t.json", torch.device("cpu"), torch.bfloat16)
-    with pytest.raises(RuntimeError, match="interrupted"):
-        G.cached_decisions(*args, ["fast", "slow", "boom"], measure, (1, 16), "test")
-    saved = json.loads((tmp_path / "t.json").read_text())["test-gpu|bfloat16"]
-    assert sorted(saved) == ["fast@1", "fast@16", "slow@1", "slow@16"]  # kept what was measured
-    calls.clear()
-    got = G.cached_decisions(*args, ["fast", "slow"], measure, (1, 16), "test")
-    assert calls == []  # all cached
-    assert got == {"fast": {1: [1], 16: [16]}, "slow": {1: None, 16: None}}
-    got = G.cached_decisions(*args, ["fast", "new"], measure, (1,), "test")
-    assert calls == [("new", 1)] and got == {"fast": {1: [1]}, "new": {1: None}}
-    # a record measured with another set of configurations is measured again (and replaced)
-    calls.clear()
-    fresh = lambda rec, rows: rec["config"] == [rows] and rows != 16  # noqa: E731 - 16 is stale
-    got = G.cached_decisions(*args, ["fast", "slow"], measure, (1, 16), "test", fresh)
-    assert sorted(calls) == [("fast", 16), ("slow", 16)]
-    assert got == {"fast": {1: [1], 16: [16]}, "slow": {1: None, 16: None}}
-
-
 def test_fused_lowrank_dispatch_remeasures_records_without_the_current_configurations():
     from gac.kernels import lowrank_fused as L
+    from gac.runtime.lowrank_fused import LOWRANK_FUSED
 
+    fresh = LOWRANK_FUSED.fresh
     now = [list(c) for c in L.CONFIGS[16]]
-    assert L._tried_current({"tried": now + [[9] * 8]}, 16)
-    assert not L._tried_current({"tried": now[1:]}, 16)  # one current configuration never tried
-    assert not L._tried_current({"use": False, "config": None}, 16)  # recorded before "tried" existed
-    assert L._tried_current({"tried": [list(c) for c in L.CONFIGS[1]]}, 1)  # records of bare configurations
-    assert L._tried_current({"tried": [[list(c), 9.0 if i else None] for i, c in enumerate(L.CONFIGS[1])]}, 1)
-    assert not L._tried_current({"tried": [[list(c), 9.0] for c in L.CONFIGS[1][1:]]}, 1)
+    assert fresh({"tried": now + [[9] * 8]}, 16)
+    assert not fresh({"tried": now[1:]}, 16)  # one current configuration never tried
+    assert not fresh({"use": False, "config": None}, 16)  # recorded before "tried" existed
+    assert fresh({"tried": [list(c) for c in L.CONFIGS[1]]}, 1)  # records of bare configurations
+    assert fresh({"tried": [[list(c), 9.0 if i else None] for i, c in enumerate(L.CONFIGS[1])]}, 1)
+    assert not fresh({"tried": [[list(c), 9.0] for c in L.CONFIGS[1][1:]]}, 1)
 
 
 def test_gemv_dispatch_remeasures_records_without_the_current_configurations():
+    fresh = GEMV.fresh
     now = [[list(c), 5.0] for c in G.CONFIGS[16]]
     rev = {"revision": G.REVISION}
-    assert G._tried_current({"tried": now + [[[9, 9, 9, 9], None]], **rev}, 16)
-    assert G._tried_current({"tried": [[c, None] for c, _ in now], **rev}, 2)  # failed ones were tried too
-    assert not G._tried_current({"tried": now[1:], **rev}, 16)
-    assert not G._tried_current({"use": False, "config": [4, 512, 4, 3], **rev}, 1)  # before split-K: stale
+    assert fresh({"tried": now + [[[9, 9, 9, 9], None]], **rev}, 16)
+    assert fresh({"tried": [[c, None] for c, _ in now], **rev}, 2)  # failed ones were tried too
+    assert not fresh({"tried": now[1:], **rev}, 16)
+    assert not fresh({"use": False, "config": [4, 512, 4, 3], **rev}, 1)  # before split-K: stale
     # every configuration, timed on the kernel before its alignment hints (no revision): stale
-    assert not G._tried_current({"tried": now}, 16)
-    assert not G._tried_current({"tried": now, "revision": G.REVISION - 1}, 16)
+    assert not fresh({"tried": now}, 16)
+    assert not fresh({"tried": now, "revision": G.REVISION - 1}, 16)
 
 
 @pytest.mark.gpu
@@ -279,11 +249,10 @@ def test_split_k_gemv_compiled_and_captured_matches_and_leaves_tickets_zeroed(tm
         .half()
         .eval()
     )
-    split = next(c for c in G.CONFIGS[16] if G._split(c) > 1)
+    split = next(c for c in G.CONFIGS[16] if G.split_of(c) > 1)
     for lin in m:  # force the split-K path whatever this GPU's dispatch would choose
-        lin.__class__ = G.GemvLinear
-        lin.gemv_table = {16: list(split)}
-        lin.register_buffer("gemv_counters", G.new_counters(lin.weight.shape[0], "cuda"), persistent=False)
+        GEMV.switch_(lin, {16: list(split)})
+    assert all(type(lin) is GemvLinear and lin.gemv_counters.numel() for lin in m)
     f = torch.compile(m, dynamic=False)
     x = torch.randn(8, 4096, device="cuda", dtype=torch.half)
     with torch.no_grad():

@@ -15,9 +15,12 @@ import torch
 from torch import nn
 
 from gac.eval.infer import _capture
+from gac.hardware.dispatch_table import choice, row_class
 from gac.kernels import lowrank_fused as L
-from gac.kernels.fusion import FusedInputProjection, FusedSlice, fuse_projections_
 from gac.nn import FactorizedLinear
+from gac.nn.fused import FusedInputProjection, FusedSlice, fuse_projections_
+from gac.runtime import lowrank_fused as RL
+from gac.runtime.modules import DispatchedGroup, FusedLowRankLinear
 
 from .interp import needs_triton, pythonpath, run_interpreted
 
@@ -71,8 +74,10 @@ INTERPRETED = textwrap.dedent(
     """
     import torch
     from torch import nn
+    from gac.hardware.dispatch_table import row_class
     from gac.kernels import lowrank_fused as L
-    from gac.kernels.fusion import fuse_projections_
+    from gac.nn.fused import fuse_projections_
+    from gac.runtime import lowrank_fused as RL
     from gac.testing import assert_compiled_grads_match
 
     torch.manual_seed(0)
@@ -90,7 +95,7 @@ INTERPRETED = textwrap.dedent(
             b = torch.randn(n, dtype=dt)
             ref = (x.double() @ v.double().t()) @ u.double().t() + b.double()
             counters = L.new_counters()
-            for cfg in L.CONFIGS[L.row_class(rows)]:
+            for cfg in L.CONFIGS[row_class(rows, L.CONFIGS)]:
                 for programs in (1, 3):
                     y = torch.empty(rows, n, dtype=dt)
                     L._launch(x, v, None, [u], [b], [r], [n], y, counters, cfg, programs=programs)
@@ -124,8 +129,8 @@ INTERPRETED = textwrap.dedent(
                     off += r
                 ref = torch.cat(refs, -1)
                 # the first two, and the widest K split, of the row class
-                for cfg in sorted(L.CONFIGS[L.row_class(rows)], key=lambda c: -(c[7] if len(c) > 7 else 1))[:1] + list(
-                    L.CONFIGS[L.row_class(rows)][:2]
+                for cfg in sorted(L.CONFIGS[row_class(rows, L.CONFIGS)], key=lambda c: -(c[7] if len(c) > 7 else 1))[:1] + list(
+                    L.CONFIGS[row_class(rows, L.CONFIGS)][:2]
                 ):
                     y = torch.empty(rows, sum(outs), dtype=dt)
                     L._launch(x, v, b1, us, ubs, splits, outs, y, L.new_counters(), cfg, programs=3)
@@ -142,10 +147,10 @@ INTERPRETED = textwrap.dedent(
         fuse_projections_(blk)
         ref_fused = blk(x)
         table = {1: list(L.CONFIGS[1][1]), 16: list(L.CONFIGS[16][0])}
-        sites = L.decode_sites(blk)
+        sites = RL.decode_sites(blk)
         assert len(sites) == 4, [s[0] for s in sites]  # q/k/v group, gate/up group, o_proj, down_proj
         for _, m, _ in sites:
-            L.switch_(m, table)
+            RL.switch_(m, table)
         calls = []
         real = L.lowrank_fused_op
         L.lowrank_fused_op = lambda *a: calls.append(a[-3]) or real(*a)
@@ -163,7 +168,7 @@ INTERPRETED = textwrap.dedent(
     # torch.compile(fullgraph) of the switched block with autograd on (parameters that require
     # grad, as a loaded model has them): the op's autograd formula gives the layers' gradients
     def undo(m):
-        assert L.undo_fused_lowrank_(m) == 4
+        assert RL.undo_fused_lowrank_(m) == 4
 
     assert_compiled_grads_match(blk, x, want, undo)
     print("ok", worst)
@@ -181,21 +186,23 @@ def test_lowrank_fused_in_triton_interpreter_matches_float64_and_dispatches():
 
 def test_config_only_for_decode_rows_with_a_table():
     table = {1: list(L.CONFIGS[1][0]), 16: None}
-    assert L._config(torch.randn(1, 1, 8), None) is None
-    assert L._config(torch.randn(1, 1, 8), table) == table[1]
-    assert L._config(torch.randn(2, 3, 8), table) is None  # row class 16 measured slower
-    assert L._config(torch.randn(1, 17, 8), {1: [1], 16: [1]}) is None  # row class 64: not in the table
-    assert L._config(torch.randn(2, 20, 8), {1: [1], 64: [2]}) == [2]
-    assert L._config(torch.randn(1, 65, 8), {1: [1], 16: [1], 64: [1]}) is None  # prefill: past MAX_ROWS
+    assert choice(None, 1) is None
+    assert choice(table, 1) == table[1]
+    assert choice(table, 6) is None  # row class 16 measured slower
+    assert choice({1: [1], 16: [1]}, 17) is None  # row class 64: not in the table
+    assert choice({1: [1], 16: None, 64: [2]}, 40) == [2]
+    assert choice({1: [1], 16: [1], 64: [1]}, 65) is None  # prefill: past MAX_ROWS
+    # a switched module's table holds every row class of the kernel: one measured at 1 row only
+    # leaves 2..64 rows on the existing path
+    m = RL.switch_(FactorizedLinear(8, 3, 8), {1: [1], 64: [2]})
+    assert m.lowrank_table == {1: [1], 16: None, 64: [2]} and choice(m.lowrank_table, 10) is None
 
 
 def test_row_classes_and_tiles():
-    assert [L.row_class(r) for r in (1, 2, 16, 17, 64)] == [1, 16, 16, 64, 64]
+    assert [row_class(r, L.CONFIGS) for r in (1, 2, 16, 17, 64)] == [1, 16, 16, 64, 64]
     assert [L.block_m(r) for r in (1, 2, 16, 17, 33, 64)] == [1, 16, 16, 32, 64, 64]
-    with pytest.raises(ValueError, match="1 to 64 rows"):
-        L.row_class(65)
-    with pytest.raises(ValueError, match="1 to 64 rows"):
-        L.row_class(0)
+    assert row_class(65, L.CONFIGS) is None and row_class(0, L.CONFIGS) is None
+    assert RL.LOWRANK_FUSED.classes == tuple(sorted(L.CONFIGS)) and max(L.CONFIGS) == L.MAX_ROWS
     # every configuration's tiles: tl.dot needs 16-wide tiles past one row, powers of two everywhere
     for cls, cfgs in L.CONFIGS.items():
         for c in cfgs:
@@ -210,17 +217,17 @@ def test_switched_modules_without_a_usable_config_take_the_existing_path_exactly
     with torch.no_grad():
         fuse_projections_(blk)
         want_x, want_long = blk(x), blk(long)
-        sites = L.decode_sites(blk)
+        sites = RL.decode_sites(blk)
         for _, m, _ in sites:
-            L.switch_(m, {1: None, 16: None})  # measured slower everywhere
-        assert sum(isinstance(m, (L.FusedLowRankLinear, L.FusedLowRankGroup)) for m in blk.modules()) == 4
+            RL.switch_(m, {1: None, 16: None})  # measured slower everywhere
+        assert sum(isinstance(m, (FusedLowRankLinear, DispatchedGroup)) for m in blk.modules()) == 4
         assert torch.equal(blk(x), want_x)
         for _, m, _ in sites:
-            L.switch_(m, {1: [4, 512, 8, 512, 4, 2, 1], 16: [16, 256, 16, 256, 4, 3, 1]})
+            RL.switch_(m, {1: [4, 512, 8, 512, 4, 2, 1], 16: [16, 256, 16, 256, 4, 3, 1]})
         assert torch.equal(blk(long), want_long)  # 17 rows: never the kernel, whatever the table says
         assert not any("lowrank" in k for k in blk.state_dict())
-        assert L.undo_fused_lowrank_(blk) == 4
-    assert not any(isinstance(m, (L.FusedLowRankLinear, L.FusedLowRankGroup))
+        assert RL.undo_fused_lowrank_(blk) == 4
+    assert not any(isinstance(m, (FusedLowRankLinear, DispatchedGroup))
                    for m in blk.modules())  # fmt: skip
     assert all(type(m) in (FusedInputProjection, FusedSlice, FactorizedLinear, nn.Linear, Block)
                for m in blk.modules())  # fmt: skip
@@ -232,21 +239,21 @@ def test_switched_modules_without_a_usable_config_take_the_existing_path_exactly
 def test_sites_find_factorized_layers_and_groups_with_a_factorized_member():
     blk = Block()
     fuse_projections_(blk)
-    keys = {L.site_key(k, list(s), list(o)) for _, _, (k, s, o) in L.decode_sites(blk)}
+    keys = {L.site_key(k, list(s), list(o)) for _, _, (k, s, o) in RL.decode_sites(blk)}
     assert keys == {"48:7x40+13x24+24d", "48:11x70+37x70", "40:9x48", "70:5x48"}
     dense = nn.Module()
     dense.q_proj, dense.k_proj, dense.v_proj = nn.Linear(8, 8), nn.Linear(8, 4), nn.Linear(8, 4)
     fuse_projections_(dense)
-    assert L.decode_sites(dense) == []  # an all-dense group is one GEMV already
+    assert RL.decode_sites(dense) == []  # an all-dense group is one GEMV already
 
 
 def test_use_fused_lowrank_leaves_a_cpu_model_alone():
     blk = Block()
     fuse_projections_(blk)
-    info = L.use_fused_lowrank_(blk)
+    info = RL.use_fused_lowrank_(blk)
     assert info["modules"] == 0 and "reason" in info
-    assert not any(isinstance(m, (L.FusedLowRankLinear, L.FusedLowRankGroup)) for m in blk.modules())
-    assert L.undo_fused_lowrank_(blk) == 0
+    assert not any(isinstance(m, (FusedLowRankLinear, DispatchedGroup)) for m in blk.modules())
+    assert RL.undo_fused_lowrank_(blk) == 0
 
 
 def test_site_setup_times_the_existing_path_against_its_float64_reference():
@@ -331,7 +338,7 @@ def test_lowrank_fused_with_barrier_matches_float64_on_gpu(case, dtype):
     ref = _gpu_ref(x, v, b1, us, ubs, splits)
     counters = L.new_counters("cuda")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for cfg in L.CONFIGS[L.row_class(rows)]:
+    for cfg in L.CONFIGS[row_class(rows, L.CONFIGS)]:
         y = torch.empty(rows, sum(outs), device="cuda", dtype=dtype)
         p = L._launch(x, v, b1, us, ubs, splits, outs, y, counters, cfg)  # PHASE 0: one launch, the barrier
         torch.cuda.synchronize()
@@ -356,7 +363,7 @@ def test_lowrank_fused_cuda_graph_replay_resets_the_barrier(rows):
     k, members = 4096, [(1736, 4096), (704, 1024), (704, 1024)]
     x, v, b1, us, ubs, splits, outs = _gpu_case(rows, k, members, torch.bfloat16, 3)
     counters = L.new_counters("cuda")
-    cfg = list(L.CONFIGS[L.row_class(rows)][0])
+    cfg = list(L.CONFIGS[row_class(rows, L.CONFIGS)][0])
     fn = lambda: L.lowrank_fused(x, v, b1, us, ubs, splits, outs, counters, cfg)  # noqa: E731
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -392,10 +399,10 @@ def test_switched_tiny_model_under_compile_and_cuda_graph_equals_eager(rows):
     with torch.no_grad():
         want = model(ids, use_cache=False).logits.float()
         table = {c: list(cfgs[0]) for c, cfgs in L.CONFIGS.items()}
-        sites = L.decode_sites(model)
+        sites = RL.decode_sites(model)
         assert len(sites) == 4 * 2  # per layer: q/k/v, gate/up, o_proj, down_proj
         for _, m, _ in sites:
-            L.switch_(m, table)
+            RL.switch_(m, table)
         eager = model(ids, use_cache=False).logits.float()
         # bf16 logits through a different summation order: compared as a whole (measured on the
         # H200, single logits near zero differ by up to 0.023 while the relative error is ~1e-3)
@@ -406,7 +413,7 @@ def test_switched_tiny_model_under_compile_and_cuda_graph_equals_eager(rows):
             out = replay()
             torch.cuda.synchronize()
             assert _rel(out.float(), want) < 1e-2
-    assert L.barrier_timeouts(model) == []
+    assert RL.barrier_timeouts(model) == []
 
 
 def switched_on_gpu(tmp_path, monkeypatch, use, lead: tuple[int, ...]):  # noqa: ANN001, ANN201
@@ -425,15 +432,15 @@ def switched_on_gpu(tmp_path, monkeypatch, use, lead: tuple[int, ...]):  # noqa:
 
 @pytest.mark.gpu
 def test_use_fused_lowrank_on_gpu_is_measured_cached_and_exact(tmp_path, monkeypatch):
-    blk, info, want, got = switched_on_gpu(tmp_path, monkeypatch, L.use_fused_lowrank_, (1, 1))
+    blk, info, want, got = switched_on_gpu(tmp_path, monkeypatch, RL.use_fused_lowrank_, (1, 1))
     assert (tmp_path / "lowrank_fused_dispatch.json").exists()
-    table = L.measured(torch.half, want.device)
+    table = RL.measured(torch.half, want.device)
     assert len(table) == len(L.ROW_CLASSES) * 4 and info["of"] == 4
     for rec in table.values():
         assert rec["existing_us"] > 0
         assert rec["use"] == ("fused_us" in rec and rec["fused_us"] < 0.97 * rec["existing_us"])
     assert torch.allclose(got.float(), want.float(), rtol=1e-2, atol=1e-2)
-    assert L.barrier_timeouts(blk) == []
+    assert RL.barrier_timeouts(blk) == []
 
 
 SPIN_CHECK = textwrap.dedent(

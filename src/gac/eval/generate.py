@@ -105,9 +105,9 @@ def generate(
             generate reads those ``gac generate`` exposes: ``compile`` and ``graphs`` (default: on
             CUDA), ``gqa_decode`` (``gac_sdpa`` decode attention on the KV heads of a grouped-query
             model, exact; :mod:`gac.kernels.attention`), and on CUDA ``gemv``
-            (:func:`gac.kernels.gemv.use_triton_gemv_`), ``fused_lowrank``
-            (:func:`gac.kernels.lowrank_fused.use_fused_lowrank_`), ``branches``
-            (:func:`gac.kernels.branches.use_branches_`), each in place where measured faster, and
+            (:func:`gac.runtime.gemv.use_triton_gemv_`), ``fused_lowrank``
+            (:func:`gac.runtime.lowrank_fused.use_fused_lowrank_`), ``branches``
+            (:func:`gac.runtime.branches.use_branches_`), each in place where measured faster, and
             ``combo_kernels`` (:func:`gac.eval.infer.compile_step`).
         **switches: a switch by name (``gemv=False``), over ``fast``.
         prefill_reps: steady prefills of the prompt timed for ``ttft_s`` (their median).

@@ -185,7 +185,7 @@ def prefill_flops(model: nn.Module, batch: int, seq: int) -> float:
     token (a factorized layer counts its two factors; a fused group of projections counts its
     concatenated first stage once), causal attention (``2·B·S²`` per query feature of each layer's
     ``q_proj``), and the output head at the last token only."""
-    from gac.kernels.fusion import FusedInputProjection
+    from gac.nn.fused import FusedInputProjection
 
     out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     per_token, q_feats = 0, 0
@@ -667,17 +667,17 @@ def use_decode_kernels_(
     """Switch ``model``, in place, to the decode kernels of the default path (the sweep's and
     :func:`gac.eval.generate.generate`'s): decode attention on the KV heads
     (:func:`gac.kernels.attention.use_gqa_decode_`), then on CUDA the Triton GEMV
-    (:func:`gac.kernels.gemv.use_triton_gemv_`) and the one-launch low-rank kernel
-    (:func:`gac.kernels.lowrank_fused.use_fused_lowrank_`) where measured faster, and the parallel
-    second stages of fused groups (:func:`gac.kernels.branches.use_branches_`) where measured faster.
+    (:func:`gac.runtime.gemv.use_triton_gemv_`) and the one-launch low-rank kernel
+    (:func:`gac.runtime.lowrank_fused.use_fused_lowrank_`) where measured faster, and the parallel
+    second stages of fused groups (:func:`gac.runtime.branches.use_branches_`) where measured faster.
 
     Returns ``{"gemv": info, "fused_lowrank": info, "branches": info}``: what each switched, with its setup time
     (first-use measurement included), or the reason it did not run.
     """
     from gac.kernels.attention import use_gqa_decode_
-    from gac.kernels.branches import use_branches_
-    from gac.kernels.gemv import use_triton_gemv_
-    from gac.kernels.lowrank_fused import use_fused_lowrank_
+    from gac.runtime.branches import use_branches_
+    from gac.runtime.gemv import use_triton_gemv_
+    from gac.runtime.lowrank_fused import use_fused_lowrank_
 
     on_cuda = model_device(model).type == "cuda"
     if gqa_decode:

@@ -1,10 +1,11 @@
 """Per-grid-point latency model: predicted ms of one forward pass, kernel launch by kernel launch.
 
 The inference sweep (:mod:`gac.eval.infer`) times prefill ``B x S`` and decode ``B x KV`` points
-on its default path (q/k/v and gate/up fused by :mod:`gac.kernels.fusion`, ``torch.compile``,
+on its default path (q/k/v and gate/up fused by :mod:`gac.nn.fused`, ``torch.compile``,
 one CUDA graph per step). This module predicts the same points from the model's structure and a
 :class:`~gac.hardware.profile.Profile`, so that predicted and measured speedups can be put side
-by side (``gac report``, ``benchmarks/tools/latency_model.py``).
+by side (``gac report``, ``benchmarks/tools/latency_model.py``; a recorded cell's structure is
+rebuilt by :func:`gac.runtime.cells.cell_skeleton`).
 
 The formula (every term below is one line of :func:`launches`)::
 
@@ -14,17 +15,19 @@ The formula (every term below is one line of :func:`launches`)::
   fit ``t = launch_us + bytes / BW``, :func:`fit_launch`); ``fixed`` is the profile's
   ``launch_us`` (that fit's intercept) for a GEMM and ``aux_us`` for any other kernel.
 * **GEMMs**: every module that owns a 2-D ``weight`` (``nn.Linear``, a
-  :class:`~gac.kernels.fusion.FusedInputProjection`, the factors inside a
+  :class:`~gac.nn.fused.FusedInputProjection`, the factors inside a
   :class:`~gac.nn.FactorizedLinear`...) except the input embedding is one
   launch of ``[rows, k] @ [k, n]``: rows = ``B·S`` (prefill) or ``B`` (decode), and ``B`` for
   the output head (the sweep keeps only the last position's logits). So a fused q/k/v group is
-  one launch, a factorized layer two, a :class:`~gac.kernels.fusion.FusedSlice` of a factorized
+  one launch, a factorized layer two, a :class:`~gac.nn.fused.FusedSlice` of a factorized
   member one (its ``u``), a dense slice none; a site switched to the fused low-rank kernel
-  (:mod:`gac.kernels.lowrank_fused`, at the row classes its table names) is one launch for all
+  (a ``lowrank_table`` recorded on it by :mod:`gac.runtime.lowrank_fused`, at the row classes the table
+  names: :func:`gac.hardware.dispatch_table.choice`) is one launch for all
   its factors (:func:`_one_launch_sites`), priced with the kernel's own fit
   (``Profile.fused_lowrank``: fixed time and bandwidth) where the profile has one; the second
   factors of a group that runs them as parallel stream branches at these rows
-  (:mod:`gac.kernels.branches`) are one launch, their bytes summed (:func:`_branch_sites`). FLOPs
+  (a ``branch_table``, :mod:`gac.runtime.branches`) are one launch, their bytes summed
+  (:func:`_branch_sites`).  The model reads only these tables, never a kernel file. FLOPs
   ``2·rows·k·n`` at the profile's peak slowed by :meth:`Profile.efficiency` of N (``lowrank_r``
   for the first factor of a low-rank pair, else ``gemm_n``) and of K (``gemm_k``), as
   :meth:`Profile.gemm_ms` does; bytes: the weight plus the activations in and out.
@@ -43,7 +46,7 @@ The formula (every term below is one line of :func:`launches`)::
   elements of the model's dtype).
 
 What it leaves out, on purpose: cuBLAS's split-K reduce kernels (inside the GEMV fit), the
-Triton GEMV used at a few shapes (:mod:`gac.kernels.gemv`), L2 reuse, overlap. Measured agreement
+Triton GEMV used at a few shapes (:mod:`gac.runtime.gemv`), L2 reuse, overlap. Measured agreement
 on the H200: ``docs/eval.md`` and ``benchmarks/results/h200/issue9/latency_model.md``.
 """
 
@@ -56,6 +59,7 @@ from typing import Any
 import numpy as np
 
 from gac.errors import GacError
+from gac.hardware.dispatch_table import choice
 from gac.hardware.profile import Profile
 
 #: non-GEMM kernels per decoder layer and per forward (compiled decode step of the dense
@@ -412,20 +416,16 @@ def launches(
 def _one_launch_sites(model: Any, rows: int) -> dict[int, str]:
     """Weight-owning modules that run in one launch with others at ``rows`` token rows.
 
-    A site switched to the fused low-rank kernel (:mod:`gac.kernels.lowrank_fused`: a module with a
-    ``lowrank_table`` whose row class has a configuration) computes its factors, and a fused group
-    its first stage and every member's second factor, in one launch.  Returns ``{id(module): site}``.
+    A site switched to the fused low-rank kernel (:mod:`gac.runtime.lowrank_fused`: a module whose
+    ``lowrank_table`` has a configuration at the row class of ``rows``) computes its factors, and a
+    fused group its first stage and every member's second factor, in one launch.  Returns
+    ``{id(module): site}``.
     """
-    from gac.kernels.lowrank_fused import MAX_ROWS, row_class
     from gac.nn import FactorizedLinear
 
     out: dict[int, str] = {}
-    if not 0 < rows <= MAX_ROWS:
-        return out
-    cls = row_class(rows)
     for name, m in model.named_modules():
-        table = getattr(m, "lowrank_table", None)
-        if not table or table.get(cls) is None:
+        if choice(getattr(m, "lowrank_table", None), rows) is None:
             continue
         if isinstance(m, FactorizedLinear):
             out[id(m.v)] = out[id(m.u)] = name
@@ -438,17 +438,12 @@ def _one_launch_sites(model: Any, rows: int) -> dict[int, str]:
 
 
 def _branch_sites(model: Any, rows: int) -> dict[int, str]:
-    """Second factors of a fused group that run as parallel branches at ``rows`` rows
-    (:mod:`gac.kernels.branches`): priced as one launch, ``{id(u): "<group>.seconds"}``."""
-    from gac.kernels.branches import row_class
-
-    cls = row_class(rows)
+    """Second factors of a fused group that run as parallel branches at ``rows`` rows (a
+    ``branch_table`` with a decision there, :mod:`gac.runtime.branches`): priced as one launch,
+    ``{id(u): "<group>.seconds"}``."""
     out: dict[int, str] = {}
-    if cls is None:
-        return out
     for name, m in model.named_modules():
-        table = getattr(m, "branch_table", None)
-        if table and table.get(cls):
+        if choice(getattr(m, "branch_table", None), rows):
             for u in getattr(m, "seconds", None) or []:
                 if u is not None:
                     out[id(u)] = f"{name}.seconds"
@@ -524,14 +519,14 @@ def skeleton(
     rank saves nothing: the site stays dense, as the low-rank compressors leave it); a dim at an
     MLP module keeps that many channels of its gate/up outputs and down inputs; a dim at an
     attention module keeps that many KV-head groups (q/k/v outputs, o inputs). ``fused``
-    applies :func:`gac.kernels.fusion.fuse_projections_`, as the ``infer`` eval does.
+    applies :func:`gac.nn.fused.fuse_projections_`, as the ``infer`` eval does.
     """
     import torch
     from torch import nn
 
-    from gac.kernels.fusion import fuse_projections_
     from gac.models.adapters import ROLE_NAMES
     from gac.nn import FactorizedLinear, replace_module
+    from gac.nn.fused import fuse_projections_
 
     dt = getattr(torch, dtype, torch.bfloat16)
     if spec.startswith("tiny:"):
@@ -611,27 +606,6 @@ def infer_of(cell: dict[str, Any]) -> dict[str, Any] | None:
     return ((cell.get("results") or {}).get("evals") or {}).get("infer")
 
 
-def cell_skeleton(cell: dict[str, Any]) -> Any:
-    """:func:`skeleton` of a recorded cell: its model spec, its kept dims, fused as its ``infer`` ran,
-    with the sites its ``infer`` switched to the fused low-rank kernel, and the groups it switched to
-    parallel second stages, switched again."""
-    inf = infer_of(cell) or {}
-    spec = str((cell.get("cell") or {}).get("model"))
-    model = skeleton(spec, (cell.get("results") or {}).get("dims"), str(inf.get("dtype") or "bfloat16"),
-                     fused=bool(inf.get("fused", True)))  # fmt: skip
-    shapes = (inf.get("fused_lowrank") or {}).get("shapes")
-    if shapes:
-        from gac.kernels.lowrank_fused import switch_recorded_
-
-        switch_recorded_(model, shapes)
-    branched = (inf.get("branches") or {}).get("shapes")
-    if branched:
-        from gac.kernels import branches
-
-        branches.switch_recorded_(model, branched)
-    return model
-
-
 def gqa_decode_of(infer: dict[str, Any]) -> bool:
     """Whether an ``infer`` record decoded on the KV heads (cells recorded before the option: no)."""
     return bool((infer.get("config") or {}).get("gqa_decode", False))
@@ -698,36 +672,3 @@ def profile_of(cell: dict[str, Any], default: Profile | None = None) -> Profile:
     return load_profile(
         None, dtype=str(inf.get("dtype") or "bfloat16"), gpu=str((cell.get("env") or {}).get("gpu"))
     )
-
-
-def compare_cells(
-    base: dict[str, Any], variants: list[dict[str, Any]], profile: Profile | None = None
-) -> dict[str, Any]:
-    """Predicted against measured speedups of recorded ``variants`` over their ``base`` cell.
-
-    Returns ``{cell id: {"profile", "rows": predict_pair rows, "worst": worst row}}`` for every
-    variant with an ``infer`` eval; a variant whose skeleton cannot be built gets ``"error"``.
-    """
-    binf = infer_of(base)
-    out: dict[str, Any] = {}
-    if binf is None:
-        return out
-    bskel = None
-    for v in variants:
-        inf = infer_of(v)
-        if inf is None:
-            continue
-        prof = profile_of(v, profile)
-        try:
-            bskel = bskel if bskel is not None else cell_skeleton(base)
-            rows = predict_pair(bskel, cell_skeleton(v), prof, binf, inf)
-        except GacError as e:
-            out[str(v.get("id"))] = {"profile": prof.id, "error": str(e), "rows": []}
-            continue
-        out[str(v.get("id"))] = {
-            "profile": prof.id,
-            "note": prof.latency_note(),
-            "rows": rows,
-            "worst": worst(rows),
-        }
-    return out

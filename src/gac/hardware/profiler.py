@@ -526,12 +526,12 @@ def measure_launch_constants(device: torch.device, dtype: torch.dtype) -> dict[s
     """``launch_us``, ``copy_gbps`` and ``aux_us`` of this GPU (CUDA only; about a second).
 
     Each GEMV of :data:`LAUNCH_SHAPES` at one row is timed 64 times in a CUDA graph (over weight
-    copies that do not fit in L2, :func:`gac.kernels.gemv.measure_shape`'s cuBLAS timing), and
+    copies that do not fit in L2, :func:`gac.hardware.timing.bench_graph`, the dispatch's cuBLAS timing), and
     ``t = launch_us + bytes / copy_gbps`` is fitted (:func:`gac.hardware.latency.fit_launch`);
     ``aux_us`` is the time of a small elementwise kernel (``x.mul_(1)`` on 4096 elements) in a graph.
     """
     from gac.hardware.latency import fit_launch
-    from gac.kernels.gemv import bench_graph, copies_past_l2
+    from gac.hardware.timing import bench_graph, copies_past_l2
 
     if device.type != "cuda":
         raise GacError("the launch constants are measured on CUDA only")

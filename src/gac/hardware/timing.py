@@ -11,6 +11,10 @@ Inputs that fit in L2 would be timed hot: callers pass ``n_sets`` input sets (se
 :func:`rotation_sets`) and the timed function receives the call index, so it can rotate
 among them.  On CPU the harness falls back to ``time.perf_counter`` around each call and
 every record is labelled ``"CPU"``.
+
+The kernels' dispatch measurements (and ``gac profile``'s launch constants) time a call 64 times
+captured in one CUDA graph over weight copies rotated past L2 (:func:`bench_graph`,
+:func:`copies_past_l2`): what a launch costs inside a captured decode step.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import platform
 import re
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -282,3 +286,90 @@ def gpu_slug(name: str | None = None) -> str:
         return "cpu"
     low = low.replace("nvidia", "")
     return re.sub(r"[^a-z0-9]+", "-", low).strip("-") or "gpu"
+
+
+# ------------------------------------------------------------------------ CUDA-graph timing
+def copies_past_l2(nbytes: int, total: int = 128 * 2**20, most: int = 64) -> int:
+    """How many copies of ``nbytes`` of weights to rotate through so a timed loop reads them from DRAM."""
+    return max(2, min(most, -(-total // max(nbytes, 1))))
+
+
+def graph_timings(
+    fn: Callable[[int], Any], reps: int = 64, samples: int = 15, wait: Callable[[str], None] | None = None
+) -> list[float]:
+    """Sorted µs per call of ``fn(i)``, ``i`` = 0..reps-1 captured in one CUDA graph, over ``samples`` replays.
+
+    Eager warm-up calls and one warm-up replay come first.  ``wait(what)`` waits for the GPU
+    (default: synchronize); a caller that must not block forever passes one with a deadline.
+    """
+
+    def sync(_: str) -> None:
+        torch.cuda.synchronize()
+
+    wait = wait or sync
+    for i in range(reps):
+        fn(i)
+    wait("warm-up calls")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(reps):
+            fn(i)
+    g.replay()
+    wait("first graph replay")
+    ts = []
+    for _ in range(samples):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        wait("graph replay")
+        ts.append(a.elapsed_time(b) * 1e3 / reps)
+    return sorted(ts)
+
+
+def bench_graph(fn: Callable[[int], Any], reps: int = 64, samples: int = 15) -> float:
+    """Median µs per call of ``fn(i)`` captured ``reps`` times in a CUDA graph (:func:`graph_timings`).
+
+    The timing of the kernels' dispatch measurements (:mod:`gac.kernels`) and of ``gac profile``'s launch
+    constants: weights rotated past L2 (:func:`copies_past_l2`), 64 calls per graph.
+    """
+    ts = graph_timings(fn, reps, samples)
+    return ts[len(ts) // 2]
+
+
+def time_configs(
+    configs: Iterable[Sequence[int]],
+    check: Callable[[Sequence[int]], str | None],
+    timed: Callable[[Sequence[int]], Callable[[int], Any]],
+    rec: dict[str, Any],
+    after: Callable[[], str | None] = lambda: None,
+    bench: Callable[[Callable[[int], Any]], float] | None = None,
+) -> tuple[float, Sequence[int]] | None:
+    """Time each configuration of a kernel after one checked run: the fastest ``(µs, config)``, or None.
+
+    ``check(cfg)`` runs it once and says what is wrong with its result (None: right); only then is
+    ``timed(cfg)`` (a function of the call index) timed by ``bench`` (default :func:`bench_graph`), and
+    ``after()`` says what the timed replays left wrong (None: nothing, e.g. counters back to zero).  A
+    configuration that raises (does not compile, does not fit) is skipped.  ``rec`` gets ``tried``
+    (``[config, µs | None]`` for each) and ``failed`` (why, for each that failed).
+    """
+    bench = bench or bench_graph
+    best: tuple[float, Sequence[int]] | None = None
+    tried: list[list[Any]] = []
+    for cfg in configs:
+        tried.append([list(cfg), None])
+        try:
+            bad = check(cfg)
+            if bad is None:
+                us = bench(timed(cfg))
+                bad = after()
+        except Exception as e:  # noqa: BLE001 - a configuration that does not compile/fit is skipped
+            bad = f"{type(e).__name__}: {str(e)[:120]}"
+        if bad is not None:
+            rec.setdefault("failed", []).append(f"{list(cfg)}: {bad}")
+            continue
+        tried[-1][1] = us
+        if best is None or us < best[0]:
+            best = (us, cfg)
+    rec["tried"] = tried
+    return best

@@ -1,5 +1,4 @@
-"""Decode-speed module transforms: horizontal fusion (pure PyTorch) and a fused Triton low-rank GEMV."""
+"""Triton kernels of the decode path, their custom ops and their measurement (nothing that swaps modules).
 
-from gac.kernels.fusion import FusedInputProjection, FusedSlice, fuse_projections_, unfuse_projections_
-
-__all__ = ["FusedInputProjection", "FusedSlice", "fuse_projections_", "unfuse_projections_"]
+The switches that put them into a model, where they were measured faster, are in :mod:`gac.runtime`.
+"""

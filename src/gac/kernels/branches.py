@@ -1,6 +1,6 @@
 """Second stages of a fused group in parallel (CUDA streams or one grouped launch), where measured faster.
 
-A fused q/k/v (or gate/up) group of factorized members (:mod:`gac.kernels.fusion`) runs one GEMM
+A fused q/k/v (or gate/up) group of factorized members (:mod:`gac.nn.fused`) runs one GEMM
 for the members' first factors, then one GEMM per member for its second factor ``u``.  Those are
 independent of each other, yet a captured decode step runs them one after the other, and at 2 to a
 few hundred token rows each is a small, latency-bound launch: the k and v ones (``rank x 1024``)
@@ -35,7 +35,7 @@ On an H100 (``benchmarks/results/h100/grouped-ab/``) it made compiled Qwen2.5-7B
 at B16 3.4% shorter than streams did (its q/k/v groups 18.6 against 19.8 µs, gate/up 83.3 against
 87.8); in the Llama-3-8B cell cuBLAS's parallel gate/up calls stayed faster and the step gained 0.2%.
 
-Dispatch (:func:`use_branches_`): every fused group with at least two factorized members is timed
+Dispatch (:func:`gac.runtime.branches.use_branches_`): every fused group with at least two factorized members is timed
 once per machine at each row class of :data:`ROW_CLASSES` (the whole group, first stage included,
 sequential against branched and against the grouped launch in each configuration of
 :data:`gac.kernels.gemv.GROUP_CONFIGS`, 64 calls to a CUDA graph over weights rotated past L2) and takes
@@ -52,7 +52,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gac.kernels import gemv as _gemv
+from gac.hardware.dispatch_table import row_class
+from gac.hardware.timing import bench_graph, time_configs
+from gac.kernels.gemv import GROUP_CONFIGS, REVISION, group_launch, swap_of
+from gac.kernels.jit import HAVE_TRITON
+from gac.kernels.lowrank_fused import site_setup
 
 #: row classes measured per group shape: an input of ``rows`` token rows takes the decision of the
 #: smallest class ``>= rows``; more rows than 16 keep the sequential path.  The isolated timing also
@@ -61,20 +65,7 @@ from gac.kernels import gemv as _gemv
 #: (prefill B1 x 128) in three of the four speed-grid cells (the fourth: 0.0%) and 0.4-1.5% at 64 rows
 #: (decode B64) in three (Qwen2.5 SVD-LLM gained 0.9%), while at 16 rows all four gained 0.9-4.9%.
 ROW_CLASSES = (1, 16)
-CACHE = "branch_dispatch.json"
 _STREAMS: dict[tuple[str, int | None], list[torch.cuda.Stream]] = {}
-
-
-def row_class(rows: int) -> int | None:
-    """The row class whose decision serves ``rows`` token rows, or None (more rows than any class).
-
-    >>> row_class(1), row_class(2), row_class(16), row_class(17), row_class(128)
-    (1, 16, 16, None, None)
-    """
-    for c in ROW_CLASSES:
-        if 0 < rows <= c:
-            return c
-    return None
 
 
 def _side_streams(device: torch.device, n: int) -> list[torch.cuda.Stream]:
@@ -137,7 +128,7 @@ def _slices(t: torch.Tensor, offs: list[int], ws: list[torch.Tensor]) -> list[to
 def _aligned(x: torch.Tensor) -> torch.Tensor:
     """``x``, or a contiguous copy where its data or its rows do not start on 16-byte boundaries.
 
-    The rule of :func:`gac.kernels.fusion.aligned_split` for the sequential path's slices (a member at
+    The rule of :func:`gac.nn.fused.aligned_split` for the sequential path's slices (a member at
     an odd offset: ranks not multiples of 8), so both paths hand cuBLAS the same operands and give the
     same bits; with ``--align gac`` ranks nothing is copied.
     """
@@ -203,7 +194,7 @@ def group_gemv(
     """
     _slices(t, offs, ws)
     outs = [torch.empty((t.shape[0], w.shape[0]), device=t.device, dtype=t.dtype) for w in ws]
-    _gemv.group_launch(
+    group_launch(
         t if t.stride(-1) == 1 else t.contiguous(), list(offs), [w.contiguous() for w in ws],
         [b if b.numel() else None for b in bs], outs, (block_n, block_k, warps, stages, 1, swap),
     )  # fmt: skip
@@ -233,7 +224,7 @@ def second_stages(
     """The members' second factors by the path ``how`` names: True, parallel streams
     (:func:`branch_linears`); a configuration (list), one grouped launch (:func:`group_gemv`)."""
     if isinstance(how, (list, tuple)):  # a configuration of ints (:func:`_how`)
-        return group_gemv(t, offs, ws, bs, *how[:4], _gemv.swap_of(how))
+        return group_gemv(t, offs, ws, bs, *how[:4], swap_of(how))
     return branch_linears(t, offs, ws, bs)
 
 
@@ -265,20 +256,6 @@ def apply_seconds(
     return out
 
 
-def decision(table: dict[int, Any] | None, x: torch.Tensor) -> Any:
-    """The path an input ``x`` of a group with decision ``table`` (row class -> path) takes: None
-    (sequential), True (parallel streams) or a grouped launch's configuration."""
-    if not table:
-        return None
-    c = row_class(x.numel() // x.shape[-1] if x.shape[-1] else 0)
-    return table.get(c) or None if c is not None else None
-
-
-def applies(table: dict[int, Any] | None, x: torch.Tensor) -> bool:
-    """Whether an input ``x`` of a group with decision ``table`` takes a parallel path (streams or grouped)."""
-    return decision(table, x) is not None
-
-
 # ------------------------------------------------------------------------------ measuring
 
 
@@ -290,32 +267,22 @@ def measure_group(
     launch in each configuration of :data:`gac.kernels.gemv.GROUP_CONFIGS` (each first checked against the
     float64 reference: a wrong result disqualifies it).  The faster parallel path is used where it beat
     the sequential one by ``margin``: ``config`` True (streams) or the grouped launch's configuration."""
-    from gac.kernels.lowrank_fused import site_setup
-
     s = site_setup(k, splits, outs, rows, dtype, device)
     branched = branched_fn(s, splits, outs)
     rec: dict[str, Any] = {"k": k, "splits": list(splits), "outs": list(outs), "rows": rows,
-                           "revision": _gemv.REVISION}  # fmt: skip
-    rec["sequential_us"] = _gemv.bench_graph(s.existing)
-    rec["branched_us"] = _gemv.bench_graph(branched)
+                           "revision": REVISION}  # fmt: skip
+    rec["sequential_us"] = bench_graph(s.existing)
+    rec["branched_us"] = bench_graph(branched)
     best: tuple[float, Any] = (rec["branched_us"], True)
-    tried: list[list[Any]] = []
-    for cfg in _gemv.GROUP_CONFIGS[_gemv.row_class(rows)] if _gemv.HAVE_TRITON else ():
-        tried.append([list(cfg), None])
-        grouped = branched_fn(s, splits, outs, list(cfg))
-        try:
-            err = _error(grouped(0), s.ref, splits, outs)
-            if not err < 2e-2:
-                rec.setdefault("failed", []).append(f"{list(cfg)}: rel err {err:.2e}")
-                continue
-            us = _gemv.bench_graph(grouped)
-        except Exception as e:  # noqa: BLE001 - a configuration that does not compile/fit is skipped
-            rec.setdefault("failed", []).append(f"{list(cfg)}: {type(e).__name__}: {str(e)[:120]}")
-            continue
-        tried[-1][1] = us
-        if us < best[0]:
-            best = (us, list(cfg))
-    rec["tried"] = tried
+
+    def check(cfg: Any) -> str | None:
+        err = _error(branched_fn(s, splits, outs, list(cfg))(0), s.ref, splits, outs)
+        return None if err < 2e-2 else f"rel err {err:.2e}"
+
+    configs = GROUP_CONFIGS[row_class(rows, GROUP_CONFIGS)] if HAVE_TRITON else ()
+    grouped = time_configs(configs, check, lambda cfg: branched_fn(s, splits, outs, list(cfg)), rec)
+    if grouped is not None and grouped[0] < best[0]:
+        best = (grouped[0], list(grouped[1]))
     rec["best_us"] = best[0]
     rec["use"] = best[0] < margin * rec["sequential_us"]
     rec["config"] = best[1]
@@ -350,98 +317,3 @@ def branched_fn(s: Any, splits: list[int], outs: list[int | None], how: Any = Tr
         return second_stages(s.t, offs, [us[j] for j in factorized], no_bias, how)
 
     return branched
-
-
-def _fresh(rec: dict[str, Any], rows: int) -> bool:
-    """Whether a cached record timed the grouped launch of this GEMV revision in every configuration
-    :data:`gac.kernels.gemv.GROUP_CONFIGS` now lists (older records, streams only, are measured again)."""
-    if not _gemv.HAVE_TRITON:
-        return True
-    return rec.get("revision") == _gemv.REVISION and _gemv.tried_all(
-        rec, _gemv.GROUP_CONFIGS[_gemv.row_class(rows)]
-    )
-
-
-def decisions(
-    shapes: list[tuple[int, tuple[int, ...], tuple[int | None, ...]]],
-    dtype: torch.dtype,
-    device: torch.device,
-) -> dict[str, dict[int, Any]]:
-    """Per group shape (``site_key``): ``{row class: True | configuration | None}``, measured once per machine."""
-    from gac.kernels.lowrank_fused import site_key
-
-    keys = {site_key(k, list(sp), list(o)): (k, list(sp), list(o)) for k, sp, o in shapes}
-    return _gemv.cached_decisions(
-        CACHE, device, dtype, list(keys), lambda key, rows: measure_group(*keys[key], rows, dtype, device),
-        ROW_CLASSES, "parallel second stages", _fresh,
-    )  # fmt: skip
-
-
-def measured(dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
-    """The cached measurements of this GPU (for reports)."""
-    return _gemv.measured(dtype, device, CACHE)
-
-
-def _groups(model: nn.Module) -> list:
-    """``lowrank_fused.decode_sites`` entries of fused groups with at least two factorized members."""
-    from gac.kernels.fusion import FusedInputProjection
-    from gac.kernels.lowrank_fused import decode_sites
-
-    return [
-        s
-        for s in decode_sites(model)
-        if isinstance(s[1], FusedInputProjection) and sum(o is not None for o in s[2][2]) >= 2
-    ]
-
-
-def _how(v: Any) -> Any:
-    """A recorded decision as :func:`second_stages` takes it: a configuration list, True, or None."""
-    return [int(c) for c in v] if isinstance(v, (list, tuple)) else (True if v else None)
-
-
-def _switch(groups: list, rows_of: dict[str, dict[int, Any]]) -> int:
-    from gac.kernels.lowrank_fused import site_key
-
-    n = 0
-    for _, m, (k, splits, outs) in groups:
-        row = rows_of.get(site_key(k, list(splits), list(outs))) or {}
-        if any(row.values()):
-            m.branch_table = {int(r): _how(v) for r, v in row.items()}
-            n += 1
-    return n
-
-
-def use_branches_(model: nn.Module, skip: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Run the second stages of each fused group on parallel streams at the row classes measured faster.
-
-    In place: a :class:`~gac.kernels.fusion.FusedInputProjection` with two or more factorized
-    members gets a ``branch_table``; its members then take their finished outputs from the group.  Returns ``{"modules": switched, "of": groups, "shapes":
-    {key: {row class: true}}}``; a model not on CUDA switches nothing (``"reason"`` says why).
-    Groups whose qualified name ends with one of ``skip`` are left alone.
-    """
-    p = next(model.parameters(), None)
-    if p is None or p.device.type != "cuda":
-        return {"modules": 0, "of": 0, "reason": "not on CUDA"}
-    groups = [g for g in _groups(model) if not g[0].endswith(skip or ("\0",))]
-    table = decisions(sorted({g[2] for g in groups}, key=str), p.dtype, p.device)
-    n = _switch(groups, table)
-    used = {
-        key: {str(r): _how(v) for r, v in row.items() if v} for key, row in table.items() if any(row.values())
-    }
-    return {"modules": n, "of": len(groups), "shapes": used}
-
-
-def switch_recorded_(model: nn.Module, shapes: dict[str, dict[str, Any]]) -> int:
-    """Switch the groups a recorded :func:`use_branches_` result switched (its ``"shapes"``), measuring nothing."""
-    rows = {key: {int(r): _how(v) for r, v in row.items()} for key, row in (shapes or {}).items()}
-    return _switch(_groups(model), rows)
-
-
-def undo_branches_(model: nn.Module) -> int:
-    """Back to sequential second stages everywhere. Returns the groups changed."""
-    n = 0
-    for m in model.modules():
-        if getattr(m, "branch_table", None) is not None:
-            m.__dict__.pop("branch_table", None)
-            n += 1
-    return n

@@ -33,7 +33,7 @@ loads of the weight, not pipelined.  K, N and the row strides now arrive divided
 one row and 8-47% less at 16 rows (``18944 x 1512``: 41.2 → 21.7 µs), the other 31 within -2.3/+2.4%.  The
 ``SWAP`` configurations (see :data:`CONFIGS`) came with the same sweep.
 
-Dispatch (:func:`use_triton_gemv_`): for every linear layer of a model on CUDA (dense, each
+Dispatch (:func:`gac.runtime.gemv.use_triton_gemv_`): for every linear layer of a model on CUDA (dense, each
 factor of a factorized layer, each fused first stage) and each row class (``M = 1`` and
 ``2..16``), a few tile configurations and cuBLAS are timed alone, 64 calls to a CUDA graph over
 weights rotated past L2; the Triton GEMV is used only where its best configuration beat cuBLAS by
@@ -44,26 +44,14 @@ weights rotated past L2; the Triton GEMV is used only where its best configurati
 
 from __future__ import annotations
 
-import json
-import os
-import threading
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 from gac.alignment import vector_align
-
-try:  # Triton is optional: only the GPU path needs it (and the CPU interpreter in tests).
-    import triton
-    import triton.language as tl
-
-    HAVE_TRITON = True
-except ImportError:  # pragma: no cover - depends on the install
-    HAVE_TRITON = False
+from gac.hardware.dispatch_table import row_class
+from gac.hardware.timing import bench_graph, copies_past_l2, time_configs
+from gac.kernels.jit import HAVE_TRITON, tl, triton
 
 MAX_ROWS = 16
 #: row classes measured for dispatch: ``M = 1`` and ``2 <= M <= 16``.  At 64 and 128 rows the kernel
@@ -90,7 +78,6 @@ CONFIGS = {
 #: timed on other code and is measured again.  2: K, N and the row strides carry their alignment
 #: (:func:`vector_align`).
 REVISION = 2
-_LOCK = threading.Lock()
 
 if HAVE_TRITON:
 
@@ -105,11 +92,12 @@ if HAVE_TRITON:
         )
 
     @triton.jit
-    def _gemv_tile(
+    def gemv_tile(
         x_ptr, w_ptr, offs_m, offs_n, mask_m, mask_n, K, sxm, swn, k_lo, ks,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr,
     ):  # fmt: skip
-        # fp32 ``x[rows, k_lo : k_lo + ks] @ w[offs_n, same]ᵀ`` as a [BLOCK_M, BLOCK_N] tile (K masked)
+        # fp32 ``x[rows, k_lo : k_lo + ks] @ w[offs_n, same]ᵀ`` as a [BLOCK_M, BLOCK_N] tile (K masked); also
+        # the first stage of gac::lowrank_fused (constexpr arguments stay constants in the inlined call)
         acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)  # M = 1: reduced once, after the loop
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # SWAP: the weight tile as the left operand
@@ -176,7 +164,7 @@ if HAVE_TRITON:
         mask_n = offs_n < N
         mask_m = offs_m < M
         ks = tl.cdiv(tl.cdiv(K, SPLIT), BLOCK_K) * BLOCK_K  # each slice a whole number of tiles
-        acc = _gemv_tile(
+        acc = gemv_tile(
             x_ptr, w_ptr, offs_m, offs_n, mask_m, mask_n, K, sxm, swn, s * ks, ks, BLOCK_M, BLOCK_N, BLOCK_K, SWAP
         )  # fmt: skip
         if SPLIT == 1:
@@ -209,7 +197,7 @@ if HAVE_TRITON:
         mask_n = offs_n < N
         mask_m = offs_m < M
         ks = tl.cdiv(K, BLOCK_K) * BLOCK_K
-        acc = _gemv_tile(
+        acc = gemv_tile(
             x_ptr, w_ptr, offs_m, offs_n, mask_m, mask_n, K, sxm, K, 0, ks, BLOCK_M, BLOCK_N, BLOCK_K, SWAP
         )
         _gemv_epilogue(acc, b_ptr, y_ptr, offs_m, offs_n, mask_m, mask_n, N, HAS_BIAS)
@@ -238,17 +226,11 @@ if HAVE_TRITON:
                               B2, BLOCK_M, BLOCK_N, BLOCK_K, SWAP)  # fmt: skip
 
 
-def row_class(rows: int) -> int:
-    """The row class (a key of :data:`CONFIGS`) that serves ``rows`` token rows: 1 or 16."""
-    if not 0 < rows <= MAX_ROWS:
-        raise ValueError(f"gemv takes 1 to {MAX_ROWS} rows; got {rows}")
-    return next(c for c in ROW_CLASSES if c >= rows)
-
-
 _align = vector_align  # what _launch calls (benchmarks/tools/gpu_gemv_sweep.py --no-align-hint replaces it)
 
 
-def _split(cfg: tuple[int, ...] | list[int]) -> int:
+def split_of(cfg: tuple[int, ...] | list[int]) -> int:
+    """How many K slices a configuration cuts (its fifth entry), else 1."""
     return int(cfg[4]) if len(cfg) > 4 else 1
 
 
@@ -273,7 +255,7 @@ def _launch(
     counters: torch.Tensor | None = None,
 ) -> None:
     block_n, block_k, warps, stages = cfg[:4]
-    split = _split(cfg)
+    split = split_of(cfg)
     m, k = x.shape
     n = w.shape[0]
     blocks = -(-n // block_n)
@@ -314,8 +296,8 @@ def _launch(
 #: has enough blocks), plus 32-row tiles at 2-16 rows (192 programs for a Llama-3-8B q/k/v group's
 #: second factors, 4096 + 2 x 1024 rows).
 GROUP_CONFIGS = {
-    1: tuple(c for c in CONFIGS[1] if _split(c) == 1),
-    16: tuple(c for c in CONFIGS[16] if _split(c) == 1) + ((32, 128, 4, 4), (32, 128, 4, 4, 1, 1)),
+    1: tuple(c for c in CONFIGS[1] if split_of(c) == 1),
+    16: tuple(c for c in CONFIGS[16] if split_of(c) == 1) + ((32, 128, 4, 4), (32, 128, 4, 4, 1, 1)),
 }
 
 
@@ -336,7 +318,7 @@ def group_launch(
     if not 2 <= n_m <= 3 or not len(offs) == len(bs) == len(ys) == n_m:
         raise ValueError(f"group_launch takes 2 or 3 members; got {len(offs)} offsets, {n_m} weights")
     block_n, block_k, warps, stages = (int(c) for c in cfg[:4])
-    if _split(cfg) != 1:
+    if split_of(cfg) != 1:
         raise ValueError(f"group_launch has no split-K; got configuration {list(cfg)}")
     m = x.shape[0]
     ks, ns = [int(w.shape[1]) for w in ws], [int(w.shape[0]) for w in ws]
@@ -428,94 +410,20 @@ def gemv(
         raise ValueError(
             f"gemv takes 1 to {MAX_ROWS} rows of w's in_features; got x {tuple(x.shape)}, w {tuple(w.shape)}"
         )
-    cfg = tuple(cfg or next(c for c in CONFIGS[row_class(x2.shape[0])] if _split(c) == 1))
+    cfg = tuple(cfg or next(c for c in CONFIGS[row_class(x2.shape[0], CONFIGS)] if split_of(c) == 1))
     y = gemv_op(
         x2 if x2.stride(-1) == 1 else x2.contiguous(),
         w.contiguous(),
         b,
         counters,
         *cfg[:4],
-        _split(cfg),
+        split_of(cfg),
         swap_of(cfg),
     )
     return y.reshape(*lead, w.shape[0])
 
 
-def dispatch_linear(
-    x: torch.Tensor,
-    w: torch.Tensor,
-    b: torch.Tensor | None,
-    table: dict[int, Any] | None,
-    counters: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``F.linear``, or the Triton GEMV where ``table`` (row class -> config) says it was faster."""
-    if table:
-        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if 0 < rows <= MAX_ROWS:
-            cfg = table.get(row_class(rows))
-            if cfg is not None:
-                return gemv(x, w, b, tuple(cfg), counters)
-    return F.linear(x, w, b)
-
-
-class GemvLinear(nn.Linear):
-    """An ``nn.Linear`` whose decode-sized inputs take the Triton GEMV where it was measured faster.
-
-    Made in place from an ``nn.Linear`` by :func:`use_triton_gemv_` (the class is swapped; the
-    parameters are the same tensors), and back by :func:`undo_triton_gemv_`.
-    """
-
-    gemv_table: dict[int, Any]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return dispatch_linear(x, self.weight, self.bias, self.gemv_table, self._buffers.get("gemv_counters"))
-
-
 # ------------------------------------------------------------------------------ measuring
-
-
-def copies_past_l2(nbytes: int, total: int = 128 * 2**20, most: int = 64) -> int:
-    """How many copies of ``nbytes`` of weights to rotate through so a timed loop reads them from DRAM."""
-    return max(2, min(most, -(-total // max(nbytes, 1))))
-
-
-def graph_timings(
-    fn: Callable[[int], Any], reps: int = 64, samples: int = 15, wait: Callable[[str], None] | None = None
-) -> list[float]:
-    """Sorted µs per call of ``fn(i)``, ``i`` = 0..reps-1 captured in one CUDA graph, over ``samples`` replays.
-
-    Eager warm-up calls and one warm-up replay come first.  ``wait(what)`` waits for the GPU
-    (default: synchronize); a caller that must not block forever passes one with a deadline.
-    """
-
-    def sync(_: str) -> None:
-        torch.cuda.synchronize()
-
-    wait = wait or sync
-    for i in range(reps):
-        fn(i)
-    wait("warm-up calls")
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(reps):
-            fn(i)
-    g.replay()
-    wait("first graph replay")
-    ts = []
-    for _ in range(samples):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        wait("graph replay")
-        ts.append(a.elapsed_time(b) * 1e3 / reps)
-    return sorted(ts)
-
-
-def bench_graph(fn: Callable[[int], Any], reps: int = 64, samples: int = 15) -> float:
-    """Median µs per call of ``fn(i)`` captured ``reps`` times in a CUDA graph (:func:`graph_timings`)."""
-    ts = graph_timings(fn, reps, samples)
-    return ts[len(ts) // 2]
 
 
 def measure_shape(
@@ -542,202 +450,28 @@ def measure_shape(
     rec: dict[str, Any] = {"n": n, "k": k, "rows": rows, "bytes": w_bytes, "revision": REVISION}
     rec["cublas_us"] = bench_graph(lambda i: torch.mm(x, ws[i % copies].t(), out=y))
     ref = (x @ ws[0].t()).float()
-    best, tried = None, []
-    for cfg in configs or CONFIGS[row_class(rows)]:
-        tried.append([list(cfg), None])
-        try:
-            _launch(x, ws[0], None, y, cfg, counters)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            err = ((y.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-            if counters.any() or not err < 2e-2:
-                rec.setdefault("failed", []).append(
-                    f"{list(cfg)}: tickets {counters.count_nonzero().item()} left, rel err {err:.2e}"
-                )
-                counters.zero_()
-                continue
-            t = bench_graph(lambda i, cfg=cfg: _launch(x, ws[i % copies], None, y, cfg, counters))
-        except Exception as e:  # noqa: BLE001 - a configuration that does not compile/fit is skipped
-            rec.setdefault("failed", []).append(f"{list(cfg)}: {type(e).__name__}")
-            continue
-        if counters.any():
-            rec.setdefault("failed", []).append(f"{list(cfg)}: tickets not reset under graph replay")
+
+    def check(cfg: tuple[int, ...]) -> str | None:
+        _launch(x, ws[0], None, y, cfg, counters)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        err = ((y.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+        if counters.any() or not err < 2e-2:
+            left = counters.count_nonzero().item()
             counters.zero_()
-            continue
-        tried[-1][1] = t
-        if best is None or t < best[0]:
-            best = (t, cfg)
-    rec["tried"] = tried
+            return f"tickets {left} left, rel err {err:.2e}"
+        return None
+
+    def after() -> str | None:
+        if counters.any():
+            counters.zero_()
+            return "tickets not reset under graph replay"
+        return None
+
+    timed = lambda cfg: lambda i: _launch(x, ws[i % copies], None, y, cfg, counters)  # noqa: E731
+    best = time_configs(configs or CONFIGS[row_class(rows, CONFIGS)], check, timed, rec, after, bench_graph)
     if best is not None:
         rec["triton_us"], rec["config"] = best[0], list(best[1])
     rec["use"] = best is not None and best[0] < margin * rec["cublas_us"]
     ws.clear()
     return rec
-
-
-def tried_all(rec: dict[str, Any], configs: Any) -> bool:
-    """Whether a cached dispatch record tried every configuration of ``configs``.
-
-    A record lists what it ``tried`` as ``[config, µs | None]`` pairs (this module's records, and
-    :mod:`gac.kernels.lowrank_fused`'s since they time every configuration), or as bare configurations
-    (the fused kernel's older records).  A record without ``tried`` predates it: stale.
-
-    >>> tried_all({"tried": [[[4, 512, 4, 3], 6.9], [[8, 512, 4, 3], None]]}, [(8, 512, 4, 3)])
-    True
-    >>> tried_all({"tried": [[4, 1024, 4, 1024, 4, 1, 8]]}, [(4, 1024, 4, 1024, 4, 1, 8)])
-    True
-    >>> tried_all({"tried": [[4, 1024, 4, 1024, 4, 1, 8]]}, [(8, 1024, 8, 1024, 4, 1, 4)])
-    False
-    """
-    tried = {tuple(c[0] if len(c) == 2 and isinstance(c[0], list) else c) for c in rec.get("tried") or []}
-    return all(tuple(c) in tried for c in configs)
-
-
-def _tried_current(rec: dict[str, Any], rows: int) -> bool:
-    """Whether a cached measurement timed this :data:`REVISION` of the kernel in every configuration
-    :data:`CONFIGS` now lists for ``rows``."""
-    return rec.get("revision", 1) == REVISION and tried_all(rec, CONFIGS[row_class(rows)])
-
-
-def _cache_path(name: str = "gemv_dispatch.json") -> Path:
-    from gac.utils import cache_root
-
-    return cache_root() / name
-
-
-def _cache_key(device: torch.device, dtype: torch.dtype) -> str:
-    name = torch.cuda.get_device_name(device).replace(" ", "-")
-    return f"{name}|torch{torch.__version__}|triton{triton.__version__}|{str(dtype).removeprefix('torch.')}"
-
-
-def _load_cache(name: str = "gemv_dispatch.json") -> dict[str, Any]:
-    """A per-machine dispatch cache under ``$GAC_CACHE`` ({} when absent or unreadable)."""
-    p = _cache_path(name)
-    try:
-        return json.loads(p.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _save_cache(data: dict[str, Any], name: str = "gemv_dispatch.json") -> None:
-    p = _cache_path(name)
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        os.replace(tmp, p)
-    except OSError:  # a read-only cache costs a re-measure next time, nothing else
-        pass
-
-
-def cached_decisions(
-    name: str,
-    device: torch.device,
-    dtype: torch.dtype,
-    keys: list[str],
-    measure: Callable[[str, int], dict[str, Any]],
-    row_classes: tuple[int, ...],
-    what: str,
-    fresh: Callable[[dict[str, Any], int], bool] | None = None,
-) -> dict[str, dict[int, Any]]:
-    """Per key ``{rows: config | None}`` from the per-machine cache ``name`` (None = the existing path).
-
-    What the cache lacks is measured (``measure(key, rows)``, a record with ``use`` and ``config``)
-    under a progress bar, and saved after each measurement, so an interrupted run keeps what it
-    measured.  A cached record for which ``fresh(record, rows)`` is false (measured with another
-    set of configurations) is measured again.
-    """
-    with _LOCK:
-        data = _load_cache(name)
-        table = data.setdefault(_cache_key(device, dtype), {})
-        missing = [
-            (k, r)
-            for k in keys
-            for r in row_classes
-            if f"{k}@{r}" not in table or (fresh is not None and not fresh(table[f"{k}@{r}"], r))
-        ]
-        if missing:
-            from gac.utils import track
-
-            for k, r in track(missing, f"{what}: measuring {len(missing)} shape(s) once on this GPU"):
-                table[f"{k}@{r}"] = measure(k, r)
-                _save_cache(data, name)
-        out: dict[str, dict[int, Any]] = {}
-        for k in keys:
-            out[k] = {r: (table[f"{k}@{r}"]["config"] if table[f"{k}@{r}"].get("use") else None)
-                      for r in row_classes}  # fmt: skip
-        return out
-
-
-def decisions(
-    shapes: list[tuple[int, int]], dtype: torch.dtype, device: torch.device
-) -> dict[tuple[int, int], dict[int, Any]]:
-    """Per ``(n, k)``: ``{row class: config | None}`` (None = cuBLAS), measured once per machine."""
-    keys = {f"{n}x{k}": (n, k) for n, k in shapes}
-    got = cached_decisions(
-        "gemv_dispatch.json", device, dtype, list(keys),
-        lambda key, rows: measure_shape(*keys[key], rows, dtype, device), ROW_CLASSES, "Triton GEMV dispatch",
-        _tried_current,
-    )  # fmt: skip
-    return {keys[k]: row for k, row in got.items()}
-
-
-def measured(dtype: torch.dtype, device: torch.device, name: str = "gemv_dispatch.json") -> dict[str, Any]:
-    """The cached measurements of this GPU in the dispatch cache ``name`` (for reports)."""
-    return dict(_load_cache(name).get(_cache_key(device, dtype), {}))
-
-
-def use_triton_gemv_(model: nn.Module, skip: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Route every decode-sized GEMV of ``model`` that the Triton kernel runs faster to it, in place.
-
-    Every ``nn.Linear`` (dense, or a factor of a factorized layer) and every fused first stage
-    (:class:`~gac.kernels.fusion.FusedInputProjection`) is looked up in the dispatch table of its
-    ``(out, in)`` shape (measured on first use, :func:`decisions`); where neither row class wins,
-    the module is left as it is.  Modules whose qualified name ends with one of ``skip`` are left
-    alone.  Returns ``{"modules": switched, "of": linear layers seen, "shapes": {..}}``; a model
-    not on CUDA, or no Triton, switches nothing (``"reason"`` says why).
-    """
-    from gac.kernels.fusion import FusedInputProjection
-
-    p = next(model.parameters(), None)
-    if p is None or p.device.type != "cuda":
-        return {"modules": 0, "of": 0, "reason": "not on CUDA"}
-    if not HAVE_TRITON:
-        return {"modules": 0, "of": 0, "reason": "Triton is not installed"}
-    mods = [
-        (name, m)
-        for name, m in model.named_modules()
-        if isinstance(m, (nn.Linear, FusedInputProjection)) and not name.endswith(skip or ("\0",))
-    ]
-    shapes = sorted({tuple(m.weight.shape) for _, m in mods})
-    table = decisions(shapes, p.dtype, p.device)
-    n = 0
-    for _, m in mods:
-        row = table[tuple(m.weight.shape)]
-        if not any(v is not None for v in row.values()):
-            continue
-        m.gemv_table = row
-        split = any(v is not None and _split(v) > 1 for v in row.values())
-        m._buffers.pop("gemv_counters", None)
-        if split:  # split-K tickets: a non-persistent buffer (moves with the module, not in its state_dict)
-            m.register_buffer("gemv_counters", new_counters(m.weight.shape[0], p.device), persistent=False)
-        if type(m) is nn.Linear:
-            m.__class__ = GemvLinear
-        n += 1
-    used = {
-        f"{a}x{b}": {str(r): c for r, c in row.items()} for (a, b), row in table.items() if any(row.values())
-    }
-    return {"modules": n, "of": len(mods), "shapes": used}
-
-
-def undo_triton_gemv_(model: nn.Module) -> int:
-    """Back to cuBLAS everywhere. Returns the modules changed."""
-    n = 0
-    for m in model.modules():
-        if getattr(m, "gemv_table", None) is not None:
-            m.gemv_table = None
-            m._buffers.pop("gemv_counters", None)
-            if type(m) is GemvLinear:
-                m.__class__ = nn.Linear
-            n += 1
-    return n

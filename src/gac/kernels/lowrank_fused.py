@@ -17,7 +17,7 @@ set ``counters[2]`` (:func:`barrier_timeouts`) and the launch completes with a w
 of hanging the GPU.
 
 A *segmented* second stage serves the horizontally fused groups of
-:mod:`gac.kernels.fusion` (q/k/v, gate/up): the first stage is the group's concatenated weight, and
+:mod:`gac.nn.fused` (q/k/v, gate/up): the first stage is the group's concatenated weight, and
 the second computes up to three outputs, ``y_i = t[:, off_i : off_i + r_i] U_iᵀ (+ b_i)`` for a
 factorized member and a copy of its slice of ``t`` for a dense one, into one ``[M, Σ out_i]``
 tensor (the members take column slices of it).
@@ -26,8 +26,8 @@ tensor (the members take column slices of it).
 stage only; ``2``: the second only.  Triton's CPU interpreter runs programs one after another, so a
 barrier would deadlock there: on CPU tensors the op runs phase 1 then phase 2 as two launches.
 
-Dispatch (:func:`use_fused_lowrank_`, on by default in the inference sweep and ``gac generate``) is
-measured per site shape like :mod:`gac.kernels.gemv`: the existing path (cuBLAS) and a few
+Dispatch (:func:`gac.runtime.lowrank_fused.use_fused_lowrank_`, on by default in the inference sweep
+and ``gac generate``) is measured per site shape like :mod:`gac.kernels.gemv`'s: the existing path (cuBLAS) and a few
 configurations of the fused kernel in a CUDA graph of 64 calls over weights rotated past L2, cached in
 ``$GAC_CACHE/lowrank_fused_dispatch.json``; the kernel is used only where it beat the existing path
 by ``margin``.  Only the one-row class is measured by default (:data:`ROW_CLASSES`); inputs of more
@@ -36,28 +36,21 @@ rows keep the existing path.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
 import torch
-from torch import nn
 
-from gac.kernels import gemv as _gemv
-from gac.kernels.fusion import FusedInputProjection, aligned_split
-from gac.nn import FactorizedLinear
-
-try:  # Triton is optional: only the GPU path needs it (and the CPU interpreter in tests).
-    import triton
-    import triton.language as tl
-
-    HAVE_TRITON = True
-except ImportError:  # pragma: no cover - depends on the install
-    HAVE_TRITON = False
+from gac.hardware.dispatch_table import row_class
+from gac.hardware.timing import bench_graph, copies_past_l2, time_configs
+from gac.kernels.jit import HAVE_TRITON, tl, triton
 
 MAX_ROWS = 64
 #: row classes measured for dispatch: one token row only.  The kernel runs 2..64 rows
 #: (``CONFIGS[16]``, ``CONFIGS[64]``, tested) but lost to the existing path there on the H200 (see
-#: :data:`CONFIGS`); ``decisions(..., row_classes=(1, 16, 64))`` measures them.
+#: :data:`CONFIGS`); ``gac.runtime.lowrank_fused.LOWRANK_FUSED.decisions(..., row_classes=(1, 16, 64))``
+#: measures them.
 ROW_CLASSES = (1,)
 MAX_SEGMENTS = 3
 #: barrier reads before a program gives up (normal waits are a few hundred; ~0.1-1 s in all)
@@ -101,6 +94,7 @@ CONFIGS = {
 _PROGRAMS: dict[tuple, int] = {}  # (device, specialisation) -> programs that are co-resident
 
 if HAVE_TRITON:
+    from gac.kernels.gemv import gemv_tile  # the GEMV's tile loop (a JIT function, defined with Triton only)
 
     @triton.jit
     def _stage1_block(
@@ -127,28 +121,10 @@ if HAVE_TRITON:
         offs_m = tl.arange(0, BLOCK_M)
         mask_r = offs_r < RT
         mask_m = offs_m < M
-        # M = 1: an elementwise fp32 accumulator, reduced once after the loop (no shuffles per step)
-        acc2 = tl.zeros((BLOCK_R, BLOCK_K), dtype=tl.float32)
-        acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-        for k0 in range(0, KS, BLOCK_K):
-            offs_k = s * KS + k0 + tl.arange(0, BLOCK_K)
-            mask_k = offs_k < K
-            w = tl.load(
-                v_ptr + offs_r[:, None] * K + offs_k[None, :],
-                mask=mask_r[:, None] & mask_k[None, :],
-                other=0.0,
-            )
-            x = tl.load(
-                x_ptr + offs_m[:, None] * sxm + offs_k[None, :],
-                mask=mask_m[:, None] & mask_k[None, :],
-                other=0.0,
-            )
-            if BLOCK_M == 1:
-                acc2 += x.to(tl.float32) * w.to(tl.float32)
-            else:
-                acc += tl.dot(x, tl.trans(w))
-        if BLOCK_M == 1:
-            acc = tl.sum(acc2, axis=1)[None, :]
+        # x[:, slice] @ V[block, slice]ᵀ: the GEMV's tile (M = 1: an elementwise fp32 accumulator, reduced once)
+        acc = gemv_tile(
+            x_ptr, v_ptr, offs_m, offs_r, mask_m, mask_r, K, sxm, K, s * KS, KS, BLOCK_M, BLOCK_R, BLOCK_K, False
+        )  # fmt: skip
         if HAS_BIAS:  # once: in slice 0's partial sums
             bias = tl.load(b_ptr + offs_r, mask=mask_r, other=0.0).to(tl.float32)
             acc += tl.where(s == 0, bias, 0.0)[None, :]
@@ -332,13 +308,6 @@ if HAVE_TRITON:
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def row_class(rows: int) -> int:
-    """The row class (a key of :data:`CONFIGS`) whose tiles serve an input of ``rows`` token rows."""
-    if not 0 < rows <= MAX_ROWS:
-        raise ValueError(f"lowrank_fused takes 1 to {MAX_ROWS} rows; got {rows}")
-    return next(c for c in sorted(CONFIGS) if c >= rows)
 
 
 def block_m(rows: int) -> int:
@@ -578,7 +547,7 @@ def lowrank_fused(
     x2 = x.reshape(-1, k)
     if x2.shape[0] > MAX_ROWS or x2.shape[0] == 0:
         raise ValueError(f"lowrank_fused takes 1 to {MAX_ROWS} rows; got x {tuple(x.shape)}")
-    cfg = list(cfg or CONFIGS[row_class(x2.shape[0])][0])
+    cfg = list(cfg or CONFIGS[row_class(x2.shape[0], CONFIGS)][0])
     n = len(splits)
     pad = [None] * (MAX_SEGMENTS - n)
     u0, u1, u2 = [u.contiguous() if u is not None else None for u in us] + pad
@@ -604,65 +573,6 @@ def lowrank_fused(
 def new_counters(device: torch.device | str | None = None) -> torch.Tensor:
     """Zeroed barrier counters: ``[arrive, depart, timed out, unused]``."""
     return torch.zeros(4, dtype=torch.int32, device=device)
-
-
-def _config(x: torch.Tensor, table: dict[int, Any] | None) -> list[int] | None:
-    """The kernel configuration for ``x``'s row class, or None (the existing path)."""
-    if not table:
-        return None
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if not 0 < rows <= MAX_ROWS:
-        return None
-    return table.get(row_class(rows))
-
-
-# ------------------------------------------------------------------------------ modules
-
-
-class FusedLowRankLinear(FactorizedLinear):
-    """A :class:`FactorizedLinear` whose decode-sized inputs run both factors in one launch.
-
-    Made in place by :func:`use_fused_lowrank_` (class swap plus a non-persistent counter buffer;
-    the parameters are the same tensors) and undone by :func:`undo_fused_lowrank_`.
-    """
-
-    lowrank_table: dict[int, Any] | None = None
-    lowrank_counters: torch.Tensor
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        cfg = _config(x, self.lowrank_table)
-        if cfg is None:
-            return super().forward(x)
-        return lowrank_fused(
-            x, self.v.weight, None, [self.u.weight], [self.u.bias], [self.rank], [self.out_features],
-            self.lowrank_counters, cfg,
-        )  # fmt: skip
-
-
-class FusedLowRankGroup(FusedInputProjection):
-    """A fused first stage whose decode-sized inputs compute every member's final output in one launch.
-
-    ``seconds[i]`` is member ``i``'s ``u`` (None for a dense member); the members skip their ``u``
-    where the group has applied it (:meth:`applies_seconds`).
-    """
-
-    lowrank_table: dict[int, Any] | None = None
-    lowrank_counters: torch.Tensor
-
-    def applies_seconds(self, x: torch.Tensor) -> bool:
-        return _config(x, self.lowrank_table) is not None or super().applies_seconds(x)
-
-    def _products(self, x: torch.Tensor) -> list[torch.Tensor | None]:
-        cfg = _config(x, self.lowrank_table)
-        if cfg is None:
-            return super()._products(x)
-        us = self.seconds
-        outs = [int(u.out_features) if u is not None else s for u, s in zip(us, self.splits, strict=True)]
-        y = lowrank_fused(
-            x, self.weight, self.bias, [u.weight if u is not None else None for u in us],
-            [u.bias if u is not None else None for u in us], self.splits, outs, self.lowrank_counters, cfg,
-        )  # fmt: skip
-        return aligned_split(y, outs)
 
 
 # ------------------------------------------------------------------------------ measuring
@@ -704,7 +614,7 @@ def site_setup(
     nbytes = esize * (
         k * sum(splits) + sum(r * n for r, n in zip(splits, outs, strict=True) if n is not None)
     )
-    copies = _gemv.copies_past_l2(nbytes, l2_bytes)
+    copies = copies_past_l2(nbytes, l2_bytes)
     ws = [_weights(k, splits, outs, dtype, device) for _ in range(copies)]
     x = torch.randn(rows, k, device=device, dtype=dtype)
     t = torch.empty(rows, sum(splits), device=device, dtype=dtype)
@@ -747,169 +657,38 @@ def measure_site(
     """
     su = site_setup(k, splits, outs, rows, dtype, device)
     ws, copies, x, real, ref = su.ws, su.copies, su.x, su.real, su.ref
-    configs = configs or CONFIGS[row_class(rows)]
+    configs = configs or CONFIGS[row_class(rows, CONFIGS)]
     rec: dict[str, Any] = {"site": site_key(k, splits, outs), "rows": rows, "bytes": su.nbytes}
-    tried: list[list[Any]] = []  # [config, µs | None (failed)]
-    rec["existing_us"] = _gemv.bench_graph(su.existing)
+    rec["existing_us"] = bench_graph(su.existing)
     v0, us0 = ws[0]
     y = torch.empty(rows, sum(real), device=device, dtype=dtype)
     counters = new_counters(device)
     nones = [None] * len(splits)
-    best = None
-    for cfg in configs:
-        tried.append([list(cfg), None])
-        try:
-            _launch(x, v0, None, us0, nones, splits, real, y, counters, cfg)
-            torch.cuda.synchronize(device)
-            c = counters.tolist()
-            err = ((y.double() - ref).norm() / ref.norm()).item()
-            if c[:3] != [0, 0, 0] or not err < 2e-2:
-                counters.zero_()
-                rec.setdefault("failed", []).append(f"{list(cfg)}: counters {c}, rel err {err:.2e}")
-                continue
-            us_ = _bench_graph_fused(ws, copies, x, splits, real, y, counters, cfg)
-        except Exception as e:  # noqa: BLE001 - a configuration that does not compile/fit is skipped
-            rec.setdefault("failed", []).append(f"{list(cfg)}: {type(e).__name__}: {str(e)[:120]}")
-            continue
+
+    def check(cfg: tuple[int, ...]) -> str | None:
+        _launch(x, v0, None, us0, nones, splits, real, y, counters, cfg)
+        torch.cuda.synchronize(device)
+        c = counters.tolist()
+        err = ((y.double() - ref).norm() / ref.norm()).item()
+        if c[:3] != [0, 0, 0] or not err < 2e-2:
+            counters.zero_()
+            return f"counters {c}, rel err {err:.2e}"
+        return None
+
+    def after() -> str | None:
         if counters.tolist()[:3] != [0, 0, 0]:
             counters.zero_()
-            rec.setdefault("failed", []).append(f"{list(cfg)}: counters not reset under graph replay")
-            continue
-        tried[-1][1] = us_
-        if best is None or us_ < best[0]:
-            best = (us_, cfg)
-    rec["tried"] = tried
+            return "counters not reset under graph replay"
+        return None
+
+    def timed(cfg: tuple[int, ...]) -> Callable[[int], Any]:
+        return lambda i: _launch(
+            x, ws[i % copies][0], None, ws[i % copies][1], nones, splits, real, y, counters, cfg
+        )
+
+    best = time_configs(configs, check, timed, rec, after, bench_graph)
     if best is not None:
         rec["fused_us"], rec["config"] = best[0], list(best[1])
     rec["use"] = best is not None and best[0] < margin * rec["existing_us"]
     ws.clear()
     return rec
-
-
-def _bench_graph_fused(ws, copies, x, splits, outs, y, counters, cfg) -> float:  # noqa: ANN001
-    nones = [None] * len(splits)
-    return _gemv.bench_graph(
-        lambda i: _launch(
-            x, ws[i % copies][0], None, ws[i % copies][1], nones, splits, outs, y, counters, cfg
-        )
-    )
-
-
-CACHE = "lowrank_fused_dispatch.json"
-
-
-def decisions(
-    sites: list[tuple[int, tuple[int, ...], tuple[int | None, ...]]],
-    dtype: torch.dtype,
-    device: torch.device,
-    row_classes: tuple[int, ...] = ROW_CLASSES,
-) -> dict[str, dict[int, Any]]:
-    """Per site key: ``{rows: config | None}`` (None = the existing path), measured once per machine."""
-    keys = {site_key(k, list(splits), list(outs)): (k, list(splits), list(outs)) for k, splits, outs in sites}
-    return _gemv.cached_decisions(
-        CACHE, device, dtype, list(keys),
-        lambda key, rows: measure_site(*keys[key], rows, dtype, device), row_classes, "fused low-rank dispatch",
-        _tried_current,
-    )  # fmt: skip
-
-
-def _tried_current(rec: dict[str, Any], rows: int) -> bool:
-    """Whether a cached measurement tried every configuration :data:`CONFIGS` now lists for ``rows``."""
-    return _gemv.tried_all(rec, CONFIGS[row_class(rows)])
-
-
-def measured(dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
-    """The cached measurements of this GPU (for reports)."""
-    return _gemv.measured(dtype, device, CACHE)
-
-
-# ------------------------------------------------------------------------------ switching
-
-
-def decode_sites(model: nn.Module):  # noqa: ANN202
-    """``(name, module, (k, splits, outs))`` for every factorized layer and fused group with a factorized member."""
-    found = []
-    for name, m in model.named_modules():
-        if isinstance(m, FactorizedLinear):
-            found.append((name, m, (m.in_features, (m.rank,), (m.out_features,))))
-        elif isinstance(m, FusedInputProjection):
-            if len(m.splits) > MAX_SEGMENTS or all(u is None for u in m.seconds):
-                continue  # too many members for the kernel, or all dense: one GEMV already
-            outs = tuple(int(u.out_features) if u is not None else None for u in m.seconds)
-            found.append((name, m, (m.in_features, tuple(m.splits), outs)))
-    return found
-
-
-def use_fused_lowrank_(model: nn.Module, skip: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Run each factorized layer (and each fused group with a factorized member) in one launch at decode.
-
-    In place: a :class:`FactorizedLinear` (``o_proj``, ``down_proj``) becomes a
-    :class:`FusedLowRankLinear`; a :class:`FusedInputProjection` with its members (q/k/v, gate/up)
-    becomes a :class:`FusedLowRankGroup`.  Only the sites
-    whose shape was measured faster with the kernel (:func:`decisions`, cached per machine) are
-    switched, and only inputs of at most MAX_ROWS token rows (of a row class the site was measured faster at) take the kernel.  Modules whose qualified
-    name ends with one of ``skip`` are left alone.  Returns ``{"modules": switched, "of": sites,
-    "shapes": {..}}``; on a model not on CUDA, or without Triton, nothing is switched and
-    ``"reason"`` says why.
-    """
-    p = next(model.parameters(), None)
-    if p is None or p.device.type != "cuda":
-        return {"modules": 0, "of": 0, "reason": "not on CUDA"}
-    if not HAVE_TRITON:
-        return {"modules": 0, "of": 0, "reason": "Triton is not installed"}
-    sites = [s for s in decode_sites(model) if not s[0].endswith(skip or ("\0",))]
-    table = decisions(sorted({s[2] for s in sites}, key=str), p.dtype, p.device)
-    n = _switch_sites(sites, table)
-    used = {key: {str(r): c for r, c in row.items()} for key, row in table.items() if any(row.values())}
-    return {"modules": n, "of": len(sites), "shapes": used}
-
-
-def _switch_sites(sites: list, rows_of: dict[str, dict[int, Any]]) -> int:
-    n = 0
-    for _, m, (k, splits, outs) in sites:
-        row = rows_of.get(site_key(k, list(splits), list(outs))) or {}
-        if any(v is not None for v in row.values()):
-            switch_(m, row)
-            n += 1
-    return n
-
-
-def switch_recorded_(model: nn.Module, shapes: dict[str, dict[str, Any]]) -> int:
-    """Switch the sites a recorded :func:`use_fused_lowrank_` result switched (its ``"shapes"``).
-
-    For models rebuilt from a record, e.g. the meta-device skeletons the latency model prices
-    (:func:`gac.hardware.latency.cell_skeleton`): nothing is measured.  Returns the modules switched.
-    """
-    rows = {key: {int(r): c for r, c in row.items()} for key, row in (shapes or {}).items()}
-    return _switch_sites(decode_sites(model), rows)
-
-
-def switch_(m: nn.Module, table: dict[int, Any]) -> nn.Module:
-    """Switch one factorized layer, or one fused group, to the kernel for ``table``."""
-    dev = m.weight.device if isinstance(m, FusedInputProjection) else m.v.weight.device
-    if "lowrank_counters" not in m._buffers:
-        m.register_buffer("lowrank_counters", new_counters(dev), persistent=False)
-    m.lowrank_table = {int(r): (list(c) if c is not None else None) for r, c in table.items()}
-    m.__class__ = FusedLowRankGroup if isinstance(m, FusedInputProjection) else FusedLowRankLinear
-    return m
-
-
-def undo_fused_lowrank_(model: nn.Module) -> int:
-    """Back to the existing path everywhere. Returns the modules changed."""
-    n = 0
-    for m in model.modules():
-        if isinstance(m, (FusedLowRankLinear, FusedLowRankGroup)):
-            m.__class__ = FactorizedLinear if isinstance(m, FusedLowRankLinear) else FusedInputProjection
-            del m._buffers["lowrank_counters"]
-            m.__dict__.pop("lowrank_table", None)
-            n += 1
-    return n
-
-
-def barrier_timeouts(model: nn.Module) -> list[str]:
-    """Names of the switched modules whose barrier ever gave up (their results are wrong). Syncs the GPU."""
-    return [
-        name
-        for name, m in model.named_modules()
-        if "lowrank_counters" in getattr(m, "_buffers", {}) and int(m.lowrank_counters[2]) != 0
-    ]

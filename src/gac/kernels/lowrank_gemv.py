@@ -7,31 +7,30 @@ into an fp32 output.  Every byte of ``V`` and ``U`` is read exactly once and the
 intermediate never leaves the chip.  The caller zeroes the fp32 output first and casts it
 back (two tiny launches); under CUDA graphs all three replay back to back.
 
-:class:`TritonLowRankLinear` wraps a :class:`~gac.nn.FactorizedLinear`:
-inputs with at most ``max_rows`` token rows (decode) take the kernel, longer ones (prefill)
-take the two cuBLAS GEMMs.  ``Uᵀ`` is stored contiguous (``[rank, out]``) so the kernel's
-loads are coalesced.
+:class:`gac.runtime.lowrank_gemv.TritonLowRankLinear` wraps a :class:`~gac.nn.FactorizedLinear`
+(``gac.llm_run --triton``): inputs with at most ``max_rows`` token rows (decode) take the kernel,
+longer ones (prefill) take the two cuBLAS GEMMs.  ``Uᵀ`` is stored contiguous (``[rank, out]``) so
+the kernel's loads are coalesced.  The one-launch kernel of :mod:`gac.kernels.lowrank_fused`
+replaced it on the default path.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 from gac.errors import GacError
-from gac.nn import FactorizedLinear, replace_module
-
-try:  # Triton is optional: only the GPU path needs it.
-    import triton
-    import triton.language as tl
-
-    HAVE_TRITON = True
-except ImportError:  # pragma: no cover - depends on the install
-    HAVE_TRITON = False
-
+from gac.kernels.jit import HAVE_TRITON, tl, triton
 
 if HAVE_TRITON:
+
+    @triton.jit
+    def _tile(ptr, offs_a, offs_b, sa, sb, mask_a, mask_b):
+        """The ``[len(offs_a), len(offs_b)]`` tile at ``ptr + a * sa + b * sb`` (zero outside the masks)."""
+        return tl.load(
+            ptr + offs_a[:, None] * sa + offs_b[None, :] * sb,
+            mask=mask_a[:, None] & mask_b[None, :],
+            other=0.0,
+        )
 
     @triton.jit
     def _lowrank_kernel(
@@ -66,26 +65,14 @@ if HAVE_TRITON:
         for k0 in range(0, K, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             mask_k = offs_k < K
-            xb = tl.load(
-                x_ptr + offs_m[:, None] * sxm + offs_k[None, :] * sxk,
-                mask=mask_m[:, None] & mask_k[None, :],
-                other=0.0,
-            )
-            vb = tl.load(
-                v_ptr + offs_r[None, :] * svr + offs_k[:, None] * svk,
-                mask=mask_r[None, :] & mask_k[:, None],
-                other=0.0,
-            )
+            xb = _tile(x_ptr, offs_m, offs_k, sxm, sxk, mask_m, mask_k)
+            vb = _tile(v_ptr, offs_k, offs_r, svk, svr, mask_k, mask_r)  # [BLOCK_K, BLOCK_R]: V transposed
             t += tl.dot(xb, vb)
         t_lp = t.to(ut_ptr.dtype.element_ty)
         for n0 in range(0, N, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             mask_n = offs_n < N
-            ub = tl.load(
-                ut_ptr + offs_r[:, None] * sur + offs_n[None, :] * sun,
-                mask=mask_r[:, None] & mask_n[None, :],
-                other=0.0,
-            )
+            ub = _tile(ut_ptr, offs_r, offs_n, sur, sun, mask_r, mask_n)
             yb = tl.dot(t_lp, ub)
             tl.atomic_add(
                 y_ptr + offs_m[:, None] * sym + offs_n[None, :] * syn,
@@ -148,54 +135,3 @@ def lowrank_matmul(
         BLOCK_N=block_n,
     )
     return y.to(x.dtype)
-
-
-class TritonLowRankLinear(nn.Module):
-    """A :class:`FactorizedLinear` whose short inputs (decode) run the fused kernel.
-
-    Args:
-        src: the factorized layer to take the factors from (they are copied, ``U`` transposed).
-        max_rows: inputs with at most this many token rows use the kernel.
-    """
-
-    def __init__(self, src: FactorizedLinear, max_rows: int = 64) -> None:
-        super().__init__()
-        self.in_features = src.in_features
-        self.out_features = src.out_features
-        self.max_rows = max_rows
-        self.v_weight = nn.Parameter(src.v.weight.detach().contiguous(), requires_grad=False)
-        self.ut_weight = nn.Parameter(src.u.weight.detach().t().contiguous(), requires_grad=False)
-        self.bias = (
-            nn.Parameter(src.u.bias.detach().clone(), requires_grad=False) if src.u.bias is not None else None
-        )
-
-    @property
-    def rank(self) -> int:
-        return int(self.v_weight.shape[0])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, x.shape[-1])
-        if x2.is_cuda and HAVE_TRITON and x2.shape[0] <= self.max_rows:
-            y = lowrank_matmul(x2.contiguous(), self.v_weight, self.ut_weight)
-        else:
-            y = F.linear(x2, self.v_weight) @ self.ut_weight
-        if self.bias is not None:
-            y = y + self.bias
-        return y.reshape(*lead, self.out_features)
-
-    def to_factorized(self) -> FactorizedLinear:
-        """The way back."""
-        return FactorizedLinear.from_factors(self.ut_weight.detach().t(), self.v_weight.detach(), self.bias)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, rank={self.rank}, out_features={self.out_features}, max_rows={self.max_rows}"
-
-
-def use_triton_lowrank_(model: nn.Module, max_rows: int = 64) -> int:
-    """Swap every ``FactorizedLinear`` in ``model`` for a :class:`TritonLowRankLinear`. Returns the count."""
-
-    names = [n for n, m in model.named_modules() if isinstance(m, FactorizedLinear)]
-    for n in names:
-        replace_module(model, n, TritonLowRankLinear(model.get_submodule(n), max_rows=max_rows))
-    return len(names)

@@ -45,7 +45,7 @@ def _infer(model: Any, e: dict[str, Any], label: str) -> dict[str, Any]:
     fast = FastPath(**{k: e[k] for k in fastpath.plan_keys() if k in e})
     fused = []
     if fast.fuse:
-        from gac.kernels.fusion import fuse_projections_
+        from gac.nn.fused import fuse_projections_
 
         fused = fuse_projections_(model)
 

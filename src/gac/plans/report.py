@@ -114,11 +114,12 @@ def infer_predictions(cells: list[tuple[Any, dict[str, Any] | None]]) -> dict[st
     """Per model: the latency model's predicted speedup beside the measured one at every grid point.
 
     Each cell with an ``infer`` eval is compared with its model's ``base`` cell by
-    :func:`gac.hardware.latency.compare_cells` (the cell's structure rebuilt on the meta device
+    :func:`gac.runtime.cells.compare_cells` (the cell's structure rebuilt on the meta device
     from its model spec and kept dims). Returns ``{model: {cell id: {"profile", "rows", "worst"}
     or {"error"}}}``.
     """
-    from gac.hardware.latency import compare_cells, infer_of
+    from gac.hardware.latency import infer_of
+    from gac.runtime.cells import compare_cells
 
     out: dict[str, dict[str, Any]] = {}
     by_model: dict[str, list[tuple[Any, dict[str, Any]]]] = {}

@@ -271,10 +271,10 @@ def _sweep_variants(
 
 def _transform(model: Any, fuse: bool, triton: bool) -> None:
     if triton:
-        from gac.kernels.lowrank_gemv import use_triton_lowrank_
+        from gac.runtime.lowrank_gemv import use_triton_lowrank_
 
         use_triton_lowrank_(model)
     if fuse:
-        from gac.kernels.fusion import fuse_projections_
+        from gac.nn.fused import fuse_projections_
 
         fuse_projections_(model)

@@ -1,4 +1,6 @@
-"""The fast path's runtime: the switches users flip (:class:`FastPath`), declared once."""
+"""The fast path's runtime: the switches users flip (:class:`FastPath`), declared once, and the dispatches
+that put the measured kernels into a model (:mod:`gac.runtime.dispatch`, one subclass per kernel:
+:mod:`gac.runtime.gemv`, :mod:`gac.runtime.lowrank_fused`, :mod:`gac.runtime.branches`)."""
 
 from gac.runtime.fastpath import FastPath
 

@@ -14,18 +14,19 @@ GEMV, so launches and tails dominate.  :func:`fuse_projections_` replaces such a
 The transform is exact up to floating-point summation order (the same dot products, one
 launch), keeps device and dtype, and has a way back (:func:`unfuse_projections_`).
 The attention and MLP code of the model is untouched: it still calls ``self.q_proj(x)``.
+
+These are module types, low in the house: the fused group computes its first stage with
+``F.linear``.  The fast path's dispatches (:mod:`gac.runtime`) swap a group for
+:class:`gac.runtime.modules.DispatchedGroup`, which runs the measured kernels where they were faster.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from gac.kernels import branches
-from gac.kernels.gemv import dispatch_linear
-from gac.nn import FactorizedLinear
+from gac.nn.factorized import FactorizedLinear
 
 DEFAULT_GROUPS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
@@ -41,11 +42,6 @@ class FusedInputProjection(nn.Module):
     between forward passes.
     """
 
-    #: set by :func:`gac.kernels.gemv.use_triton_gemv_` where the Triton GEMV was measured faster
-    gemv_table: dict[int, Any] | None = None
-    #: set by :func:`gac.kernels.branches.use_branches_`: row class -> how the members' second stages
-    #: run in the group there (True: parallel streams; a configuration: one grouped Triton launch)
-    branch_table: dict[int, Any] | None = None
     #: each member's ``u`` (None for a dense member): a plain list, the modules are registered by
     #: the members' :class:`FusedSlice`
     seconds: list[nn.Module | None]
@@ -109,18 +105,13 @@ class FusedInputProjection(nn.Module):
         return out
 
     def applies_seconds(self, x: torch.Tensor) -> bool:
-        """Whether the group hands out finished outputs for ``x`` (its members' ``u`` applied)."""
-        return branches.applies(self.branch_table, x)
+        """Whether the group hands out finished outputs for ``x`` (its members' ``u`` applied): never
+        here; a dispatched group (:class:`gac.runtime.modules.DispatchedGroup`) does where measured faster."""
+        return False
 
     def _products(self, x: torch.Tensor) -> list[torch.Tensor | None]:
         """Every member's slice of ``x @ W_catᵀ (+ b)``, or its output where :meth:`applies_seconds`."""
-        y = dispatch_linear(x, self.weight, self.bias, self.gemv_table, self._buffers.get("gemv_counters"))
-        how = branches.decision(self.branch_table, x)
-        if how is None:
-            return aligned_split(y, self.splits)
-        # the factorized members' columns go to the branches whole (``y``): only the dense ones are sliced
-        parts = aligned_split(y, self.splits, keep=[u is None for u in self.seconds])
-        return branches.apply_seconds(y, self.splits, parts, self.seconds, how)
+        return aligned_split(F.linear(x, self.weight, self.bias), self.splits)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, splits={self.splits}, kinds={self.kinds}"
