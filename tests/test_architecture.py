@@ -24,36 +24,31 @@ NN_MAY_IMPORT = ("gac.nn", "gac.errors", "gac.compat")
 NN_KERNEL_EDGE = ("gac.nn.latent", "gac.kernels.latent_attention")
 
 #: The floors of docs/architecture.md, lowest first: a module may import its own floor and those below.
+#: A module takes the floor of the longest name here that it is or sits under: ``gac.hardware`` is the
+#: measurement floor, but the latency model, ``gac profile``'s measurement and its refinement price a
+#: model's layers with the kernels that run them, and the loader reads saved and repaired directories.
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("gac.errors", "gac.compat", "gac.guard", "gac.utils", "gac.alignment", "gac.sites", "gac.data"),
     ("gac.nn", "gac.testing"),
     ("gac.hardware",),
-    ("gac.models", "gac.io", "gac.hf_auto"),
+    ("gac.models", "gac.io", "gac.hf_config", "gac.hf_auto"),
     ("gac.kernels",),
-    ("gac.surgery",),
+    ("gac.surgery", "gac.models.loading"),
+    ("gac.hardware.latency", "gac.hardware.profiler", "gac.hardware.refine"),
     ("gac.compressors", "gac.allocation"),
     ("gac.runtime",),
     ("gac.eval",),
     ("gac.api", "gac.recovery"),
-    ("gac.experiments", "gac.executors", "gac.plan_report", "gac.llm_eval", "gac.llm_run"),
+    ("gac.plans", "gac.experiments", "gac.executors", "gac.plan_report", "gac.llm_eval", "gac.llm_run"),
     ("gac.commands", "gac.cli", "gac.__main__"),
 )
 
 #: Imports from a lower floor to a higher one that exist today, each named in docs/architecture.md.
 #: The list may shrink; a new one fails the test.
 KNOWN_UPWARD = {
-    ("gac.compressors.asvd", "gac.eval.ppl"),  # ASVD's sensitivity probes score perplexity
-    ("gac.eval.variants", "gac.api"),  # a SPEC variant is compressed on the fly
-    ("gac.hardware.latency", "gac.kernels.branches"),  # the latency model asks kernel files for costs
-    ("gac.hardware.latency", "gac.kernels.fusion"),
-    ("gac.hardware.latency", "gac.kernels.lowrank_fused"),
-    ("gac.hardware.latency", "gac.models.adapters"),  # it walks the model's structure
-    ("gac.hardware.latency", "gac.models.shapes"),
-    ("gac.hardware.profiler", "gac.kernels.gemv"),  # gac profile measures the kernels' launch fit
-    ("gac.hardware.profiler", "gac.kernels.lowrank_fused"),
-    ("gac.hardware.refine", "gac.models"),  # refine times a model's own shapes
-    ("gac.hardware.refine", "gac.models.adapters"),
-    ("gac.models.loading", "gac.surgery.repair"),  # loading repairs a model's dims on request
+    # the package re-exports the loader (``gac.models.load_model``, a documented entry point) on first
+    # use; the adapters that io and surgery import from the package stay below them
+    ("gac.models", "gac.models.loading"),
     NN_KERNEL_EDGE,  # LatentAttention's decode step calls its Triton kernel
 }
 
@@ -72,7 +67,6 @@ def modules(src: Path = SRC) -> dict[str, Path]:
 #: The import cycles of today (docs/architecture.md); a cycle must stay inside one of them.
 KNOWN_CYCLES = (
     {"gac.kernels.branches", "gac.kernels.fusion", "gac.kernels.gemv", "gac.kernels.lowrank_fused"},
-    {"gac.hf_auto", "gac.io"},
 )
 
 
@@ -192,10 +186,13 @@ def test_the_graph_sees_function_level_imports(tmp_path):
 
 
 def floor_of(mod: str) -> int | None:
+    """The floor of the longest name in :data:`FLOORS` that ``mod`` is or sits under."""
+    best: tuple[int, int] | None = None  # (length of the name, floor)
     for i, floor in enumerate(FLOORS):
-        if _in(mod, floor):
-            return i
-    return None
+        for p in floor:
+            if _in(mod, (p,)) and (best is None or len(p) > best[0]):
+                best = (len(p), i)
+    return None if best is None else best[1]
 
 
 def upward(graph: dict[str, set[str]]) -> set[tuple[str, str]]:

@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from gac.errors import GacError, check_schema
+from gac.hf_config import BASE_KEY, MODEL_TYPE, base_config, wrap_config
 from gac.nn import FactorizedLinear, replace_module
 from gac.utils import atomic_dir, console
 
@@ -210,11 +211,9 @@ def save(
         if meta["factorized"] or meta["modules"]:
             # the skeleton differs from the base architecture: a wrapping config that only
             # transformers-after-``import gac`` (or gac.load) reads, never a silently wrong model
-            from gac.hf_auto import wrap_config
-
             doc = wrap_config(hf_config)
             if layers is not None:
-                doc["gac_base"].update(head_dim=get_head_dim(model), per_layer_config=layers)
+                doc[BASE_KEY].update(head_dim=get_head_dim(model), per_layer_config=layers)
             (tmp / "config.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
         elif layers is not None:
             # per-layer widths: the base config with the standard per_layer_config; transformers
@@ -531,9 +530,7 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device: str | torch
     widths: list[dict[str, int]] | None = None
     try:
         doc = json.loads((path / "config.json").read_text())
-        if isinstance(doc, dict) and doc.get("model_type") == "gac":
-            from gac.hf_auto import BASE_KEY, base_config
-
+        if isinstance(doc, dict) and doc.get("model_type") == MODEL_TYPE:
             if isinstance(doc.get(BASE_KEY), dict) and "per_layer_config" in doc[BASE_KEY]:
                 widths = read_per_layer_config(doc[BASE_KEY], path / "config.json")
                 doc = {**doc, BASE_KEY: {k: v for k, v in doc[BASE_KEY].items() if k != "per_layer_config"}}

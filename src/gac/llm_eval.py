@@ -49,7 +49,7 @@ def evaluate(
     overwrite: bool = False,
 ) -> dict[str, Any]:
     """Load (or compress) ``variant`` and run ``suite``; write the results under ``out``."""
-    from gac.eval.variants import load_variant, parse_variant
+    from gac.plans.variants import load_variant, parse_variant
     from gac.utils import atomic_write_text, console
 
     if suite not in SUITES:

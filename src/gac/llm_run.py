@@ -66,7 +66,7 @@ def run(
     compares like with like.
     """
     from gac.eval.infer import SweepConfig, Variant, run_sweep, write_results
-    from gac.eval.variants import load_variant, parse_variant
+    from gac.plans.variants import load_variant, parse_variant
     from gac.utils import resolve_device_dtype
 
     fast = FastPath.of(fast, **switches)
