@@ -29,6 +29,8 @@ shards and assigns the tensors (``load_state_dict(assign=True)``). No pickles, n
 
 from __future__ import annotations
 
+import copy
+import importlib
 import json
 import mmap
 import os
@@ -36,10 +38,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import save_file
 from torch import nn
 
+from gac import __version__
 from gac.errors import GacError, check_schema
 from gac.hf_config import BASE_KEY, MODEL_TYPE, base_config, wrap_config
+from gac.models.adapters import get_adapter, model_rotary
 from gac.nn import FactorizedLinear, replace_module
 from gac.utils import atomic_dir, console
 
@@ -100,8 +105,6 @@ def structured_modules(model: nn.Module) -> list[dict[str, Any]]:
 
 
 def _skeleton_class(path: str, where: Path) -> Any:
-    import importlib
-
     mod_name, _, cls_name = path.partition(":")
     if not mod_name.startswith("gac.") or not cls_name:
         raise GacError(f"{where / GAC_CONFIG}: module class {path!r} is not a gac class; refusing to load it")
@@ -177,10 +180,6 @@ def save(
     Returns:
         The output directory.
     """
-    from safetensors.torch import save_file
-
-    from gac import __version__
-
     if not hasattr(model, "config") or not hasattr(model.config, "to_json_string"):
         raise GacError("gac.save needs a Hugging Face model (with a .config)")
     tensors, tied = _tensors_to_save(model)
@@ -257,8 +256,6 @@ def save(
 
 def pruned_widths(model: nn.Module) -> list[dict[str, int]]:
     """Per layer: MLP width, query heads and KV heads (as the modules hold them)."""
-    from gac.models.adapters import get_adapter
-
     ad = get_adapter(model)
     hd = ad.head_dim
     out = []
@@ -283,8 +280,6 @@ PER_LAYER_KEYS = {
 
 
 def get_head_dim(model: nn.Module) -> int:
-    from gac.models.adapters import get_adapter
-
     return int(get_adapter(model).head_dim)
 
 
@@ -350,8 +345,6 @@ def read_per_layer_config(doc: dict[str, Any], where: str | Path) -> list[dict[s
 
 def per_layer_shapes(model: nn.Module, widths: list[dict[str, int]]) -> dict[str, list[int]]:
     """``fqn -> [out, in]`` of every projection whose shape the per-layer widths change."""
-    from gac.models.adapters import get_adapter
-
     ad = get_adapter(model)
     hd = ad.head_dim
     if len(widths) != ad.num_layers:
@@ -376,10 +369,6 @@ def uniform_pruned_config(model: nn.Module) -> Any | None:
 
     Plain ``transformers`` then rebuilds the pruned model without gac (head_dim written explicitly).
     """
-    import copy
-
-    from gac.models.adapters import get_adapter
-
     widths = pruned_widths(model)
     if any(w != widths[0] for w in widths):
         return None
@@ -402,8 +391,6 @@ def _apply_pruned_shapes(model: nn.Module, pruned: dict[str, list[int]]) -> None
                 f"{GAC_CONFIG} names pruned module {fqn!r}, absent from the architecture"
             ) from None
         replace_module(model, fqn, nn.Linear(in_f, out_f, bias=old.bias is not None, device="meta"))
-    from gac.models.adapters import get_adapter
-
     ad = get_adapter(model)
     hd = ad.head_dim if ad.num_layers else 1
     for i in range(ad.num_layers):
@@ -583,8 +570,6 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device: str | torch
                 site["in_features"], site["rank"], site["out_features"], bias=site["bias"], device="meta"
             ),
         )
-    from gac.models.adapters import model_rotary
-
     for entry in cfg.get("modules", []):
         cls = _skeleton_class(str(entry.get("class", "")), path)
         try:

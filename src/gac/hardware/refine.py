@@ -30,6 +30,7 @@ recorded in ``profile.env["refinements"]`` and the profile id ends in ``-refined
 from __future__ import annotations
 
 import math
+import re
 import shlex
 import sys
 from collections.abc import Callable
@@ -43,7 +44,14 @@ from torch import nn
 from gac.alignment import pow2_class
 from gac.errors import GacError
 from gac.hardware.profile import Profile
+from gac.hardware.profiler import Curve, discover_rule
+from gac.hardware.sweeps import Config, op_point
+from gac.hardware.sweeps import measure_point as measure_sweep_point
+from gac.hardware.timing import bench, rotation_sets
+from gac.models.adapters import get_adapter, in_features, out_features
+from gac.models.loading import load_model
 from gac.nn import FactorizedLinear
+from gac.testing import FAMILIES, OTHER_FAMILIES, tiny_model
 
 #: dims that are multiples of this are on every measured GPU's fastest path: a GEMM made only of
 #: them that disagrees with the profile does so for its shape, not for a cliff (never refined)
@@ -97,8 +105,6 @@ def model_gemms(model: nn.Module, tokens: int) -> list[Gemm]:
     Deduplicated by ``(m, k, n, op, role)``; each keeps the module names that run it (a
     factorized site's two GEMMs are named ``<fqn>.v`` and ``<fqn>.u``).
     """
-    from gac.models.adapters import get_adapter, in_features, out_features
-
     if tokens < 1:
         raise GacError(f"--tokens must be a positive integer, got {tokens}")
     ad = get_adapter(model)
@@ -266,8 +272,6 @@ def merge_points(
 
 def redistil_op(profile: Profile, op: str) -> None:
     """Re-derive one operator's rule from its stored curve, in place (as :func:`redistil` does)."""
-    from gac.hardware.profiler import Curve, discover_rule
-
     r = profile.ops[op]
     c = r.curve
     la = int(c.get("lookahead", 64))
@@ -484,8 +488,6 @@ def refine_profile(
 
 # --------------------------------------------------------------------------- real measurements
 def _timing_cfg(device: torch.device):
-    from gac.hardware.sweeps import Config
-
     if device.type == "cuda":
         c = Config.gpu()
         c.warmup_ms, c.rep_ms, c.min_reps = 10.0, 30.0, 10
@@ -500,8 +502,6 @@ def real_measure_gemm(device: torch.device, dtype: torch.dtype) -> MeasureGemm:
 
     Inputs rotate through enough sets to defeat the L2 cache (as ``gac bench`` does).
     """
-    from gac.hardware.timing import bench, rotation_sets
-
     cfg = _timing_cfg(device)
     esize = torch.empty((), dtype=dtype).element_size()
 
@@ -553,15 +553,13 @@ def context_config(profile: Profile, op: str, device: torch.device):
 
 def real_measure_point(profile: Profile, device: torch.device, dtype: torch.dtype) -> MeasurePoint:
     """``(op, dim) -> ms`` of one profile point at the profile's context (``gac profile``'s measurement)."""
-    from gac.hardware.sweeps import measure_point, op_point
-
     cfgs: dict[str, Any] = {}
 
     def f(op: str, d: int) -> float | None:
         if op not in cfgs:
             cfgs[op] = context_config(profile, op, device)
         p = op_point("profile", cfgs[op], op, d, "refine")
-        res = measure_point(p, device, dtype, cfgs[op])
+        res = measure_sweep_point(p, device, dtype, cfgs[op])
         return res.get("median_ms") if res.get("status") == "ok" else None
 
     return f
@@ -577,18 +575,12 @@ def check_device(profile: Profile, device: torch.device) -> None:
 
 def load_refine_model(spec: str) -> nn.Module:
     """A model for :func:`model_gemms`: ``tiny:<family>`` (built in code) or anything ``load_model`` takes."""
-    import re
-
     m = re.match(r"^tiny:([a-z0-9_]+)$", spec)
     if m:
-        from gac.testing import FAMILIES, OTHER_FAMILIES, tiny_model
-
         if m.group(1) not in FAMILIES + OTHER_FAMILIES:
             raise GacError(
                 f"unknown tiny model family {m.group(1)!r}; known: {', '.join(FAMILIES + OTHER_FAMILIES)}"
             )
         return tiny_model(m.group(1))
-    from gac.models import load_model
-
     # a real model's shape (``shape:NAME``) needs no weights: build it on the meta device
     return load_model(spec, device="meta" if spec.startswith("shape:") else "cpu").model
