@@ -207,43 +207,8 @@ def save(
         else:
             layers = per_layer_config(model)
     with atomic_dir(out_dir, overwrite=overwrite) as tmp:
-        if meta["factorized"] or meta["modules"]:
-            # the skeleton differs from the base architecture: a wrapping config that only
-            # transformers-after-``import gac`` (or gac.load) reads, never a silently wrong model
-            doc = wrap_config(hf_config)
-            if layers is not None:
-                doc[BASE_KEY].update(head_dim=get_head_dim(model), per_layer_config=layers)
-            (tmp / "config.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
-        elif layers is not None:
-            # per-layer widths: the base config with the standard per_layer_config; transformers
-            # >= 5.24 reads it, and refuses to build the model from it without gac (the modeling
-            # side is not upstream yet), never a silently wrong model
-            doc = _config_dict(hf_config)
-            doc.update(head_dim=get_head_dim(model), per_layer_config=layers)
-            (tmp / "config.json").write_text(json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n")
-        else:
-            hf_config.save_pretrained(tmp)
-        shards = _shards(tensors, max_shard_bytes)
-        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
-        console.print(
-            f"saving {len(tensors):,} tensors ({nbytes / 1e6:,.1f} MB, {len(shards)} file(s)) to {out_dir}",
-            markup=False,
-            highlight=False,
-            soft_wrap=True,
-        )
-        if len(shards) == 1:
-            save_file(shards[0], str(tmp / WEIGHTS), metadata={"format": "pt"})
-        else:
-            weight_map: dict[str, str] = {}
-            n = len(shards)
-            for i, shard in enumerate(shards, 1):
-                fname = f"model-{i:05d}-of-{n:05d}.safetensors"
-                save_file(shard, str(tmp / fname), metadata={"format": "pt"})
-                weight_map.update(dict.fromkeys(shard, fname))
-            total = sum(t.numel() * t.element_size() for t in tensors.values())
-            (tmp / INDEX).write_text(
-                json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1)
-            )
+        _write_config_json(tmp, model, hf_config, layers, wrapped=bool(meta["factorized"] or meta["modules"]))
+        _write_weights(tmp, tensors, max_shard_bytes, out_dir)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         for name, text in (extra_files or {}).items():
@@ -252,6 +217,53 @@ def save(
             (tmp / name).write_text(text)
         (tmp / GAC_CONFIG).write_text(json.dumps(meta, indent=1, default=str))
     return out_dir
+
+
+def _write_config_json(
+    tmp: Path, model: nn.Module, hf_config: Any, layers: dict[str, dict[str, int]] | None, wrapped: bool
+) -> None:
+    """``config.json``: wrapping (``wrapped``: the skeleton differs from the base architecture), the base
+    config with ``per_layer_config`` (``layers``), or the base config as is."""
+    if wrapped:
+        # the skeleton differs from the base architecture: a wrapping config that only
+        # transformers-after-``import gac`` (or gac.load) reads, never a silently wrong model
+        doc = wrap_config(hf_config)
+        if layers is not None:
+            doc[BASE_KEY].update(head_dim=get_head_dim(model), per_layer_config=layers)
+        (tmp / "config.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    elif layers is not None:
+        # per-layer widths: the base config with the standard per_layer_config; transformers
+        # >= 5.24 reads it, and refuses to build the model from it without gac (the modeling
+        # side is not upstream yet), never a silently wrong model
+        doc = _config_dict(hf_config)
+        doc.update(head_dim=get_head_dim(model), per_layer_config=layers)
+        (tmp / "config.json").write_text(json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n")
+    else:
+        hf_config.save_pretrained(tmp)
+
+
+def _write_weights(tmp: Path, tensors: dict[str, torch.Tensor], max_shard_bytes: int, out_dir: Path) -> None:
+    """``model.safetensors``, or shards with their index above ``max_shard_bytes``."""
+    shards = _shards(tensors, max_shard_bytes)
+    nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+    console.print(
+        f"saving {len(tensors):,} tensors ({nbytes / 1e6:,.1f} MB, {len(shards)} file(s)) to {out_dir}",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+    if len(shards) == 1:
+        save_file(shards[0], str(tmp / WEIGHTS), metadata={"format": "pt"})
+    else:
+        weight_map: dict[str, str] = {}
+        n = len(shards)
+        for i, shard in enumerate(shards, 1):
+            fname = f"model-{i:05d}-of-{n:05d}.safetensors"
+            save_file(shard, str(tmp / fname), metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(shard, fname))
+        (tmp / INDEX).write_text(
+            json.dumps({"metadata": {"total_size": nbytes}, "weight_map": weight_map}, indent=1)
+        )
 
 
 def pruned_widths(model: nn.Module) -> list[dict[str, int]]:
@@ -507,13 +519,27 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device: str | torch
     Returns:
         The model in eval mode, with :class:`FactorizedLinear` at the recorded sites.
     """
-    from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     path = Path(path)
     cfg = read_gac_config(path)
     if not (path / "config.json").is_file():
         raise GacError(f"{path} has no config.json")
+    config, widths = _base_config(path)
+    model = _build_skeleton(path, cfg, config, widths)
+    buffers = _assign_weights(model, path, cfg)
+    if dtype is not None:
+        model.to(dtype=dtype)
+        for k, b in buffers.items():  # keep saved buffers (e.g. inv_freq) at their saved precision
+            _set_tensor(model, k, b)
+    model.to(device)
+    model.gac_config = cfg  # type: ignore[attr-defined]
+    return model.eval()
+
+
+def _base_config(path: Path) -> tuple[Any, list[dict[str, int]] | None]:
+    """The base architecture's config from ``path/config.json`` (wrapping, per-layer or plain), and the
+    per-layer widths it records (None when uniform)."""
+    from transformers import AutoConfig
+
     widths: list[dict[str, int]] | None = None
     try:
         doc = json.loads((path / "config.json").read_text())
@@ -536,6 +562,17 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device: str | torch
             config = AutoConfig.from_pretrained(path, trust_remote_code=False)
     except (ValueError, OSError, KeyError, TypeError) as e:
         raise GacError(f"cannot read {path / 'config.json'}: {str(e).splitlines()[0]}") from None
+    return config, widths
+
+
+def _build_skeleton(
+    path: Path, cfg: dict[str, Any], config: Any, widths: list[dict[str, int]] | None
+) -> nn.Module:
+    """The model of ``config`` on the meta device, reshaped as ``gac_config.json`` (``cfg``) records:
+    pruned widths, factorized sites, modules that rebuild their own skeleton."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
     pruned = dict(cfg.get("pruned") or {})
@@ -579,6 +616,12 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device: str | torch
                 f"{path / GAC_CONFIG} names module {entry['name']!r}, absent from the architecture"
             ) from None
         replace_module(model, entry["name"], cls.skeleton(entry["spec"], original, model_rotary(model)))
+    return model
+
+
+def _assign_weights(model: nn.Module, path: Path, cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Check the saved tensors against the skeleton and assign them (tied ones shared, buffers set);
+    returns the saved buffers."""
     tensors = _read_weights(path)
     buffers = {k.removeprefix(BUFFER_PREFIX): v for k, v in tensors.items() if k.startswith(BUFFER_PREFIX)}
     params = {k: v for k, v in tensors.items() if not k.startswith(BUFFER_PREFIX)}
@@ -612,13 +655,7 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device: str | torch
     ]
     if leftover:
         raise GacError(f"{path}: {len(leftover)} tensor(s) were not loaded, e.g. {leftover[0]}")
-    if dtype is not None:
-        model.to(dtype=dtype)
-        for k, b in buffers.items():  # keep saved buffers (e.g. inv_freq) at their saved precision
-            _set_tensor(model, k, b)
-    model.to(device)
-    model.gac_config = cfg  # type: ignore[attr-defined]
-    return model.eval()
+    return buffers
 
 
 def _is_param(model: nn.Module, fqn: str) -> bool:
