@@ -8,6 +8,8 @@ functions alike (a function-level import is an edge all the same; it only runs l
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,7 +18,15 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 #: Packages that hold what the library is made of; none may reach up into the user-facing layer.
 LOW = ("gac.nn", "gac.kernels", "gac.hardware", "gac.models")
 #: The user-facing layer: the typer commands, the CLI, the workflow API and the plan runner.
-TOP = ("gac.commands", "gac.cli", "gac.api", "gac.experiments", "gac.executors", "gac.plan_report")
+TOP = (
+    "gac.commands",
+    "gac.cli",
+    "gac.api",
+    "gac.plans",
+    "gac.experiments",
+    "gac.executors",
+    "gac.plan_report",
+)
 #: The only gac modules ``gac.nn`` may import (it sits at the bottom).
 NN_MAY_IMPORT = ("gac.nn", "gac.errors", "gac.compat")
 #: gac.nn's one upward edge: LatentAttention imports the decode kernel's file inside the methods that
@@ -249,6 +259,30 @@ def test_palu_module_types_sit_in_nn():
     for low in ("gac.models.adapters", "gac.models.inventory", "gac.hardware.latency"):
         assert "gac.nn.latent" in g[low] and "gac.surgery.latent_attention" not in g[low]
     assert not any("gac.surgery.latent_attention" in c for c in cycles(g))
+
+
+def test_a_module_takes_the_floor_of_its_longest_listed_name():
+    assert floor_of("gac.hardware.profile") < floor_of("gac.models.adapters") < floor_of("gac.kernels.gemv")
+    assert floor_of("gac.kernels.gemv") < floor_of("gac.models.loading") == floor_of("gac.surgery.repair")
+    assert floor_of("gac.surgery.repair") < floor_of("gac.hardware.latency") < floor_of("gac.allocation")
+    assert floor_of("gac.models") == floor_of("gac.io") < floor_of("gac.plans.variants")
+
+
+def _imported_after(code: str) -> set[str]:
+    """The ``gac`` modules and heavy dependencies that running ``code`` in a fresh interpreter imports."""
+    probe = f"{code}\nimport sys\nprint(' '.join(sorted(sys.modules)))"
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env)
+    return set(out.stdout.split())
+
+
+def test_the_import_promises_the_floors_rely_on():
+    """What the lazy imports are for: ``import gac`` stays torch-free; the adapters (which io and surgery
+    import) do not import the loader above them, ``gac.models.load_model`` still does."""
+    assert not {"torch", "transformers", "gac.io"} & _imported_after("import gac")
+    low = _imported_after("import gac.models.adapters")
+    assert "gac.models.loading" not in low and "gac.surgery.repair" not in low
+    assert "gac.models.loading" in _imported_after("import gac.models; gac.models.load_model")
 
 
 def test_no_module_imports_another_modules_private_name():
