@@ -20,6 +20,7 @@ the difference, which is of order one token per window.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable
 from pathlib import Path
@@ -186,8 +187,6 @@ def saved_calibration(model_dir: str | Path) -> dict[str, Any] | None:
     Newer saves record the calibration text's provenance (``text``); older ones only its source,
     whose ``train`` part is then located again.
     """
-    import json
-
     cfg_path = Path(model_dir) / "gac_config.json"
     if not cfg_path.is_file():
         return None
