@@ -1,4 +1,4 @@
-"""Text sources for calibration and evaluation, the parts they split into, and token windows.
+"""Text sources for calibration and evaluation, the parts they split into, token windows and their NLL.
 
 Every source has a ``test`` part (evaluation) and a ``train`` part (calibration) that are disjoint
 and deterministic (``load_part(source, split)``):
@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from gac.errors import GacError
 
@@ -450,3 +451,19 @@ def token_windows(
             "length or a longer text"
         )
     return ids[: want * seq_len].view(want, seq_len)
+
+
+def nll_from_logits(
+    logits: torch.Tensor, batch: torch.Tensor, score_last: int | None = None
+) -> tuple[float, int]:
+    """Summed NLL of ``batch[:, 1:]`` under ``logits[:, :-1]`` (float64 sum) and its token count.
+
+    ``score_last`` keeps only the last ``score_last`` targets of each row. Perplexity
+    (:mod:`gac.eval.ppl`) and ASVD's sensitivity probes (:mod:`gac.compressors.asvd`) score with it.
+    """
+    pred = logits[:, :-1].float()
+    target = batch[:, 1:].to(pred.device)
+    if score_last is not None:
+        pred, target = pred[:, -score_last:], target[:, -score_last:]
+    loss = F.cross_entropy(pred.reshape(-1, pred.shape[-1]), target.reshape(-1), reduction="sum")
+    return float(loss.double()), int(target.numel())

@@ -1,9 +1,8 @@
 """``import gac`` makes gac directories loadable with ``transformers``' Auto classes.
 
 A directory whose skeleton differs from its base architecture (factorized low-rank layers, PaLU's
-latent attention, per-layer pruned widths) is saved with a wrapping ``config.json``::
-
-    {"model_type": "gac", "architectures": ["GacForCausalLM"], "gac_base": {...the base config...}}
+latent attention, per-layer pruned widths) is saved with a wrapping ``config.json``
+(:mod:`gac.hf_config`).
 
 After ``import gac``, ``AutoConfig.from_pretrained(DIR)`` returns a :class:`GacConfig` and
 ``AutoModelForCausalLM.from_pretrained(DIR)`` returns the model :func:`gac.io.load` builds (an
@@ -18,7 +17,8 @@ side is not upstream yet, so plain ``AutoModelForCausalLM`` refuses it). After `
 that one classmethod, and only for local gac directories with a ``per_layer_config``.
 
 ``import gac`` stays cheap: when ``transformers`` is not imported yet, registration waits for its
-Auto module through a one-shot import hook.
+Auto module through a one-shot import hook, and :func:`gac.io.load` is imported only when a
+directory is loaded.
 """
 
 from __future__ import annotations
@@ -29,36 +29,10 @@ import importlib.util
 import sys
 from typing import Any
 
-MODEL_TYPE = "gac"
-ARCHITECTURE = "GacForCausalLM"
-BASE_KEY = "gac_base"
+from gac.hf_config import BASE_KEY, MODEL_TYPE, base_config, is_per_layer_dir
+
 _AUTO_MODULE = "transformers.models.auto.modeling_auto"
 _registered = False
-
-
-def wrap_config(base: Any) -> dict[str, Any]:
-    """The ``config.json`` content of a gac directory whose base config is ``base``."""
-    import transformers
-
-    return {
-        "model_type": MODEL_TYPE,
-        "architectures": [ARCHITECTURE],
-        BASE_KEY: base.to_dict(),
-        "transformers_version": transformers.__version__,
-    }
-
-
-def base_config(doc: dict[str, Any]) -> Any:
-    """The base architecture's config from a wrapping ``config.json`` dict."""
-    from transformers import CONFIG_MAPPING
-
-    base = dict(doc[BASE_KEY])
-    mt = base.get("model_type")
-    if mt not in CONFIG_MAPPING:
-        from gac.errors import GacError
-
-        raise GacError(f"the base model_type {mt!r} of this gac directory is unknown to transformers")
-    return CONFIG_MAPPING[mt].from_dict(base)
 
 
 def register() -> None:
@@ -87,6 +61,7 @@ def register() -> None:
 
         @classmethod
         def from_pretrained(cls, path: Any, *args: Any, **kwargs: Any) -> Any:
+            # here, not at the top: ``import gac`` imports this module and stays torch-free
             from gac import io
 
             dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
@@ -105,24 +80,6 @@ def register() -> None:
     AutoModelForCausalLM.register(GacConfig, GacForCausalLM, exist_ok=True)
     _route_per_layer_dirs(AutoModelForCausalLM, GacForCausalLM.from_pretrained)
     _registered = True
-
-
-def is_per_layer_dir(path: Any) -> bool:
-    """A local gac directory whose ``config.json`` is a base config with ``per_layer_config``."""
-    import json
-    import os
-
-    if not isinstance(path, (str, os.PathLike)) or not os.path.isdir(path):
-        return False
-    cfg = os.path.join(path, "config.json")
-    if not (os.path.isfile(os.path.join(path, "gac_config.json")) and os.path.isfile(cfg)):
-        return False
-    try:
-        with open(cfg) as f:
-            doc = json.load(f)
-    except (OSError, ValueError):
-        return False
-    return isinstance(doc, dict) and doc.get("model_type") != MODEL_TYPE and "per_layer_config" in doc
 
 
 def _route_per_layer_dirs(auto_cls: Any, gac_from_pretrained: Any) -> None:

@@ -29,6 +29,8 @@ shards and assigns the tensors (``load_state_dict(assign=True)``). No pickles, n
 
 from __future__ import annotations
 
+import copy
+import importlib
 import json
 import mmap
 import os
@@ -36,9 +38,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import save_file
 from torch import nn
 
+from gac import __version__
 from gac.errors import GacError, check_schema
+from gac.hf_config import BASE_KEY, MODEL_TYPE, base_config, wrap_config
+from gac.models.adapters import get_adapter, model_rotary
 from gac.nn import FactorizedLinear, replace_module
 from gac.utils import atomic_dir, console
 
@@ -99,8 +105,6 @@ def structured_modules(model: nn.Module) -> list[dict[str, Any]]:
 
 
 def _skeleton_class(path: str, where: Path) -> Any:
-    import importlib
-
     mod_name, _, cls_name = path.partition(":")
     if not mod_name.startswith("gac.") or not cls_name:
         raise GacError(f"{where / GAC_CONFIG}: module class {path!r} is not a gac class; refusing to load it")
@@ -176,10 +180,6 @@ def save(
     Returns:
         The output directory.
     """
-    from safetensors.torch import save_file
-
-    from gac import __version__
-
     if not hasattr(model, "config") or not hasattr(model.config, "to_json_string"):
         raise GacError("gac.save needs a Hugging Face model (with a .config)")
     tensors, tied = _tensors_to_save(model)
@@ -207,45 +207,8 @@ def save(
         else:
             layers = per_layer_config(model)
     with atomic_dir(out_dir, overwrite=overwrite) as tmp:
-        if meta["factorized"] or meta["modules"]:
-            # the skeleton differs from the base architecture: a wrapping config that only
-            # transformers-after-``import gac`` (or gac.load) reads, never a silently wrong model
-            from gac.hf_auto import wrap_config
-
-            doc = wrap_config(hf_config)
-            if layers is not None:
-                doc["gac_base"].update(head_dim=get_head_dim(model), per_layer_config=layers)
-            (tmp / "config.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
-        elif layers is not None:
-            # per-layer widths: the base config with the standard per_layer_config; transformers
-            # >= 5.24 reads it, and refuses to build the model from it without gac (the modeling
-            # side is not upstream yet), never a silently wrong model
-            doc = _config_dict(hf_config)
-            doc.update(head_dim=get_head_dim(model), per_layer_config=layers)
-            (tmp / "config.json").write_text(json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n")
-        else:
-            hf_config.save_pretrained(tmp)
-        shards = _shards(tensors, max_shard_bytes)
-        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
-        console.print(
-            f"saving {len(tensors):,} tensors ({nbytes / 1e6:,.1f} MB, {len(shards)} file(s)) to {out_dir}",
-            markup=False,
-            highlight=False,
-            soft_wrap=True,
-        )
-        if len(shards) == 1:
-            save_file(shards[0], str(tmp / WEIGHTS), metadata={"format": "pt"})
-        else:
-            weight_map: dict[str, str] = {}
-            n = len(shards)
-            for i, shard in enumerate(shards, 1):
-                fname = f"model-{i:05d}-of-{n:05d}.safetensors"
-                save_file(shard, str(tmp / fname), metadata={"format": "pt"})
-                weight_map.update(dict.fromkeys(shard, fname))
-            total = sum(t.numel() * t.element_size() for t in tensors.values())
-            (tmp / INDEX).write_text(
-                json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1)
-            )
+        _write_config_json(tmp, model, hf_config, layers, wrapped=bool(meta["factorized"] or meta["modules"]))
+        _write_weights(tmp, tensors, max_shard_bytes, out_dir)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         for name, text in (extra_files or {}).items():
@@ -256,10 +219,55 @@ def save(
     return out_dir
 
 
+def _write_config_json(
+    tmp: Path, model: nn.Module, hf_config: Any, layers: dict[str, dict[str, int]] | None, wrapped: bool
+) -> None:
+    """``config.json``: wrapping (``wrapped``: the skeleton differs from the base architecture), the base
+    config with ``per_layer_config`` (``layers``), or the base config as is."""
+    if wrapped:
+        # the skeleton differs from the base architecture: a wrapping config that only
+        # transformers-after-``import gac`` (or gac.load) reads, never a silently wrong model
+        doc = wrap_config(hf_config)
+        if layers is not None:
+            doc[BASE_KEY].update(head_dim=get_head_dim(model), per_layer_config=layers)
+        (tmp / "config.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    elif layers is not None:
+        # per-layer widths: the base config with the standard per_layer_config; transformers
+        # >= 5.24 reads it, and refuses to build the model from it without gac (the modeling
+        # side is not upstream yet), never a silently wrong model
+        doc = _config_dict(hf_config)
+        doc.update(head_dim=get_head_dim(model), per_layer_config=layers)
+        (tmp / "config.json").write_text(json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n")
+    else:
+        hf_config.save_pretrained(tmp)
+
+
+def _write_weights(tmp: Path, tensors: dict[str, torch.Tensor], max_shard_bytes: int, out_dir: Path) -> None:
+    """``model.safetensors``, or shards with their index above ``max_shard_bytes``."""
+    shards = _shards(tensors, max_shard_bytes)
+    nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+    console.print(
+        f"saving {len(tensors):,} tensors ({nbytes / 1e6:,.1f} MB, {len(shards)} file(s)) to {out_dir}",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+    if len(shards) == 1:
+        save_file(shards[0], str(tmp / WEIGHTS), metadata={"format": "pt"})
+    else:
+        weight_map: dict[str, str] = {}
+        n = len(shards)
+        for i, shard in enumerate(shards, 1):
+            fname = f"model-{i:05d}-of-{n:05d}.safetensors"
+            save_file(shard, str(tmp / fname), metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(shard, fname))
+        (tmp / INDEX).write_text(
+            json.dumps({"metadata": {"total_size": nbytes}, "weight_map": weight_map}, indent=1)
+        )
+
+
 def pruned_widths(model: nn.Module) -> list[dict[str, int]]:
     """Per layer: MLP width, query heads and KV heads (as the modules hold them)."""
-    from gac.models.adapters import get_adapter
-
     ad = get_adapter(model)
     hd = ad.head_dim
     out = []
@@ -284,8 +292,6 @@ PER_LAYER_KEYS = {
 
 
 def get_head_dim(model: nn.Module) -> int:
-    from gac.models.adapters import get_adapter
-
     return int(get_adapter(model).head_dim)
 
 
@@ -351,8 +357,6 @@ def read_per_layer_config(doc: dict[str, Any], where: str | Path) -> list[dict[s
 
 def per_layer_shapes(model: nn.Module, widths: list[dict[str, int]]) -> dict[str, list[int]]:
     """``fqn -> [out, in]`` of every projection whose shape the per-layer widths change."""
-    from gac.models.adapters import get_adapter
-
     ad = get_adapter(model)
     hd = ad.head_dim
     if len(widths) != ad.num_layers:
@@ -377,10 +381,6 @@ def uniform_pruned_config(model: nn.Module) -> Any | None:
 
     Plain ``transformers`` then rebuilds the pruned model without gac (head_dim written explicitly).
     """
-    import copy
-
-    from gac.models.adapters import get_adapter
-
     widths = pruned_widths(model)
     if any(w != widths[0] for w in widths):
         return None
@@ -403,8 +403,6 @@ def _apply_pruned_shapes(model: nn.Module, pruned: dict[str, list[int]]) -> None
                 f"{GAC_CONFIG} names pruned module {fqn!r}, absent from the architecture"
             ) from None
         replace_module(model, fqn, nn.Linear(in_f, out_f, bias=old.bias is not None, device="meta"))
-    from gac.models.adapters import get_adapter
-
     ad = get_adapter(model)
     hd = ad.head_dim if ad.num_layers else 1
     for i in range(ad.num_layers):
@@ -521,19 +519,31 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device: str | torch
     Returns:
         The model in eval mode, with :class:`FactorizedLinear` at the recorded sites.
     """
-    from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     path = Path(path)
     cfg = read_gac_config(path)
     if not (path / "config.json").is_file():
         raise GacError(f"{path} has no config.json")
+    config, widths = _base_config(path)
+    model = _build_skeleton(path, cfg, config, widths)
+    buffers = _assign_weights(model, path, cfg)
+    if dtype is not None:
+        model.to(dtype=dtype)
+        for k, b in buffers.items():  # keep saved buffers (e.g. inv_freq) at their saved precision
+            _set_tensor(model, k, b)
+    model.to(device)
+    model.gac_config = cfg  # type: ignore[attr-defined]
+    return model.eval()
+
+
+def _base_config(path: Path) -> tuple[Any, list[dict[str, int]] | None]:
+    """The base architecture's config from ``path/config.json`` (wrapping, per-layer or plain), and the
+    per-layer widths it records (None when uniform)."""
+    from transformers import AutoConfig
+
     widths: list[dict[str, int]] | None = None
     try:
         doc = json.loads((path / "config.json").read_text())
-        if isinstance(doc, dict) and doc.get("model_type") == "gac":
-            from gac.hf_auto import BASE_KEY, base_config
-
+        if isinstance(doc, dict) and doc.get("model_type") == MODEL_TYPE:
             if isinstance(doc.get(BASE_KEY), dict) and "per_layer_config" in doc[BASE_KEY]:
                 widths = read_per_layer_config(doc[BASE_KEY], path / "config.json")
                 doc = {**doc, BASE_KEY: {k: v for k, v in doc[BASE_KEY].items() if k != "per_layer_config"}}
@@ -552,6 +562,17 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device: str | torch
             config = AutoConfig.from_pretrained(path, trust_remote_code=False)
     except (ValueError, OSError, KeyError, TypeError) as e:
         raise GacError(f"cannot read {path / 'config.json'}: {str(e).splitlines()[0]}") from None
+    return config, widths
+
+
+def _build_skeleton(
+    path: Path, cfg: dict[str, Any], config: Any, widths: list[dict[str, int]] | None
+) -> nn.Module:
+    """The model of ``config`` on the meta device, reshaped as ``gac_config.json`` (``cfg``) records:
+    pruned widths, factorized sites, modules that rebuild their own skeleton."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
     pruned = dict(cfg.get("pruned") or {})
@@ -586,8 +607,6 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device: str | torch
                 site["in_features"], site["rank"], site["out_features"], bias=site["bias"], device="meta"
             ),
         )
-    from gac.models.adapters import model_rotary
-
     for entry in cfg.get("modules", []):
         cls = _skeleton_class(str(entry.get("class", "")), path)
         try:
@@ -597,6 +616,12 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device: str | torch
                 f"{path / GAC_CONFIG} names module {entry['name']!r}, absent from the architecture"
             ) from None
         replace_module(model, entry["name"], cls.skeleton(entry["spec"], original, model_rotary(model)))
+    return model
+
+
+def _assign_weights(model: nn.Module, path: Path, cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Check the saved tensors against the skeleton and assign them (tied ones shared, buffers set);
+    returns the saved buffers."""
     tensors = _read_weights(path)
     buffers = {k.removeprefix(BUFFER_PREFIX): v for k, v in tensors.items() if k.startswith(BUFFER_PREFIX)}
     params = {k: v for k, v in tensors.items() if not k.startswith(BUFFER_PREFIX)}
@@ -630,13 +655,7 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device: str | torch
     ]
     if leftover:
         raise GacError(f"{path}: {len(leftover)} tensor(s) were not loaded, e.g. {leftover[0]}")
-    if dtype is not None:
-        model.to(dtype=dtype)
-        for k, b in buffers.items():  # keep saved buffers (e.g. inv_freq) at their saved precision
-            _set_tensor(model, k, b)
-    model.to(device)
-    model.gac_config = cfg  # type: ignore[attr-defined]
-    return model.eval()
+    return buffers
 
 
 def _is_param(model: nn.Module, fqn: str) -> bool:

@@ -16,6 +16,7 @@ from transformers import (
     Qwen3Config,
 )
 
+from gac.alignment import vector_align
 from gac.nn import FactorizedLinear, replace_module
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
@@ -190,8 +191,6 @@ def latent_decode_inputs(
     group; each KV head's up-projection is zero past its group's rank, as the module packs it.
     Returns ``(q, zk, zv, pack, inv_freq)``.
     """
-    from gac.alignment import vector_align
-
     g = torch.Generator().manual_seed(seed)
     nk, nv = kv_heads // key_group, kv_heads // value_group
     if len(key_ranks) != nk or len(value_ranks) != nv:

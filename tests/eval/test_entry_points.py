@@ -8,9 +8,9 @@ import pytest
 
 from gac.cli import main as gac_main
 from gac.errors import GacError
-from gac.eval.variants import parse_variant
 from gac.llm_eval import main as eval_main
 from gac.llm_run import main as run_main
+from gac.plans.variants import parse_variant
 from gac.testing import tiny_model
 
 GRID = ["--prefill-batches", "1", "--prefill-seqs", "8", "--decode-batches", "1", "--decode-kv", "40",

@@ -42,8 +42,9 @@ from torch import nn
 from gac.compressors.base import register_compressor
 from gac.compressors.calibration import LinearStats, collect_stats, model_device
 from gac.compressors.lowrank import LowRankCompressor, ratio_rank, tail_energy_curve
+from gac.data import nll_from_logits
 from gac.errors import GacError
-from gac.eval.ppl import nll_from_logits
+from gac.models.adapters import get_adapter
 from gac.nn import FactorizedLinear, replace_module
 from gac.sites import Site
 from gac.utils import console, track
@@ -158,8 +159,6 @@ class SuffixRunner:
         self.layers: list[nn.Module] | None = None
         self.cache: list[list[tuple[torch.Tensor, dict[str, Any]]]] = []
         try:
-            from gac.models.adapters import get_adapter
-
             ad = get_adapter(model)
             layers = ad.layers
             norm = model.get_submodule(ad.final_norm_fqn)

@@ -20,15 +20,26 @@ the difference, which is of order one token per window.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from gac.data import (
+    TextPart,
+    check_disjoint,
+    check_seq_len,
+    check_text,
+    load_part,
+    nll_from_logits,
+    parse_text_source,
+    special_tokens,
+    tokenize,
+)
 from gac.errors import GacError
 from gac.utils import track
 
@@ -49,21 +60,6 @@ def window_nll(model: nn.Module, batch: torch.Tensor, score_last: int | None = N
     """
     logits = model(input_ids=batch.to(_device(model)), use_cache=False).logits
     return nll_from_logits(logits, batch, score_last)
-
-
-def nll_from_logits(
-    logits: torch.Tensor, batch: torch.Tensor, score_last: int | None = None
-) -> tuple[float, int]:
-    """Summed NLL of ``batch[:, 1:]`` under ``logits[:, :-1]`` (float64 sum) and its token count.
-
-    ``score_last`` keeps only the last ``score_last`` targets of each row.
-    """
-    pred = logits[:, :-1].float()
-    target = batch[:, 1:].to(pred.device)
-    if score_last is not None:
-        pred, target = pred[:, -score_last:], target[:, -score_last:]
-    loss = F.cross_entropy(pred.reshape(-1, pred.shape[-1]), target.reshape(-1), reduction="sum")
-    return float(loss.double()), int(target.numel())
 
 
 def perplexity_of_ids(
@@ -173,8 +169,6 @@ def perplexity(
         GacError: not text (mostly non-printable), shorter than one window, a window longer than
             the model's context, or a NaN/inf loss.
     """
-    from gac.data import check_seq_len, check_text, special_tokens, tokenize
-
     check_seq_len(model, seq_len)
     check_text(text, "the evaluation text")
     ids = tokenize(tokenizer, text)
@@ -193,8 +187,6 @@ def saved_calibration(model_dir: str | Path) -> dict[str, Any] | None:
     Newer saves record the calibration text's provenance (``text``); older ones only its source,
     whose ``train`` part is then located again.
     """
-    import json
-
     cfg_path = Path(model_dir) / "gac_config.json"
     if not cfg_path.is_file():
         return None
@@ -226,8 +218,6 @@ def check_calibration_overlap(
     Raises:
         GacError: one line, when calibration and evaluation text overlap without ``allow_overlap``.
     """
-    from gac.data import TextPart, check_disjoint, load_part, parse_text_source
-
     if not calibration or calibration.get("source") in (None, "batches"):
         return {"calibration": None, "evaluation": evaluation.describe(), "overlap": False}
     text = calibration.get("text")

@@ -60,7 +60,10 @@ import numpy as np
 
 from gac.errors import GacError
 from gac.hardware.dispatch_table import choice
-from gac.hardware.profile import Profile
+from gac.hardware.profile import Profile, load_profile
+
+# torch, gac.nn, gac.models and gac.runtime are imported inside the functions that walk a model: this
+# module stays torch-free to import (gac.allocation, pure numpy, prices with its Point)
 
 #: non-GEMM kernels per decoder layer and per forward (compiled decode step of the dense
 #: Llama-3-8B shape on the H200: 100 = 8 x 11 + 12; ``diag.json`` ``models.dense.trace``).
@@ -658,8 +661,6 @@ def worst(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def profile_of(cell: dict[str, Any], default: Profile | None = None) -> Profile:
     """The profile a cell's ``predict`` eval named, else the shipped one of the cell's GPU and dtype."""
-    from gac.hardware.profile import load_profile
-
     if default is not None:
         return default
     pid = (((cell.get("results") or {}).get("evals") or {}).get("predict") or {}).get("profile")

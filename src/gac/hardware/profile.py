@@ -55,6 +55,7 @@ from typing import Any
 
 from gac.alignment import aligned_candidates, is_aligned, pow2_class, round_up
 from gac.errors import GacError
+from gac.guard import atomic_write_text
 
 SCHEMA = "gac.profile/1"
 OPS: tuple[str, ...] = ("gemm_k", "gemm_n", "gemv", "sdpa_head_dim", "lowrank_r")
@@ -269,8 +270,6 @@ class Profile:
         )
 
     def save(self, path: str | Path) -> None:
-        from gac.utils import atomic_write_text
-
         atomic_write_text(Path(path), json.dumps(self.to_dict(), indent=1))
 
 

@@ -30,6 +30,7 @@ recorded in ``profile.env["refinements"]`` and the profile id ends in ``-refined
 from __future__ import annotations
 
 import math
+import re
 import shlex
 import sys
 from collections.abc import Callable
@@ -43,7 +44,14 @@ from torch import nn
 from gac.alignment import pow2_class
 from gac.errors import GacError
 from gac.hardware.profile import Profile
+from gac.hardware.profiler import Curve, discover_rule
+from gac.hardware.sweeps import Config, op_point
+from gac.hardware.sweeps import measure_point as measure_sweep_point
+from gac.hardware.timing import bench, rotation_sets
+from gac.models.adapters import get_adapter, in_features, out_features
+from gac.models.loading import load_model
 from gac.nn import FactorizedLinear
+from gac.testing import FAMILIES, OTHER_FAMILIES, tiny_model
 
 #: dims that are multiples of this are on every measured GPU's fastest path: a GEMM made only of
 #: them that disagrees with the profile does so for its shape, not for a cliff (never refined)
@@ -97,8 +105,6 @@ def model_gemms(model: nn.Module, tokens: int) -> list[Gemm]:
     Deduplicated by ``(m, k, n, op, role)``; each keeps the module names that run it (a
     factorized site's two GEMMs are named ``<fqn>.v`` and ``<fqn>.u``).
     """
-    from gac.models.adapters import get_adapter, in_features, out_features
-
     if tokens < 1:
         raise GacError(f"--tokens must be a positive integer, got {tokens}")
     ad = get_adapter(model)
@@ -266,8 +272,6 @@ def merge_points(
 
 def redistil_op(profile: Profile, op: str) -> None:
     """Re-derive one operator's rule from its stored curve, in place (as :func:`redistil` does)."""
-    from gac.hardware.profiler import Curve, discover_rule
-
     r = profile.ops[op]
     c = r.curve
     la = int(c.get("lookahead", 64))
@@ -312,6 +316,126 @@ def _check_op(profile: Profile, op: str) -> None:
     flops_fn(op, r.curve.get("context") or {})
 
 
+def _check_args(top: int, half_window: int, rounds: int, tol: float) -> None:
+    if top < 1:
+        raise GacError(f"--top must be at least 1, got {top}")
+    if half_window < 0:
+        raise GacError(f"--half-window must be >= 0, got {half_window}")
+    if rounds < 1:
+        raise GacError(f"--rounds must be at least 1, got {rounds}")
+    if not tol > 0:
+        raise GacError(f"--tolerance-refine must be positive, got {tol}")
+
+
+def _pick_targets(
+    prof: Profile, over: list[dict[str, Any]], top: int, half_window: int
+) -> dict[tuple[str, int], list[dict[str, Any]]]:
+    """The worst ``top`` GEMMs of ``over`` whose refinement window still has unmeasured dims, by
+    ``(op, dim)`` to measure."""
+    targets: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    picked = 0
+    for r in over:
+        if min(pow2_class(r["gemm"].n), pow2_class(r["gemm"].k)) >= FASTEST_CLASS:
+            continue  # no cliff to find: it disagrees for its shape
+        op, d = target_dim(prof, r["gemm"])
+        _check_op(prof, op)
+        if (op, d) not in targets:
+            c = prof.ops[op].curve
+            have = set(c["dims"]) | {int(x) for x in c.get("failed", [])}
+            if all(x in have for x in range(max(1, d - half_window), d + half_window + 1)):
+                continue
+        targets.setdefault((op, d), []).append(r)
+        picked += 1
+        if picked == top:
+            break
+    return targets
+
+
+def _measure_window(
+    trial: Profile, op: str, d: int, half_window: int, measure_point: MeasurePoint
+) -> tuple[dict[int, float], list[int], int]:
+    """Measure ``op``'s unmeasured dims in ``[d - half_window, d + half_window]`` into ``trial`` (merged,
+    the rule re-distilled): the new points, the failed dims and how many points were measured."""
+    curve = trial.ops[op].curve
+    lo, hi = max(1, d - half_window), d + half_window
+    have = set(curve["dims"]) | {int(x) for x in curve.get("failed", [])}
+    new: dict[int, float] = {}
+    failed: list[int] = []
+    n_points = 0
+    for x in range(lo, hi + 1):
+        if x in have:
+            continue
+        v = measure_point(op, x)
+        n_points += 1
+        if v is None or not math.isfinite(v) or v <= 0:
+            failed.append(x)
+        else:
+            new[x] = float(v)
+    if failed:
+        curve["failed"] = sorted(set(curve.get("failed", [])) | set(failed))
+    if new:
+        trial.ops[op].curve = merge_points(curve, new, lo, hi, flops_fn(op, curve.get("context") or {}))
+        redistil_op(trial, op)
+    return new, failed, n_points
+
+
+def _measure_targets(
+    trial: Profile,
+    targets: dict[tuple[str, int], list[dict[str, Any]]],
+    half_window: int,
+    measure_point: MeasurePoint,
+    base: dict[str, Any],
+) -> tuple[list[dict[str, Any]], int]:
+    """Measure each target's window into ``trial``: one round record per target (``base`` plus what
+    was measured) and the number of points measured."""
+    recs = []
+    n_points = 0
+    for op, d in targets:
+        new, failed, n = _measure_window(trial, op, d, half_window, measure_point)
+        n_points += n
+        recs.append(
+            {
+                **base,
+                "op": op,
+                "dim": d,
+                "window": [max(1, d - half_window), d + half_window],
+                "points_added": sorted(new),
+                "points_failed": failed,
+                "rule": {"modulus": trial.ops[op].modulus, "prefer": trial.ops[op].prefer},
+            }
+        )
+    return recs, n_points
+
+
+def _gemm_scores(rows: list[dict[str, Any]], score_after: dict[int, float]) -> list[dict[str, Any]]:
+    """A round record's ``gemms``: each refined GEMM with its scores before and after."""
+    return [
+        {
+            "shape": list(r["gemm"].shape),
+            "role": r["gemm"].role,
+            "fqns": r["gemm"].fqns[:4] + ([f"+{len(r['gemm'].fqns) - 4}"] if len(r["gemm"].fqns) > 4 else []),
+            "predicted_ms": r["predicted_ms"],
+            "measured_ms": r["measured_ms"],
+            "score_before": round(r["score"], 4),
+            "score_after": round(score_after[id(r["gemm"])], 4),
+        }
+        for r in rows
+    ]
+
+
+def _stamp(prof: Profile, records: list[dict[str, Any]]) -> None:
+    """Record the rounds in ``prof.env["refinements"]`` and mark the profile refined."""
+    env = prof.env
+    env.setdefault("refinements", [])
+    stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    command = " ".join(shlex.quote(a) for a in sys.argv)
+    for rec in records:
+        env["refinements"].append({**rec, "timestamp": stamp, "command": command})
+    if not prof.id.endswith("-refined"):
+        prof.id = f"{prof.id}-refined"
+        prof.label = f"{prof.label}, refined against models"
+
+
 def refine_profile(
     profile: Profile,
     model: nn.Module,
@@ -341,14 +465,7 @@ def refine_profile(
         model_spec: recorded with each round.
         on_round: called with each round's record.
     """
-    if top < 1:
-        raise GacError(f"--top must be at least 1, got {top}")
-    if half_window < 0:
-        raise GacError(f"--half-window must be >= 0, got {half_window}")
-    if rounds < 1:
-        raise GacError(f"--rounds must be at least 1, got {rounds}")
-    if not tol > 0:
-        raise GacError(f"--tolerance-refine must be positive, got {tol}")
+    _check_args(top, half_window, rounds, tol)
     _check_profile(profile)
     prof = Profile.from_dict(profile.to_dict())
     gemms = model_gemms(model, tokens)
@@ -372,87 +489,26 @@ def refine_profile(
         if not over:
             stopped = f"round {rnd}: every GEMM within tolerance {tol}"
             break
-        # the worst ``top`` GEMMs whose refinement window still has unmeasured dims
-        targets: dict[tuple[str, int], list[dict[str, Any]]] = {}
-        picked = 0
-        for r in over:
-            if min(pow2_class(r["gemm"].n), pow2_class(r["gemm"].k)) >= FASTEST_CLASS:
-                continue  # no cliff to find: it disagrees for its shape
-            op, d = target_dim(prof, r["gemm"])
-            _check_op(prof, op)
-            if (op, d) not in targets:
-                c = prof.ops[op].curve
-                have = set(c["dims"]) | {int(x) for x in c.get("failed", [])}
-                if all(x in have for x in range(max(1, d - half_window), d + half_window + 1)):
-                    continue
-            targets.setdefault((op, d), []).append(r)
-            picked += 1
-            if picked == top:
-                break
+        targets = _pick_targets(prof, over, top, half_window)
         if not targets:
             stopped = (
                 f"round {rnd}: nothing new to measure for the {len(over)} GEMM(s) above tolerance "
                 f"(windows measured already, or every dim a multiple of {FASTEST_CLASS})"
             )
             break
-        added_round = 0
-        round_recs = []
         trial = Profile.from_dict(prof.to_dict())
-        for op, d in targets:
-            curve = trial.ops[op].curve
-            lo, hi = max(1, d - half_window), d + half_window
-            have = set(curve["dims"]) | {int(x) for x in curve.get("failed", [])}
-            new: dict[int, float] = {}
-            failed: list[int] = []
-            for x in range(lo, hi + 1):
-                if x in have:
-                    continue
-                v = measure_point(op, x)
-                n_points += 1
-                if v is None or not math.isfinite(v) or v <= 0:
-                    failed.append(x)
-                else:
-                    new[x] = float(v)
-            if failed:
-                curve["failed"] = sorted(set(curve.get("failed", [])) | set(failed))
-            if new:
-                trial.ops[op].curve = merge_points(
-                    curve, new, lo, hi, flops_fn(op, curve.get("context") or {})
-                )
-                redistil_op(trial, op)
-            added_round += len(new)
-            round_recs.append(
-                {
-                    "model": model_spec,
-                    "tokens": tokens,
-                    "round": rnd,
-                    "op": op,
-                    "dim": d,
-                    "window": [lo, hi],
-                    "points_added": sorted(new),
-                    "points_failed": failed,
-                    "rule": {"modulus": trial.ops[op].modulus, "prefer": trial.ops[op].prefer},
-                }
-            )
+        round_recs, n = _measure_targets(
+            trial, targets, half_window, measure_point, {"model": model_spec, "tokens": tokens, "round": rnd}
+        )
+        n_points += n
+        added_round = sum(len(rec["points_added"]) for rec in round_recs)
         after = disagreement(trial, gemms, meas)
         total_before = sum(r["score"] for r in dis["rows"])
         total_after = sum(r["score"] for r in after["rows"])
         rejected = total_after > total_before
         score_after = {id(r["gemm"]): r["score"] for r in after["rows"]}
         for rec, rows in zip(round_recs, targets.values(), strict=True):
-            rec["gemms"] = [
-                {
-                    "shape": list(r["gemm"].shape),
-                    "role": r["gemm"].role,
-                    "fqns": r["gemm"].fqns[:4]
-                    + ([f"+{len(r['gemm'].fqns) - 4}"] if len(r["gemm"].fqns) > 4 else []),
-                    "predicted_ms": r["predicted_ms"],
-                    "measured_ms": r["measured_ms"],
-                    "score_before": round(r["score"], 4),
-                    "score_after": round(score_after[id(r["gemm"])], 4),
-                }
-                for r in rows
-            ]
+            rec["gemms"] = _gemm_scores(rows, score_after)
             rec["total_score_before"] = round(total_before, 4)
             rec["total_score_after"] = round(total_after, 4)
             rec["rejected"] = rejected
@@ -470,22 +526,12 @@ def refine_profile(
             break
     assert first is not None
     if changed:
-        env = prof.env
-        env.setdefault("refinements", [])
-        stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        command = " ".join(shlex.quote(a) for a in sys.argv)
-        for rec in records:
-            env["refinements"].append({**rec, "timestamp": stamp, "command": command})
-        if not prof.id.endswith("-refined"):
-            prof.id = f"{prof.id}-refined"
-            prof.label = f"{prof.label}, refined against models"
+        _stamp(prof, records)
     return RefineResult(prof, gemms, first, dis, records, n_points, stopped)
 
 
 # --------------------------------------------------------------------------- real measurements
 def _timing_cfg(device: torch.device):
-    from gac.hardware.sweeps import Config
-
     if device.type == "cuda":
         c = Config.gpu()
         c.warmup_ms, c.rep_ms, c.min_reps = 10.0, 30.0, 10
@@ -500,8 +546,6 @@ def real_measure_gemm(device: torch.device, dtype: torch.dtype) -> MeasureGemm:
 
     Inputs rotate through enough sets to defeat the L2 cache (as ``gac bench`` does).
     """
-    from gac.hardware.timing import bench, rotation_sets
-
     cfg = _timing_cfg(device)
     esize = torch.empty((), dtype=dtype).element_size()
 
@@ -553,15 +597,13 @@ def context_config(profile: Profile, op: str, device: torch.device):
 
 def real_measure_point(profile: Profile, device: torch.device, dtype: torch.dtype) -> MeasurePoint:
     """``(op, dim) -> ms`` of one profile point at the profile's context (``gac profile``'s measurement)."""
-    from gac.hardware.sweeps import measure_point, op_point
-
     cfgs: dict[str, Any] = {}
 
     def f(op: str, d: int) -> float | None:
         if op not in cfgs:
             cfgs[op] = context_config(profile, op, device)
         p = op_point("profile", cfgs[op], op, d, "refine")
-        res = measure_point(p, device, dtype, cfgs[op])
+        res = measure_sweep_point(p, device, dtype, cfgs[op])
         return res.get("median_ms") if res.get("status") == "ok" else None
 
     return f
@@ -577,18 +619,12 @@ def check_device(profile: Profile, device: torch.device) -> None:
 
 def load_refine_model(spec: str) -> nn.Module:
     """A model for :func:`model_gemms`: ``tiny:<family>`` (built in code) or anything ``load_model`` takes."""
-    import re
-
     m = re.match(r"^tiny:([a-z0-9_]+)$", spec)
     if m:
-        from gac.testing import FAMILIES, OTHER_FAMILIES, tiny_model
-
         if m.group(1) not in FAMILIES + OTHER_FAMILIES:
             raise GacError(
                 f"unknown tiny model family {m.group(1)!r}; known: {', '.join(FAMILIES + OTHER_FAMILIES)}"
             )
         return tiny_model(m.group(1))
-    from gac.models import load_model
-
     # a real model's shape (``shape:NAME``) needs no weights: build it on the meta device
     return load_model(spec, device="meta" if spec.startswith("shape:") else "cpu").model

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -220,8 +221,6 @@ def plot_histogram(an: Analysis, path: str | Path, title: str = "") -> Path:
         distinct = sorted(set(allv))
         if len(distinct) <= 40:
             # one bar per distinct value, stacked aligned / misaligned
-            import numpy as np
-
             x = np.arange(len(distinct))
             ok = [vals_ok.count(v) for v in distinct]
             bad = [vals_bad.count(v) for v in distinct]

@@ -31,8 +31,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from gac import io as gac_io
 from gac.errors import GacError
-from gac.utils import cache_root, quiet_hf
+from gac.guard import check_model_dir_config
+from gac.models.shapes import shape_model
+from gac.surgery.repair import load_repaired
+from gac.utils import atomic_dir, cache_root, console, quiet_hf
 
 #: alias -> (importable package holding the file, file name, description)
 ALIASES: dict[str, tuple[str, str, str]] = {
@@ -137,8 +141,6 @@ def load_model(
     """
     s = str(spec)
     if s.startswith("shape:"):  # a real model's shape with random weights (speed experiments)
-        from gac.models.shapes import shape_model
-
         model, tok = shape_model(s, dtype=dtype or torch.float32, device=device)
         lm = LoadedModel(model, tok, {"id": s, "kind": "shape", "revision": None, "path": None})
     elif s.lower() in ALIASES:
@@ -213,8 +215,6 @@ def _load_dir(
     """Refuse code-running inputs, check ``p``'s config before allocating, then load; a corrupt
     directory is one GacError."""
     check_dir_safe(p, trust_remote_code)
-    from gac.guard import check_model_dir_config
-
     check_model_dir_config(p, torch.empty(0, dtype=dtype).element_size())
     try:
         return _load_dir_checked(p, dtype, device, trust_remote_code)
@@ -235,10 +235,6 @@ def _load_dir_checked(
     p: Path, dtype: torch.dtype, device: str | torch.device, trust_remote_code: bool
 ) -> LoadedModel:
     if (p / "gac_config.json").is_file():
-        try:
-            from gac import io as gac_io
-        except ImportError:
-            raise GacError(f"{p} is a gac-saved model but gac.io is not available in this install") from None
         out = gac_io.load(p, dtype=dtype, device=device)
         if isinstance(out, LoadedModel):
             return out
@@ -248,8 +244,6 @@ def _load_dir_checked(
             model, tok = out.model, getattr(out, "tokenizer", None) or _tokenizer(p)
         return LoadedModel(model, tok, {"id": str(p), "kind": "gac", "revision": None, "path": str(p)})
     if (p / "gac_repair.json").is_file():
-        from gac.surgery.repair import load_repaired
-
         model = load_repaired(p, dtype=dtype or torch.float32, device=device)
         return LoadedModel(
             model, _tokenizer(p), {"id": str(p), "kind": "repaired", "revision": None, "path": str(p)}
@@ -359,8 +353,6 @@ def _load_alias(alias: str, dtype: torch.dtype, device: str | torch.device) -> L
     except Exception as e:  # noqa: BLE001 - a damaged cache (truncated weights...) is rebuilt once
         if not fresh:
             raise
-        from gac.utils import console
-
         console.print(f"[yellow]the cache {cache} is damaged ({type(e).__name__}); rebuilding it[/yellow]")
         _build_alias_cache(src, cache, stamp)
         model = _load_hf_dir(cache, dtype, device, trust_remote_code=False)
@@ -372,8 +364,6 @@ def _load_alias(alias: str, dtype: torch.dtype, device: str | torch.device) -> L
 
 
 def _build_alias_cache(src: Path, cache: Path, stamp: dict[str, Any]) -> None:
-    from gac.utils import atomic_dir, console
-
     console.print(f"[dim]dequantizing {src.name} once into the cache {cache} ...[/dim]")
     lm = _load_gguf(src, torch.float32, "cpu")
     with atomic_dir(cache, overwrite=True) as tmp:

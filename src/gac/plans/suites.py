@@ -8,7 +8,7 @@
   ``DIR/infer.json``, ``DIR/infer.csv`` and plots.
 
 A variant is ``baseline``, a model directory or a ``SPEC`` (``asvd:0.85:gac``: the baseline
-compressed on the fly, :mod:`gac.eval.variants`). ``gac report`` reads what both write.
+compressed on the fly, :mod:`gac.plans.variants`). ``gac report`` reads what both write.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def evaluate(
     overwrite: bool = False,
 ) -> dict[str, Any]:
     """Load (or compress) ``variant`` and run ``suite``; write the results under ``out``."""
-    from gac.eval.variants import load_variant, parse_variant
+    from gac.plans.variants import load_variant, parse_variant
     from gac.utils import atomic_write_text, resolve_device_dtype
 
     if suite not in QUALITY_SUITES:
@@ -186,7 +186,7 @@ def run(
     compares like with like.
     """
     from gac.eval.infer import SweepConfig, run_sweep, write_results
-    from gac.eval.variants import parse_variant
+    from gac.plans.variants import parse_variant
     from gac.utils import resolve_device_dtype
 
     fast = FastPath.of(fast, **switches)
@@ -246,7 +246,7 @@ def _sweep_variants(
     exact for dense layers too), then ``spec`` (unless it is the baseline without ``triton``). Each is
     built when its turn comes; its variant info lands in ``infos`` under its name."""
     from gac.eval.infer import Variant
-    from gac.eval.variants import load_variant, parse_variant
+    from gac.plans.variants import load_variant, parse_variant
 
     def name_of(s: Any, transform: bool, triton: bool) -> str:
         # how a model ran (fused, compiled, graphs) is in res["options"]; the name says what it is

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from gac.api import CompressConfig, compress_
 from gac.errors import GacError
+from gac.models.loading import load_model
 
 _SPEC = re.compile(
     r"^(?P<comp>[A-Za-z][\w-]*):(?P<ratio>[0-9.]+)(?::(?P<align>[\w-]+))?(?::(?P<profile>.+))?$"
@@ -102,8 +105,6 @@ def load_variant(
     record: ``variant``, ``kind``, ``params``, ``baseline_params``, ``param_ratio`` and, when
     known, ``pct_aligned`` and the compression report.
     """
-    from gac.models import load_model
-
     info: dict[str, Any] = {"variant": spec.name, "spec": spec.text, "kind": spec.kind}
     if spec.kind in ("baseline", "spec"):
         if not baseline_model_id:
@@ -112,8 +113,6 @@ def load_variant(
         info["baseline_model_id"] = baseline_model_id
         info["baseline_params"] = _param_count(lm.model)
         if spec.kind == "spec":
-            from gac.api import CompressConfig, compress_
-
             cfg = CompressConfig(
                 compressor=spec.compressor or "asvd",
                 param_ratio=float(spec.ratio or 0.85),
@@ -136,8 +135,6 @@ def load_variant(
     info["params"] = _param_count(lm.model)
     gcfg = spec.path / "gac_config.json"
     if gcfg.is_file():
-        import json
-
         g = json.loads(gcfg.read_text())
         info["pct_aligned"] = g.get("pct_aligned")
         info["predicted_speedup"] = g.get("predicted_speedup")
