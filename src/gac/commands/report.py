@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
+from gac.commands.options import OUT
 from gac.errors import GacError
 
 
@@ -236,9 +237,7 @@ def register(app: typer.Typer) -> None:
         results_dir: str = typer.Argument(
             ..., help="Directory of results written by gac eval / llm_eval / llm_run."
         ),
-        out: str | None = typer.Option(
-            None, "--out", help="Where to write report.md and plots (default: RESULTS_DIR)."
-        ),
+        out: Annotated[str | None, OUT(shown_default="RESULTS_DIR")] = None,  # report.md, plots
     ) -> None:
         """Markdown + PNG comparison of variants: params, alignment, perplexity, accuracy, speedups."""
         md = report(results_dir, out)
