@@ -184,3 +184,24 @@ def test_help_shows_what_a_user_needs_first():
     assert r.exit_code == 0
     for panel in ("Calibration", "Allocation", "Recovery", "Machine"):
         assert panel in r.output
+
+
+def test_profile_takes_its_old_raw_dir_spelling_with_a_notice(tmp_path, monkeypatch):
+    """`gac profile --results DIR` (committed GPU scripts used it) is --raw-dir DIR, with a notice."""
+    import gac.hardware.profiler as profiler
+    from gac.hardware.profile import default_profile
+
+    seen = {}
+
+    def fake_build(dtype, quick, device, results_dir, tolerance):
+        seen["raw"] = results_dir
+        return default_profile(dtype)
+
+    monkeypatch.setattr(profiler, "build_profile", fake_build)
+    monkeypatch.setattr(profiler, "write_profile_outputs", lambda prof, out, raw: prof.save(out))
+    argv = ["profile", "--quick", "--device", "cpu", "--out", str(tmp_path / "p.json")]
+    r = CliRunner().invoke(app, [*argv, "--results", str(tmp_path / "raw")])
+    assert r.exit_code == 0, r.output
+    assert seen["raw"] == tmp_path / "raw" and "--results is now --raw-dir" in r.output
+    r = CliRunner().invoke(app, [*argv, "--overwrite", "--results", "a", "--raw-dir", "b"])
+    assert r.exit_code != 0 and "give only --raw-dir" in str(r.exception)

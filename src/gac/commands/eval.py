@@ -142,9 +142,10 @@ def lm_eval_cmd(
 @eval_app.command("infer")
 @typer_options(INFER, panel=FAST_PATH)
 def infer_cmd(
-    out: Annotated[str, o.OUT()],
+    *,
     variant: Annotated[str, o.VARIANT()] = "baseline",
     baseline_model_id: Annotated[str | None, o.BASELINE_MODEL_ID()] = None,
+    out: Annotated[str, o.OUT()],
     overwrite: Annotated[bool, o.OVERWRITE()] = False,
     prefill_batches: str = typer.Option(
         "1,8", "--prefill-batches", help="Prefill batch sizes.", rich_help_panel=SHAPES

@@ -125,11 +125,7 @@ MAX_MEMORY = _opt(
 )
 
 # outputs
-OUT = _opt(
-    "--out",
-    "-o",
-    help="Where the results go, written atomically (the command's description says what it writes).",
-)
+OUT = _opt("--out", "-o", help="Output path, written atomically (the command's description says what).")
 OVERWRITE = _opt("--overwrite", help="Replace an existing --out.")
 JSON = _opt("--json", help="Print the result as JSON on stdout instead of text.")
 
@@ -140,7 +136,7 @@ EXPERIMENT = _opt(
     help="sdpa_sweep, sdpa_backend, gemm_projection, gemv, lowrank, padding_rescue, repair_kernels or all.",
 )
 HALF_WINDOW = _opt(
-    "--half-window", help="Half-width H of a stride-1 sweep around each dim d: [d - H, d + H]."
+    "--half-window", help="Half-width H of a stride-1 sweep around each dim d: from d - H to d + H."
 )
 MAX_NEW_TOKENS = _opt("--max-new-tokens", "-n", help="Tokens to generate.")
 

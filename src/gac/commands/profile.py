@@ -45,7 +45,7 @@ def profile_cmd(
     ),
     overwrite: Annotated[bool, o.OVERWRITE()] = False,
     tolerance: float = typer.Option(
-        0.05, "--tolerance", help="rule tolerance: within 5%% of the best nearby"
+        0.05, "--tolerance", help="rule tolerance: within 5% of the best nearby"
     ),
     refine: str | None = typer.Option(
         None,
