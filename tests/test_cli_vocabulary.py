@@ -205,3 +205,45 @@ def test_profile_takes_its_old_raw_dir_spelling_with_a_notice(tmp_path, monkeypa
     assert seen["raw"] == tmp_path / "raw" and "--results is now --raw-dir" in r.output
     r = CliRunner().invoke(app, [*argv, "--overwrite", "--results", "a", "--raw-dir", "b"])
     assert r.exit_code != 0 and "give only --raw-dir" in str(r.exception)
+
+
+@pytest.mark.parametrize(
+    ("command", "library", "cli_only"),
+    [
+        # options the command parses or uses itself; every other one reaches the library by its name
+        ("gac eval lm_eval", "gac.llm_eval:evaluate", set()),
+        (
+            "gac eval infer",
+            "gac.llm_run:run",
+            {
+                "max_gpu_memory",
+                "compile",
+                "graphs",
+                "compile_mode",
+                "fuse",
+                "triton",
+                "gqa_decode",
+                "gemv",
+                "fused_lowrank",
+                "branches",
+                "combo_kernels",
+            },
+        ),  # fmt: skip
+        (
+            "gac compress",
+            "gac.api:CompressConfig",
+            {"model", "option", "latency_tokens", "out", "overwrite", "device", "dtype", "rows"},
+        ),  # fmt: skip
+    ],
+)
+def test_commands_name_their_options_after_the_library_arguments(command, library, cli_only):
+    """options.call passes a command's options on by name: an option the library does not take
+    would be dropped silently, so each one is either an argument of the library or listed here."""
+    import importlib
+    import inspect
+
+    mod, name = library.split(":")
+    takes = set(inspect.signature(getattr(importlib.import_module(mod), name)).parameters)
+    cmd = dict(_commands(typer.main.get_command(app), ("gac",)))[command]
+    params = {p.name for p in cmd.params if not getattr(p, "hidden", False)}
+    assert params - takes == cli_only
