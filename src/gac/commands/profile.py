@@ -44,9 +44,7 @@ def profile_cmd(
         None, "--raw-dir", help="raw points, timing and plot dir (default: <out stem>-raw/ beside --out)"
     ),
     overwrite: Annotated[bool, o.OVERWRITE()] = False,
-    tolerance: float = typer.Option(
-        0.05, "--tolerance", help="rule tolerance: within 5% of the best nearby"
-    ),
+    tolerance: float = typer.Option(0.05, "--tolerance", help="rule tolerance: within 5% of the best nearby"),
     refine: str | None = typer.Option(
         None,
         "--refine",
