@@ -44,3 +44,43 @@ def test_gac_picks_one_thread_per_physical_core_unless_told(monkeypatch):
         assert pick_threads() is None  # the user's setting stands
     finally:
         torch.set_num_threads(old)
+
+
+def _row(variant, ppl, **kw):
+    row = {"variant": variant, "params": 125_930_000, "targeted_ratio": 0.8989, "pct_aligned": 100.0,
+           "ppl": ppl, "predicted_speedup": 1.02, "worst_serve_speedup": 1.001, "kv_bytes_per_token": 41_472}  # fmt: skip
+    return {**row, **kw}
+
+
+def test_demo_table_columns_on_a_gpu_and_on_cpu():
+    """The GPU table shows measured speed (a '-' where a phase was not timed), the CPU table the predicted."""
+    from rich.console import Console
+
+    from gac.commands.demo import demo_table
+
+    def text(t):
+        c = Console(record=True, width=200)
+        c.print(t)
+        return c.export_text()
+
+    rows = [
+        _row("base", 45.348, pct_aligned=None, measured_prefill_speedup=1.0, measured_decode_speedup=1.0),
+        _row("gac", 42.145, measured_prefill_speedup=1.2345, measured_decode_speedup=None),
+    ]
+    gpu = demo_table(rows, "llm-pruner", 0.9, measured=True)
+    assert [c.header for c in gpu.columns] == [
+        "variant",
+        "params",
+        "targeted",
+        "aligned",
+        "ppl",
+        "prefill x",
+        "decode x",
+    ]
+    out = text(gpu)
+    assert "LLM-Pruner, 10% parameter reduction" in out and "1.234x" in out and "42.145" in out
+    assert out.splitlines()[-2].split("│")[-2].strip() == "-"  # gac's decode was not timed
+    cpu = demo_table(rows, "palu", 0.9, measured=False)
+    assert [c.header for c in cpu.columns] == ["variant", "params", "targeted", "KV B/token", "aligned", "ppl", "pred. x", "worst x"]  # fmt: skip
+    out = text(cpu)
+    assert "PaLU, 10% KV-cache reduction" in out and "41,472" in out and "1.020x" in out and "1.001x" in out

@@ -505,8 +505,8 @@ CASES: list[tuple[str, list[str], int, str, object]] = [
     # --- analyze
     ("analyze-missing", ["analyze", "/nonexistent/m"], 2, "no such file", None),
     (
-        "analyze-json-proc",
-        ["analyze", TINY, "--profile", "default", "--json", "/proc/a.json"],
+        "analyze-out-proc",
+        ["analyze", TINY, "--profile", "default", "--out", "/proc/a.json"],
         2,
         "/proc",
         None,

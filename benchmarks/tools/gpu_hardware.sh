@@ -18,11 +18,11 @@ pack() { tar czf "$OUTDIR.tgz" -C "$(dirname "$OUTDIR")" "$(basename "$OUTDIR")"
 run() { echo "== $*"; /usr/bin/time -f "wall %e s" "$@"; echo "rc=$?"; pack; }
 for step in $STEPS; do
   case $step in
-    profile_bf16) run python3 -m gac profile --dtype bfloat16 --out "$RES/$SLUG-bfloat16.json" --results "$RES" ;;
-    quick_bf16) run python3 -m gac profile --quick --dtype bfloat16 --out "$RES/$SLUG-bfloat16-quick.json" --results "$RES" ;;
+    profile_bf16) run python3 -m gac profile --dtype bfloat16 --out "$RES/$SLUG-bfloat16.json" --raw-dir "$RES" ;;
+    quick_bf16) run python3 -m gac profile --quick --dtype bfloat16 --out "$RES/$SLUG-bfloat16-quick.json" --raw-dir "$RES" ;;
     bench_all_bf16) run python3 -m gac bench --experiment all --dtype bfloat16 --out "$RES" ;;
-    profile_fp16) run python3 -m gac profile --dtype float16 --out "$RES/$SLUG-float16.json" --results "$RES" ;;
-    quick_fp16) run python3 -m gac profile --quick --dtype float16 --out "$RES/$SLUG-float16-quick.json" --results "$RES" ;;
+    profile_fp16) run python3 -m gac profile --dtype float16 --out "$RES/$SLUG-float16.json" --raw-dir "$RES" ;;
+    quick_fp16) run python3 -m gac profile --quick --dtype float16 --out "$RES/$SLUG-float16-quick.json" --raw-dir "$RES" ;;
     repair_fp16) run python3 -m gac bench --experiment repair_kernels --dtype float16 --out "$RES" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac

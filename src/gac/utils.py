@@ -150,17 +150,41 @@ def track(items: Iterable[T], description: str, total: int | None = None) -> Ite
             p.advance(task)
 
 
-def resolve_device_dtype(device: str, dtype: str) -> tuple[str, Any]:
-    """``auto`` device = CUDA when available, else CPU; ``auto`` dtype = bfloat16 on GPU, float32 on CPU."""
+#: The dtypes gac loads, compresses and measures in; ``auto`` and the short spellings map onto them.
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+DTYPE_ALIASES = {
+    "fp16": "float16",
+    "half": "float16",
+    "bf16": "bfloat16",
+    "fp32": "float32",
+    "float": "float32",
+}
+
+
+def parse_dtype(name: str, device: Any = "cpu") -> Any:
+    """The one dtype parser: a name (``auto``, ``float32``, ``bfloat16``, ``float16``, or ``bf16``,
+    ``fp16``, ``half``, ``fp32``, ``float``) -> torch dtype; ``auto`` is bfloat16 on a GPU
+    (``device``), float32 elsewhere.
+
+    Raises:
+        GacError: an unknown name.
+    """
     import torch
 
+    key = str(name).strip().lower()
+    if key == "auto":
+        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    key = DTYPE_ALIASES.get(key, key)
+    if key not in DTYPE_NAMES:
+        raise GacError(f"unknown dtype {name!r}; use auto, {', '.join(DTYPE_NAMES)}")
+    return getattr(torch, key)
+
+
+def resolve_device_dtype(device: str, dtype: str) -> tuple[str, Any]:
+    """``auto`` device = CUDA when available, else CPU (:func:`gac.guard.parse_device`); the dtype
+    by :func:`parse_dtype` on that device."""
     dev = parse_device(device)
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if dtype == "auto":
-        return dev, (torch.bfloat16 if dev.startswith("cuda") else torch.float32)
-    if dtype not in dtypes:
-        raise GacError(f"unknown dtype {dtype!r}; use auto, {', '.join(dtypes)}")
-    return dev, dtypes[dtype]
+    return dev, parse_dtype(dtype, dev)
 
 
 def physical_cores() -> int:

@@ -138,7 +138,7 @@ def test_cli_bench_all_and_profile_quick_cpu(tmp_path, capsys):
     sweep = json.loads((out / "sdpa_sweep-bfloat16.json").read_text())
     assert all(r["auto_backend"] in r["eligible"] for r in sweep["records"])
     prof = tmp_path / "p.json"
-    rc = main(["profile", "--quick", "--device", "cpu", "--out", str(prof), "--results", str(out)])
+    rc = main(["profile", "--quick", "--device", "cpu", "--out", str(prof), "--raw-dir", str(out)])
     assert rc == 0
     d = json.loads(prof.read_text())
     assert d["measured"] and d["env"]["gpu"] == "CPU" and d["id"].startswith("cpu-bfloat16")

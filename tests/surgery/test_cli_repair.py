@@ -63,7 +63,7 @@ def test_repair_cli_noop_writes_nothing(tmp_path, capsys) -> None:
 def test_analyze_cli(misaligned_dir, tmp_path, capsys) -> None:
     src, _ = misaligned_dir
     j, png = tmp_path / "a.json", tmp_path / "a.png"
-    assert main(["analyze", str(src), "--json", str(j), "--plot", str(png)]) == 0
+    assert main(["analyze", str(src), "--out", str(j), "--plot", str(png)]) == 0
     cap = capsys.readouterr()
     assert "profile:" in cap.err and "aligned" in cap.out
     doc = json.loads(j.read_text())
@@ -91,7 +91,7 @@ def test_analyze_prints_sliding_window_layers_and_tied_embeddings(tmp_path, caps
     cfg.tie_word_embeddings = True
     AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "swa")
     j = tmp_path / "a.json"
-    assert main(["analyze", str(tmp_path / "swa"), "--profile", "default", "--json", str(j)]) == 0
+    assert main(["analyze", str(tmp_path / "swa"), "--profile", "default", "--out", str(j)]) == 0
     out = capsys.readouterr().out
     assert "sliding-window attention (window 64): 2 of 3 layers (1, 2)" in out
     assert "tied embeddings: lm_head is the input embedding matrix" in out

@@ -119,7 +119,7 @@ def test_cli_on_smollm2(tmp_path, capsys) -> None:
     from gac.cli import main
 
     assert (
-        main(["analyze", "smollm2", "--json", str(tmp_path / "a.json"), "--plot", str(tmp_path / "a.png")])
+        main(["analyze", "smollm2", "--out", str(tmp_path / "a.json"), "--plot", str(tmp_path / "a.png")])
         == 0
     )
     assert (tmp_path / "a.json").is_file() and (tmp_path / "a.png").is_file()

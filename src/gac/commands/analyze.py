@@ -4,21 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
-from gac.errors import GacError
-
-_DTYPES = ("float32", "float16", "bfloat16")
-
-
-def parse_dtype(name: str):
-    """``float32`` / ``float16`` / ``bfloat16`` -> torch dtype."""
-    import torch
-
-    if name not in _DTYPES:
-        raise GacError(f"unknown dtype {name!r}; choose one of: {', '.join(_DTYPES)}")
-    return getattr(torch, name)
+from gac.commands import options as o
 
 
 def render_analysis(an, console) -> None:
@@ -155,27 +145,25 @@ def render_notes(notes: dict, console) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("analyze")
     def analyze_cmd(
-        model: str = typer.Argument(
-            ..., help="alias (smollm2), HF dir or hub id, .gguf file, or gac-saved dir"
-        ),
-        profile: str = typer.Option(
-            "auto", "--profile", "-p", help="profile JSON, shipped profile id, 'default' or 'auto'"
-        ),
-        json_out: Path | None = typer.Option(None, "--json", help="write the full analysis as JSON"),
-        plot: Path | None = typer.Option(None, "--plot", help="write the dimension histogram PNG"),
-        dtype: str = typer.Option("float32", "--dtype", help="dtype to load the model in"),
-        trust_remote_code: bool = typer.Option(
-            False, "--trust-remote-code", help="allow the model's own Python code (off by default)"
-        ),
+        model: o.MODEL,
+        profile: Annotated[str, o.PROFILE()] = "auto",
+        out: Annotated[Path | None, o.OUT()] = None,
+        plot: Path | None = typer.Option(None, "--plot", help="Write the dimension histogram PNG."),
+        dtype: Annotated[str, o.DTYPE()] = "float32",
+        trust_remote_code: Annotated[bool, o.TRUST_REMOTE_CODE()] = False,
     ) -> None:
-        """Inventory every dim that reaches a GPU kernel and judge it against a profile."""
+        """Inventory every dim that reaches a GPU kernel and judge it against a profile; --out FILE
+        writes the full analysis as JSON."""
         from rich.console import Console
 
+        from gac.guard import check_out
         from gac.hardware.profile import load_profile
         from gac.models import load_model
         from gac.models.inventory import analyze, plot_histogram
-        from gac.utils import atomic_write_text, console
+        from gac.utils import atomic_write_text, console, parse_dtype
 
+        if out is not None:
+            check_out(out, overwrite=True, kind="file")  # an unwritable --out fails before any work
         prof = load_profile(profile)
         console.print(
             f"profile: {prof.id} ({'measured' if prof.measured else 'NOT measured'}) - {prof.label}"
@@ -186,20 +174,16 @@ def register(app: typer.Typer) -> None:
         serving = serving_of(model)
         if serving:
             Console().print(serving_line(serving), markup=False)
-        if json_out is not None:
-            doc = an.to_dict()
-            doc["model"] = lm.source
-            if serving:
-                doc["serving"] = serving
-
         notes = structure_notes(lm.model)
         render_notes(notes, Console())
-        if json_out is not None:
+        if out is not None:
             doc = an.to_dict()
             doc["model"] = lm.source
             doc["structure"] = notes
-            atomic_write_text(json_out, json.dumps(doc, indent=1))
-            console.print(f"wrote {json_out}")
+            if serving:
+                doc["serving"] = serving
+            atomic_write_text(out, json.dumps(doc, indent=1))
+            console.print(f"wrote {out}")
         if plot is not None:
             plot_histogram(an, plot, title=f"dimension distribution: {model}")
             console.print(f"wrote {plot}")

@@ -3,41 +3,35 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
+from gac.commands import options as o
 from gac.errors import GacError
 
 
 def register(app: typer.Typer) -> None:
     @app.command("bench")
     def bench(
-        experiment: str = typer.Option(
-            ...,
-            "--experiment",
-            "-e",
-            help="sdpa_sweep, sdpa_backend, gemm_projection, gemv, lowrank, padding_rescue, repair_kernels or all",
-        ),
-        dtype: str = typer.Option("bfloat16", "--dtype", help="float16 or bfloat16 (float32 also accepted)"),
-        out: Path | None = typer.Option(None, "--out", help="output dir (default benchmarks/results/<gpu>/)"),
-        device: str | None = typer.Option(None, "--device", help="cuda or cpu (default: cuda if available)"),
+        experiment: Annotated[str, o.EXPERIMENT()],
+        dtype: Annotated[str, o.DTYPE()] = "bfloat16",
+        out: Annotated[Path | None, o.OUT(shown_default="benchmarks/results/<gpu>/")] = None,
+        device: Annotated[str, o.DEVICE()] = "auto",
         dims: str | None = typer.Option(
             None, "--dims", help="override swept dims, e.g. 64:256 or 107,112,128"
         ),
         batch: int | None = typer.Option(None, "--batch", help="SDPA batch (default 4; CPU 1)"),
-        seq_len: int | None = typer.Option(
-            None, "--seq-len", help="SDPA sequence length (default 2048; CPU 64)"
-        ),
+        seq_len: Annotated[int | None, o.SEQ_LEN(shown_default="SDPA: 2048; CPU 64")] = None,
         heads: int | None = typer.Option(None, "--heads", help="SDPA heads (default 32; CPU 2)"),
         m: int | None = typer.Option(None, "--m", help="GEMM M for N/K sweeps (default 8192; CPU 64)"),
         k: int | None = typer.Option(None, "--k", help="GEMM K for N/M sweeps (default 4096; CPU 128)"),
         n: int | None = typer.Option(None, "--n", help="GEMM N for K/M sweeps (default 4096; CPU 128)"),
-        half_window: int | None = typer.Option(
-            None, "--half-window", help="stride-1 sweep half-width around each centre"
-        ),
+        half_window: Annotated[int | None, o.HALF_WINDOW(shown_default="per experiment")] = None,
         resume: bool = typer.Option(False, "--resume", help="keep and skip points already in the JSONL"),
     ) -> None:
-        """Measure how GPU kernels' latency depends on tensor dims (staircase plots, console table)."""
+        """Measure how GPU kernels' latency depends on tensor dims (staircase plots, console table);
+        --out DIR gets the JSON, CSV, PNG and JSONL of each experiment."""
         from gac.hardware.sweeps import Config, parse_dims, run_experiment
         from gac.hardware.timing import resolve_device
 

@@ -8,8 +8,8 @@ from typing import Annotated, Any
 
 import typer
 
+from gac.commands import options as o
 from gac.errors import GacError
-from gac.utils import resolve_device_dtype
 
 
 def parse_options(items: list[str]) -> dict[str, Any]:
@@ -57,53 +57,38 @@ def cpu_sized_defaults(cfg: Any) -> list[str]:
     return notes
 
 
-# the options of `gac compress`, declared once here (their defaults sit in compress_cmd's signature)
-Model = Annotated[str, typer.Argument(help="Model: alias (smollm2), HF directory, .gguf file or hub id.")]
-Compressor = Annotated[
-    str, typer.Option("--compressor", "-c", help="Compressor name (svd, asvd, svd-llm, llm-pruner, palu).")
-]
-ParamRatio = Annotated[
-    float,
-    typer.Option(
-        "--param-ratio",
-        "-r",
-        help="Fraction of the targeted weights' parameters to keep, in (0, 1) (palu: of the KV cache).",
-    ),
-]
-Align = Annotated[
-    str,
-    typer.Option("--align", "-a", help="none | round | knapsack (unaligned control) | gac | gac-latency."),
-]
-ProfileSpec = Annotated[
-    str | None,
-    typer.Option("--profile", "-p", help="Hardware profile: path, shipped id or 'default' (auto)."),
-]
-Calib = Annotated[
-    str,
-    typer.Option(
-        "--calib",
-        help="Calibration text: britannica | wikitext2 | c4 | text:PATH (its calibration part; text:PATH@all for the whole file).",
-    ),
-]
-NSamples = Annotated[
-    int | None, typer.Option("--n-samples", help="Calibration windows (default 256 GPU / 32 CPU).")
-]
-SeqLen = Annotated[
-    int | None, typer.Option("--seq-len", help="Tokens per calibration window (default 2048 GPU / 256 CPU).")
-]
-BatchSize = Annotated[int, typer.Option("--batch-size", help="Calibration windows per forward pass.")]
-Options = Annotated[
-    list[str], typer.Option("--option", "-O", help="Compressor option KEY=VALUE (repeatable).")
-]
+# the options of `gac compress` (the recurring ones are gac.commands.options'), in help panels: what a
+# user sets first (model, compressor, ratio, align, out, profile, serve) on top, the rest grouped
+CALIBRATION, ALLOCATION, RECOVERY, MACHINE, REPORT = (
+    "Calibration",
+    "Allocation (--align gac, knapsack, gac-latency)",
+    "Recovery (--recover lora)",
+    "Machine",
+    "Report",
+)
+Compressor = Annotated[str, o.COMPRESSOR()]
+ParamRatio = Annotated[float, o.PARAM_RATIO()]
+Align = Annotated[str, o.ALIGN()]
+ProfileSpec = Annotated[str | None, o.PROFILE(shown_default="auto")]
+Calib = Annotated[str, o.CALIB(panel=CALIBRATION)]
+NSamples = Annotated[int | None, o.N_SAMPLES(panel=CALIBRATION, shown_default="256 GPU / 32 CPU")]
+SeqLen = Annotated[int | None, o.SEQ_LEN(panel=CALIBRATION, shown_default="2048 GPU / 256 CPU")]
+BatchSize = Annotated[int, o.BATCH_SIZE(panel=CALIBRATION)]
+Options = Annotated[list[str], o.OPTION()]
 LatencyTarget = Annotated[
     float | None,
-    typer.Option("--latency-target", help="gac-latency: predicted latency bound as a fraction of dense."),
+    typer.Option(
+        "--latency-target",
+        help="gac-latency: predicted latency bound as a fraction of dense.",
+        rich_help_panel=ALLOCATION,
+    ),
 ]
 LatencyTokens = Annotated[
     int,
     typer.Option(
         "--latency-tokens",
         help="Rows per GEMM in the latency model (gac-latency, predictions): 1024 a prefill; the batch for decode, where bytes and launches dominate and a factorized site pays its second launch.",
+        rich_help_panel=ALLOCATION,
     ),
 ]
 Candidates = Annotated[
@@ -111,6 +96,7 @@ Candidates = Annotated[
     typer.Option(
         "--candidates",
         help="gac/gac-latency candidate step: modulus (profile rule, finest) | prefer (fastest modulus).",
+        rich_help_panel=ALLOCATION,
     ),
 ]
 Objective = Annotated[
@@ -118,6 +104,7 @@ Objective = Annotated[
     typer.Option(
         "--objective",
         help="knapsack value: paper (sensitivity x parameter change) | curve (the compressor's loss curve).",
+        rich_help_panel=ALLOCATION,
     ),
 ]
 Window = Annotated[
@@ -125,31 +112,43 @@ Window = Annotated[
     typer.Option(
         "--window",
         help="knapsack candidates: native dim ± N modulus steps (N >= 1, default 1) or ± a fraction in (0, 1).",
+        rich_help_panel=ALLOCATION,
     ),
 ]
 CalibSeed = Annotated[
     int,
     typer.Option(
-        "--calib-seed", help="0: the first calibration windows; N: a seeded random choice of windows."
+        "--calib-seed",
+        help="0: the first calibration windows; N: a seeded random choice of windows.",
+        rich_help_panel=CALIBRATION,
     ),
 ]
 Recover = Annotated[
     str,
     typer.Option(
-        "--recover", help="none | lora: a short LoRA fine-tune on calibration text, merged (needs peft)."
+        "--recover",
+        help="none | lora: a short LoRA fine-tune on calibration text, merged (needs peft).",
+        rich_help_panel=RECOVERY,
     ),
 ]
-RecoverSteps = Annotated[int, typer.Option("--recover-steps", help="LoRA recovery: optimizer steps.")]
-RecoverRank = Annotated[int, typer.Option("--recover-rank", help="LoRA recovery: adapter rank.")]
-RecoverLr = Annotated[float, typer.Option("--recover-lr", help="LoRA recovery: learning rate.")]
-Out = Annotated[Path, typer.Option("--out", help="Output directory (written atomically).")]
-Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existing output directory.")]
-Device = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N.")]
-Dtype = Annotated[
-    str, typer.Option("--dtype", help="auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16 | float16.")
+RecoverSteps = Annotated[
+    int, typer.Option("--recover-steps", help="LoRA recovery: optimizer steps.", rich_help_panel=RECOVERY)
 ]
+RecoverRank = Annotated[
+    int, typer.Option("--recover-rank", help="LoRA recovery: adapter rank.", rich_help_panel=RECOVERY)
+]
+RecoverLr = Annotated[
+    float, typer.Option("--recover-lr", help="LoRA recovery: learning rate.", rich_help_panel=RECOVERY)
+]
+Out = Annotated[Path, o.OUT(short=False)]  # -o was --option here: refused, not misread
+Overwrite = Annotated[bool, o.OVERWRITE()]
+Device = Annotated[str, o.DEVICE(panel=MACHINE)]
+Dtype = Annotated[str, o.DTYPE(panel=MACHINE)]
 Rows = Annotated[
-    int | None, typer.Option("--rows", help="Print at most this many per-site rows (all by default).")
+    int | None,
+    typer.Option(
+        "--rows", help="Print at most this many per-site rows (all by default).", rich_help_panel=REPORT
+    ),
 ]
 Serve = Annotated[
     str | None,
@@ -163,6 +162,7 @@ AllowSlower = Annotated[
     typer.Option(
         "--allow-slower",
         help="--align gac without the latency guard (least loss at the budget); says where it is predicted slower.",
+        rich_help_panel=ALLOCATION,
     ),
 ]
 Verify = Annotated[
@@ -170,13 +170,14 @@ Verify = Annotated[
     typer.Option(
         "--verify",
         help="After compressing (GPU), time dense and compressed at the serving shapes on the default inference path; recorded in gac_report.json, warns where slower beyond the measured spread.",
+        rich_help_panel=REPORT,
     ),
 ]
-MaxGpuMemory = Annotated[float | None, typer.Option("--max-gpu-memory", help="GiB the model may occupy on the GPU; a larger model stays in CPU memory and is calibrated and factorized one decoder layer at a time on the GPU (svd, svd-llm).")]  # fmt: skip
+MaxGpuMemory = Annotated[float | None, o.MAX_GPU_MEMORY(panel=MACHINE)]
 
 
 def compress_cmd(
-    model: Model,
+    model: o.MODEL,
     compressor: Compressor = "asvd",
     param_ratio: ParamRatio = 0.85,
     align: Align = "gac",
@@ -207,37 +208,16 @@ def compress_cmd(
     verify: Verify = False,
     max_gpu_memory: MaxGpuMemory = None,
 ) -> None:
-    """Compress MODEL with aligned dims under a parameter budget, save it to --out and print the report."""
+    """Compress MODEL with aligned dims under a parameter budget, save it to the --out directory
+    (model, gac_config.json, gac_report.json) and print the report."""
+    params = dict(locals())
     from gac import io
     from gac.api import CompressConfig, check_not_compressed, compress_, gac_config_for_save, preflight
     from gac.models import load_model
-    from gac.utils import console, out_console
+    from gac.utils import console, out_console, resolve_device_dtype
 
-    cfg = CompressConfig(
-        compressor=compressor,
-        param_ratio=param_ratio,
-        align=align,
-        profile=profile,
-        calib=calib,
-        n_samples=n_samples,
-        seq_len=seq_len,
-        batch_size=batch_size,
-        options=parse_options(option),
-        latency_target=latency_target,
-        tokens=latency_tokens,
-        candidates=candidates,
-        objective=objective,
-        window=window,
-        calib_seed=calib_seed,
-        max_gpu_memory=max_gpu_memory,
-        serve=serve,
-        allow_slower=allow_slower,
-        recover=recover,
-        recover_steps=recover_steps,
-        recover_rank=recover_rank,
-        recover_lr=recover_lr,
-        verify=verify,
-    )
+    # the command's options are named after CompressConfig's fields (but two)
+    cfg = o.call(CompressConfig, params, options=parse_options(option), tokens=latency_tokens)
     dev, dt = resolve_device_dtype(device, dtype)
     preflight(cfg, dev, out, overwrite)  # everything cheap, before loading a model or calibrating
     if not dev.startswith("cuda"):

@@ -24,10 +24,13 @@ from __future__ import annotations
 import copy
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
+
+from gac.commands import options as o
 
 DEFAULT_OUT = Path("runs/demo")
 
@@ -117,6 +120,48 @@ CPU_SECONDS = {"llm-pruner": 96, "palu": 84, "svd-llm": 178, "asvd": 507}
 CPU_LIMIT_S = 150
 
 
+@dataclass
+class DemoSetup:
+    """What one demo run compares, and at what size (the checked arguments of :func:`run_demo`)."""
+
+    compressor: str
+    param_ratio: float
+    probe_ratios: tuple[float, ...]
+    sensitivity_samples: int
+    n_samples: int
+    seq_len: int
+    eval_windows: int
+    eval_seq_len: int
+    dev: str
+    dt: Any
+    prof: Any
+
+    @property
+    def gpu(self) -> bool:
+        return self.dev.startswith("cuda")
+
+    @property
+    def label(self) -> str:
+        return LABELS.get(self.compressor, self.compressor)
+
+    @property
+    def what(self) -> str:  # PaLU's budget is the latent KV cache
+        return "KV-cache" if self.compressor == "palu" else "parameter"
+
+    @property
+    def unit(self) -> str:
+        return "latent KV dims" if self.compressor == "palu" else "parameters"
+
+    def options(self) -> dict[str, Any]:
+        """The compressor's options: float32 SVDs (~10x faster than float64 on CPU for SmolLM2's
+        576x1536 weights); ASVD's probes."""
+        c = self.compressor
+        options: dict[str, Any] = {"svd_dtype": "float32"} if c in ("svd", "asvd", "svd-llm", "palu") else {}
+        if c == "asvd":
+            options.update(probe_ratios=list(self.probe_ratios), sensitivity_samples=self.sensitivity_samples)
+        return options
+
+
 def run_demo(
     out: Path = DEFAULT_OUT,
     compressor: str = "llm-pruner",
@@ -133,22 +178,77 @@ def run_demo(
 ) -> dict[str, Any]:
     """Run the demo and return (and write to ``out/demo.json``) its results."""
     import torch
-    from rich.table import Table
 
-    from gac.api import CompressConfig, apply_, plan
+    from gac.api import CompressConfig, plan
     from gac.data import load_text
-    from gac.errors import GacError
     from gac.eval.ppl import perplexity
     from gac.guard import check_out
-    from gac.hardware.timing import environment
     from gac.models import load_model
-    from gac.models.inventory import kv_bytes_per_token
-    from gac.utils import atomic_dir, console, out_console, resolve_device_dtype
+    from gac.utils import atomic_dir, console
 
     t_start = time.perf_counter()
     check_out(out, overwrite)  # before any work: never replace data the demo did not write
+    d = _setup(compressor, param_ratio, profile, device, n_samples, seq_len, probe_ratios,
+               sensitivity_samples, eval_windows, eval_seq_len)  # fmt: skip
+    small = _announce(d)
+    timings: dict[str, float] = {}
+
+    t0 = time.perf_counter()
+    lm = load_model("smollm2", dtype=d.dt, device=d.dev)
+    base, tok = lm.model, lm.tokenizer
+    timings["load_s"] = time.perf_counter() - t0
+
+    options = d.options()
+    cfg = CompressConfig(compressor=compressor, param_ratio=param_ratio, align="none", profile=d.prof.id,
+                         calib="britannica", n_samples=d.n_samples, seq_len=seq_len, options=options)  # fmt: skip
+    t0 = time.perf_counter()
+    p = plan(base, cfg, tokenizer=tok, profile=d.prof)
+    timings["calibrate_and_probe_s"] = time.perf_counter() - t0
+
+    variants, models = _apply_variants(base, p, timings)
+
+    t0 = time.perf_counter()
+    text = load_text("britannica", "test")
+    ppl: dict[str, Any] = {}
+    for name, m in models.items():
+        ppl[name] = perplexity(m, tok, text, seq_len=eval_seq_len, batch_size=1, max_windows=eval_windows)
+    timings["perplexity_s"] = time.perf_counter() - t0
+
+    measured: dict[str, Any] | None = None
+    if d.gpu:
+        t0 = time.perf_counter()
+        measured = measure_speed({n: m.to(torch.bfloat16) for n, m in models.items()})
+        timings["gpu_timing_s"] = time.perf_counter() - t0
+
+    rows = demo_rows(base, models, variants, ppl, measured)
+    timings["total_s"] = time.perf_counter() - t_start
+    _print_results(d, rows, variants, ppl, measured)
+    console.print(f"wall time {timings['total_s']:.0f} s")
+
+    result = _result(d, lm.source, options, small, rows, ppl, measured, variants, timings)
+    with atomic_dir(out, overwrite=overwrite) as tmp:
+        (tmp / "demo.json").write_text(json.dumps(result, indent=1, default=str))
+    console.print(f"results: {out / 'demo.json'}")
+    return result
+
+
+def _setup(
+    compressor: str,
+    param_ratio: float,
+    profile: str | None,
+    device: str,
+    n_samples: int | None,
+    seq_len: int,
+    probe_ratios: tuple[float, ...] | None,
+    sensitivity_samples: int,
+    eval_windows: int,
+    eval_seq_len: int,
+) -> DemoSetup:
+    """Check every argument (before any work) and fill the machine-dependent defaults."""
     from gac.compressors.asvd import REFERENCE_PROBE_RATIOS
     from gac.compressors.base import available_compressors
+    from gac.errors import GacError
+    from gac.utils import resolve_device_dtype
 
     if compressor not in available_compressors():
         raise GacError(f"unknown compressor {compressor!r}; available: {', '.join(available_compressors())}")
@@ -172,56 +272,43 @@ def run_demo(
         )
     if n_samples is None:
         n_samples = 64 if gpu else 16
-    prof = pick_profile(profile)
-    label = LABELS.get(compressor, compressor)
-    what = "KV-cache" if compressor == "palu" else "parameter"  # PaLU's budget is the latent KV cache
-    unit = "latent KV dims" if compressor == "palu" else "parameters"
+    return DemoSetup(compressor, param_ratio, tuple(probe_ratios), sensitivity_samples, n_samples, seq_len,
+                     eval_windows, eval_seq_len, dev, dt, pick_profile(profile))  # fmt: skip
+
+
+def _announce(d: DemoSetup) -> list[str]:
+    """Print what runs; return the notes on what is CPU-sized (recorded in demo.json)."""
+    from gac.utils import console
+
     console.print(
-        f"[bold]gac demo[/bold]: SmolLM2-135M-Instruct, {label} at {1 - param_ratio:.0%} {what} "
-        f"reduction, {dev}"
+        f"[bold]gac demo[/bold]: SmolLM2-135M-Instruct, {d.label} at {1 - d.param_ratio:.0%} {d.what} "
+        f"reduction, {d.dev}"
     )
-    console.print(f"profile: {prof.id} ({prof.label})")
+    console.print(f"profile: {d.prof.id} ({d.prof.label})")
     small = []
-    if compressor == "asvd":
+    if d.compressor == "asvd":
         small.append(
-            f"ASVD sensitivity probes {', '.join(f'{r:g}' for r in probe_ratios)} (the reference's) on "
-            f"{sensitivity_samples} window(s) of {seq_len} tokens; the reference probes on all its "
+            f"ASVD sensitivity probes {', '.join(f'{r:g}' for r in d.probe_ratios)} (the reference's) on "
+            f"{d.sensitivity_samples} window(s) of {d.seq_len} tokens; the reference probes on all its "
             "calibration windows (e.g. 32 x 2048)"
         )
-    if not gpu:
-        small.append(f"calibration {n_samples} x {seq_len} tokens (GPU default 256 x 2048)")
+    if not d.gpu:
+        small.append(f"calibration {d.n_samples} x {d.seq_len} tokens (GPU default 256 x 2048)")
     if small:
         console.print(
             "[yellow]CPU-sized run[/yellow]: "
             + "; ".join(small)
             + ". At this size none vs knapsack/gac is not a claim; gac vs knapsack (the cost of alignment) is."
         )
-    timings: dict[str, float] = {}
+    return small
 
-    t0 = time.perf_counter()
-    lm = load_model("smollm2", dtype=dt, device=dev)
-    base, tok = lm.model, lm.tokenizer
-    timings["load_s"] = time.perf_counter() - t0
 
-    # float32 SVDs: ~10x faster than float64 on CPU for SmolLM2's 576x1536 weights
-    options: dict[str, Any] = (
-        {"svd_dtype": "float32"} if compressor in ("svd", "asvd", "svd-llm", "palu") else {}
-    )
-    if compressor == "asvd":
-        options.update(probe_ratios=list(probe_ratios), sensitivity_samples=sensitivity_samples)
-    cfg = CompressConfig(
-        compressor=compressor,
-        param_ratio=param_ratio,
-        align="none",
-        profile=prof.id,
-        calib="britannica",
-        n_samples=n_samples,
-        seq_len=seq_len,
-        options=options,
-    )
-    t0 = time.perf_counter()
-    p = plan(base, cfg, tokenizer=tok, profile=prof)
-    timings["calibrate_and_probe_s"] = time.perf_counter() - t0
+def _apply_variants(base: Any, p: Any, timings: dict[str, float]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Each variant applied to a deep copy of ``base``: ``(reports, models)`` by name (``models``
+    also holds ``base``); the unguarded gac where the latency guard changed gac's dims."""
+    from gac.api import apply_
+    from gac.errors import GacError
+    from gac.utils import console
 
     variants: dict[str, Any] = {}
     models: dict[str, Any] = {"base": base}
@@ -246,19 +333,18 @@ def run_demo(
             m = copy.deepcopy(base)
             variants[UNGUARDED] = apply_(m, p, ung)
             models[UNGUARDED] = m
+    return variants, models
 
-    t0 = time.perf_counter()
-    text = load_text("britannica", "test")
-    ppl: dict[str, Any] = {}
-    for name, m in models.items():
-        ppl[name] = perplexity(m, tok, text, seq_len=eval_seq_len, batch_size=1, max_windows=eval_windows)
-    timings["perplexity_s"] = time.perf_counter() - t0
 
-    measured: dict[str, Any] | None = None
-    if gpu:
-        t0 = time.perf_counter()
-        measured = measure_speed({n: m.to(torch.bfloat16) for n, m in models.items()})
-        timings["gpu_timing_s"] = time.perf_counter() - t0
+def demo_rows(
+    base: Any,
+    models: dict[str, Any],
+    variants: dict[str, Any],
+    ppl: dict[str, Any],
+    measured: dict[str, Any] | None,
+) -> list[dict[str, Any]]:
+    """One row per model (base, the variants): parameters, alignment, perplexity, speed over dense."""
+    from gac.models.inventory import kv_bytes_per_token
 
     base_params = sum(q.numel() for q in base.parameters())
     rows = []
@@ -281,7 +367,15 @@ def run_demo(
             row["measured_decode_speedup"] = m.get("decode")
             row["measured_ms"] = {k: m[k] for k in ("prefill_ms", "decode_ms") if k in m}
         rows.append(row)
+    return rows
 
+
+def demo_table(rows: list[dict[str, Any]], compressor: str, param_ratio: float, measured: bool) -> Any:
+    """The demo's table (rich): measured speed columns on a GPU, predicted ones elsewhere."""
+    from rich.table import Table
+
+    label = LABELS.get(compressor, compressor)
+    what = "KV-cache" if compressor == "palu" else "parameter"
     table = Table(
         title=f"gac demo: SmolLM2-135M-Instruct, {label}, {1 - param_ratio:.0%} {what} reduction",
         padding=(0, 1),
@@ -311,16 +405,28 @@ def run_demo(
             w = r.get("worst_serve_speedup")
             cells += [f"{r['predicted_speedup']:.3f}x", "-" if w is None else f"{w:.3f}x"]
         table.add_row(*cells)
-    timings["total_s"] = time.perf_counter() - t_start
-    out_console.print(table)  # the result: stdout
+    return table
+
+
+def _print_results(
+    d: DemoSetup,
+    rows: list[dict[str, Any]],
+    variants: dict[str, Any],
+    ppl: dict[str, Any],
+    measured: dict[str, Any] | None,
+) -> None:
+    """The table (stdout), then what it shows (stderr)."""
+    from gac.utils import console, out_console
+
+    out_console.print(demo_table(rows, d.compressor, d.param_ratio, bool(measured)))  # the result: stdout
     n_tok = ppl["base"]["n_predicted"]
     g, k = ppl["gac"]["ppl"], ppl["knapsack"]["ppl"]
     console.print(
-        f"perplexity on {n_tok:,} predicted tokens of the Britannica 1911 test half ({eval_windows} x "
-        f"{eval_seq_len}); calibration {n_samples} x {seq_len} tokens of its training half; "
+        f"perplexity on {n_tok:,} predicted tokens of the Britannica 1911 test half ({d.eval_windows} x "
+        f"{d.eval_seq_len}); calibration {d.n_samples} x {d.seq_len} tokens of its training half; "
         f"knapsack and gac use {variants['knapsack'].allocation['cost']:,} and "
-        f"{variants['gac'].allocation['cost']:,} of the {variants['none'].allocation['cost']:,} {unit} "
-        f"{label}'s own allocation uses"
+        f"{variants['gac'].allocation['cost']:,} of the {variants['none'].allocation['cost']:,} {d.unit} "
+        f"{d.label}'s own allocation uses"
     )
     none_ppl = ppl["none"]["ppl"]
     console.print(
@@ -331,10 +437,34 @@ def run_demo(
         console.print(
             f"why gac is {g / none_ppl - 1:+.1%} over none (target {QUALITY_TOLERANCE - 1:.0%}): the "
             f"re-allocation (knapsack {k / none_ppl - 1:+.1%}), not alignment (gac/knapsack {g / k - 1:+.1%}); "
-            + WHY.get(compressor, "see docs/results.md"),
+            + WHY.get(d.compressor, "see docs/results.md"),
             markup=False,
             soft_wrap=True,
         )
+    _print_guard(variants, ppl)
+    if measured:
+        console.print(
+            "speed over dense measured on the default path (compiled, CUDA graphs, decode kernels; "
+            f"bfloat16): prefill {', '.join(f'B{b}x{q}' for b, q in GPU_PREFILL)}, decode "
+            f"{', '.join(f'B{b} KV {q}' for b, q in GPU_DECODE)} (geometric means)"
+        )
+    else:
+        console.print(
+            f"no GPU here: 'predicted x' is the latency model's speed over dense for the compressed "
+            f"sites, predicted from the shipped profile {d.prof.id}, not measured"
+        )
+    if d.compressor == "palu":
+        console.print(
+            "PaLU: predicted speedups price the K/V projections' GEMMs only; the latent cache's decode "
+            "speed is measured in benchmarks/results/h100/palu (benchmarks/tools/gpu_palu.py)"
+        )
+
+
+def _print_guard(variants: dict[str, Any], ppl: dict[str, Any]) -> None:
+    """What the latency guard did to gac: the unguarded row's perplexity, or that it changed nothing."""
+    from gac.utils import console
+
+    g, none_ppl = ppl["gac"]["ppl"], ppl["none"]["ppl"]
     shapes = ", ".join(r["point"] for r in variants["gac"].allocation.get("serve") or [])
     if UNGUARDED in variants:
         u = ppl[UNGUARDED]["ppl"]
@@ -355,44 +485,42 @@ def run_demo(
             markup=False,
             soft_wrap=True,
         )
-    if measured:
-        console.print(
-            "speed over dense measured on the default path (compiled, CUDA graphs, decode kernels; "
-            f"bfloat16): prefill {', '.join(f'B{b}x{q}' for b, q in GPU_PREFILL)}, decode "
-            f"{', '.join(f'B{b} KV {q}' for b, q in GPU_DECODE)} (geometric means)"
-        )
-    else:
-        console.print(
-            f"no GPU here: 'predicted x' is the latency model's speed over dense for the compressed "
-            f"sites, predicted from the shipped profile {prof.id}, not measured"
-        )
-    if compressor == "palu":
-        console.print(
-            "PaLU: predicted speedups price the K/V projections' GEMMs only; the latent cache's decode "
-            "speed is measured in benchmarks/results/h100/palu (benchmarks/tools/gpu_palu.py)"
-        )
-    console.print(f"wall time {timings['total_s']:.0f} s")
 
-    result = {
+
+def _result(
+    d: DemoSetup,
+    source: Any,
+    options: dict[str, Any],
+    small: list[str],
+    rows: list[dict[str, Any]],
+    ppl: dict[str, Any],
+    measured: dict[str, Any] | None,
+    variants: dict[str, Any],
+    timings: dict[str, float],
+) -> dict[str, Any]:
+    """demo.json (``gac.demo/1``)."""
+    from gac.hardware.timing import environment
+
+    return {
         "schema": "gac.demo/1",
-        "model": lm.source,
-        "compressor": compressor,
-        "param_ratio": param_ratio,
-        "profile": {"id": prof.id, "label": prof.label, "measured": prof.measured},
+        "model": source,
+        "compressor": d.compressor,
+        "param_ratio": d.param_ratio,
+        "profile": {"id": d.prof.id, "label": d.prof.label, "measured": d.prof.measured},
         "settings": {
-            "device": dev,
-            "dtype": str(dt).removeprefix("torch."),
+            "device": d.dev,
+            "dtype": str(d.dt).removeprefix("torch."),
             "calibration": {
                 "source": "britannica (train split: the article's second half)",
-                "n_samples": n_samples,
-                "seq_len": seq_len,
+                "n_samples": d.n_samples,
+                "seq_len": d.seq_len,
             },
             "compressor_options": options,
             "cpu_sized": small,
             "eval": {
                 "source": "britannica (test split: the article's first half)",
-                "windows": eval_windows,
-                "seq_len": eval_seq_len,
+                "windows": d.eval_windows,
+                "seq_len": d.eval_seq_len,
             },
         },
         "rows": rows,
@@ -400,12 +528,8 @@ def run_demo(
         "measured_prefill": measured,
         "reports": {k: v.to_dict() for k, v in variants.items()},
         "timings": timings,
-        "env": environment(dev),
+        "env": environment(d.dev),
     }
-    with atomic_dir(out, overwrite=overwrite) as tmp:
-        (tmp / "demo.json").write_text(json.dumps(result, indent=1, default=str))
-    console.print(f"results: {out / 'demo.json'}")
-    return result
 
 
 #: gac's perplexity within this factor of ``none``'s is the demo's quality target.
@@ -423,25 +547,14 @@ LABELS = {"asvd": "ASVD", "svd-llm": "SVD-LLM (W)", "svd": "SVD", "llm-pruner": 
 
 
 def demo_cmd(
-    out: Path = typer.Option(
-        DEFAULT_OUT, "--out", help="Directory for demo.json (written atomically; default runs/demo)."
-    ),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing non-empty --out."),
-    compressor: str = typer.Option(
-        "llm-pruner",
-        "--compressor",
-        "-c",
-        help="Compressor (llm-pruner, palu, svd; on a GPU also asvd, svd-llm: too slow for the CPU demo).",
-    ),
-    param_ratio: float = typer.Option(0.9, "--param-ratio", help="Fraction of targeted parameters kept."),
-    profile: str | None = typer.Option(
-        None, "--profile", help="Profile for alignment/prediction (default: shipped)."
-    ),
-    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
-    n_samples: int | None = typer.Option(
-        None, "--n-samples", help="Calibration windows (default 16 CPU / 64 GPU)."
-    ),
-    seq_len: int = typer.Option(128, "--seq-len", help="Calibration window length."),
+    out: Annotated[Path, o.OUT()] = DEFAULT_OUT,
+    overwrite: Annotated[bool, o.OVERWRITE()] = False,
+    compressor: Annotated[str, o.COMPRESSOR()] = "llm-pruner",
+    param_ratio: Annotated[float, o.PARAM_RATIO()] = 0.9,
+    profile: Annotated[str | None, o.PROFILE(shown_default=f"auto, else {FALLBACK_PROFILE}")] = None,
+    device: Annotated[str, o.DEVICE()] = "auto",
+    n_samples: Annotated[int | None, o.N_SAMPLES(shown_default="64 GPU / 16 CPU")] = None,
+    seq_len: Annotated[int, o.SEQ_LEN()] = 128,
     probe_ratios: str = typer.Option(
         "0.4,0.5,0.6,0.7,0.8,0.9",
         "--probe-ratios",
@@ -454,8 +567,9 @@ def demo_cmd(
     eval_seq_len: int = typer.Option(512, "--eval-seq-len", help="Perplexity window length."),
 ) -> None:
     """The main job: SmolLM2-135M + LLM-Pruner, align none / knapsack / gac: params, alignment,
-    perplexity, speed over dense (predicted on CPU, measured on a GPU). Writes DIR/demo.json
-    (default runs/demo)."""
+    perplexity, speed over dense (predicted on CPU, measured on a GPU). Writes demo.json into the
+    --out directory. The CPU demo runs llm-pruner, palu and svd; asvd and svd-llm are too slow for
+    it and run on a GPU."""
     from gac.errors import GacError
 
     try:

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
+from gac.commands import options as o
 from gac.runtime.fastpath import INFER, FastPath, typer_options
+
+#: Help panels of `gac eval lm_eval` and `gac eval infer`: what a user sets first stays on top.
+PPL_SUITE = "ppl suite (--suite ppl)"
+SHAPES = "Shapes and repetitions"
+CAPACITY = "Capacity"
+MACHINE = "Machine"
+FAST_PATH = "Fast path"
 
 eval_app = typer.Typer(
     help="Evaluate a model: perplexity, lm-eval tasks, inference speed.", no_args_is_help=True
@@ -17,36 +27,17 @@ def register(app: typer.Typer) -> None:
 
 @eval_app.command("ppl")
 def ppl_cmd(
-    model: str = typer.Argument(..., help="Model: alias (smollm2), gac/HF directory, .gguf file or hub id."),
-    dataset: str = typer.Option(
-        "britannica",
-        "--dataset",
-        "-d",
-        help="britannica (embedded) | wikitext2 | c4 (need the hub) | text:PATH (its test part; "
-        "text:PATH@calib / @all pick another).",
-    ),
-    allow_overlap: bool = typer.Option(
-        False,
-        "--allow-overlap",
-        help="Evaluate even on text the model was calibrated on (recorded in the result).",
-    ),
-    seq_len: int = typer.Option(2048, "--seq-len", help="Window length (non-overlapping windows)."),
-    max_windows: int | None = typer.Option(None, "--max-windows", help="Score only the first N windows."),
-    batch_size: int = typer.Option(1, "--batch-size", help="Windows per forward pass."),
-    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | cuda:N."),
-    dtype: str = typer.Option(
-        "auto", "--dtype", help="auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16 | float16."
-    ),
-    tokenizer: str | None = typer.Option(
-        None, "--tokenizer", help="Take the tokenizer from this model spec."
-    ),
-    out: str | None = typer.Option(None, "--out", help="Also write the result as JSON here."),
-    max_memory: str | None = typer.Option(
-        None,
-        "--max-memory",
-        help="Spread the model over devices with accelerate, whole decoder layers each: "
-        "'0=20GiB,1=20GiB,cpu=64GiB[,disk=200GiB]'.",
-    ),
+    model: o.MODEL,
+    dataset: Annotated[str, o.DATASET()] = "britannica",
+    allow_overlap: Annotated[bool, o.ALLOW_OVERLAP()] = False,
+    seq_len: Annotated[int, o.SEQ_LEN()] = 2048,
+    max_windows: Annotated[int | None, o.MAX_WINDOWS()] = None,
+    batch_size: Annotated[int, o.BATCH_SIZE()] = 1,
+    device: Annotated[str, o.DEVICE()] = "auto",
+    dtype: Annotated[str, o.DTYPE()] = "auto",
+    tokenizer: Annotated[str | None, o.TOKENIZER()] = None,
+    out: Annotated[str | None, o.OUT()] = None,
+    max_memory: Annotated[str | None, o.MAX_MEMORY()] = None,
     offload_dir: str | None = typer.Option(
         None, "--offload-dir", help="Folder for disk offload (--max-memory disk=...)."
     ),
@@ -54,7 +45,8 @@ def ppl_cmd(
     """Perplexity by the standard protocol (non-overlapping windows, mean NLL, last window kept).
 
     Tokens follow the model's tokenizer (a leading BOS where it adds one); evaluation text that the
-    model was calibrated on is refused unless --allow-overlap.
+    model was calibrated on is refused unless --allow-overlap. The result is printed as JSON on
+    stdout and, with --out FILE, also written there.
     """
     import json
     from pathlib import Path
@@ -112,106 +104,85 @@ def ppl_cmd(
 
 @eval_app.command("lm_eval")
 def lm_eval_cmd(
-    variant: str = typer.Option(
-        ..., "--variant", help="baseline | a model directory | SPEC (asvd:0.85:gac)."
-    ),
+    variant: Annotated[str, o.VARIANT()],
+    out: Annotated[str, o.OUT()],
     suite: str = typer.Option("lm_eval", "--suite", help="lm_eval | ppl."),
-    baseline_model_id: str | None = typer.Option(
-        None, "--baseline-model-id", help="Base model: alias (smollm2), HF id, directory or GGUF."
-    ),
-    out: str = typer.Option(..., "--out", help="Results directory (lm_eval.json / ppl.json, variant.json)."),
+    baseline_model_id: Annotated[str | None, o.BASELINE_MODEL_ID()] = None,
     tasks: str | None = typer.Option(
         None,
         "--tasks",
         help="lm-eval tasks, comma separated (default: piqa,hellaswag,arc_easy,arc_challenge,winogrande).",
     ),
     limit: float | None = typer.Option(None, "--limit", help="Examples per task (default: the full sets)."),
-    batch_size: int = typer.Option(8, "--batch-size"),
-    num_fewshot: int | None = typer.Option(None, "--num-fewshot"),
+    batch_size: Annotated[int, o.BATCH_SIZE()] = 8,
+    num_fewshot: int | None = typer.Option(None, "--num-fewshot", help="Few-shot examples per prompt."),
     include_path: list[str] | None = typer.Option(None, "--include-path", help="Folder of local task YAMLs."),
-    dataset: str = typer.Option(
-        "britannica",
-        "--dataset",
-        help="ppl suite: britannica | wikitext2 | c4 | text:PATH (its test part; @calib / @all pick another).",
-    ),
-    allow_overlap: bool = typer.Option(
-        False, "--allow-overlap", help="ppl suite: evaluate even on the calibration text (recorded)."
-    ),
-    seq_len: int = typer.Option(2048, "--seq-len", help="ppl suite: window length."),
-    max_windows: int | None = typer.Option(None, "--max-windows", help="ppl suite: first N windows only."),
-    device: str = typer.Option("auto", "--device"),
-    dtype: str = typer.Option("auto", "--dtype"),
-    overwrite: bool = typer.Option(False, "--overwrite"),
+    dataset: Annotated[str, o.DATASET(panel=PPL_SUITE)] = "britannica",
+    allow_overlap: Annotated[bool, o.ALLOW_OVERLAP(panel=PPL_SUITE)] = False,
+    seq_len: Annotated[int, o.SEQ_LEN(panel=PPL_SUITE)] = 2048,
+    max_windows: Annotated[int | None, o.MAX_WINDOWS(panel=PPL_SUITE)] = None,
+    device: Annotated[str, o.DEVICE()] = "auto",
+    dtype: Annotated[str, o.DTYPE()] = "auto",
+    overwrite: Annotated[bool, o.OVERWRITE()] = False,
 ) -> None:
-    """Downstream accuracy (lm-eval tasks) or perplexity of a variant: the `python -m gac.llm_eval` entry point."""
+    """Downstream accuracy (lm-eval tasks) or perplexity of a variant into the --out directory
+    (lm_eval.json / ppl.json, variant.json): the `python -m gac.llm_eval` entry point."""
+    params = dict(locals())
     from gac.plans.suites import evaluate, parse_limit
 
-    evaluate(
-        variant,
-        suite,
-        baseline_model_id,
-        out,
+    o.call(
+        evaluate,
+        params,
         tasks=[t.strip() for t in tasks.split(",") if t.strip()] if tasks else None,
         limit=parse_limit(limit),
-        batch_size=batch_size,
-        num_fewshot=num_fewshot,
         include_path=include_path or None,
-        dataset=dataset,
-        allow_overlap=allow_overlap,
-        seq_len=seq_len,
-        max_windows=max_windows,
-        device=device,
-        dtype=dtype,
-        overwrite=overwrite,
     )
 
 
 @eval_app.command("infer")
-@typer_options(INFER)
+@typer_options(INFER, panel=FAST_PATH)
 def infer_cmd(
-    variant: str = typer.Option(
-        "baseline", "--variant", help="baseline | a model directory | SPEC (asvd:0.85:gac)."
+    *,
+    variant: Annotated[str, o.VARIANT()] = "baseline",
+    baseline_model_id: Annotated[str | None, o.BASELINE_MODEL_ID()] = None,
+    out: Annotated[str, o.OUT()],
+    overwrite: Annotated[bool, o.OVERWRITE()] = False,
+    prefill_batches: str = typer.Option(
+        "1,8", "--prefill-batches", help="Prefill batch sizes.", rich_help_panel=SHAPES
     ),
-    baseline_model_id: str | None = typer.Option(
-        None, "--baseline-model-id", help="Base model (timed first)."
+    prefill_seqs: str = typer.Option(
+        "128,512,1024,2048", "--prefill-seqs", help="Prefill sequence lengths.", rich_help_panel=SHAPES
     ),
-    out: str = typer.Option(..., "--out", help="Results directory (infer.json, infer.csv, plots)."),
-    prefill_batches: str = typer.Option("1,8", "--prefill-batches"),
-    prefill_seqs: str = typer.Option("128,512,1024,2048", "--prefill-seqs"),
-    decode_batches: str = typer.Option("1,16,64", "--decode-batches"),
-    decode_kv: str = typer.Option("512,4096", "--decode-kv"),
+    decode_batches: str = typer.Option(
+        "1,16,64", "--decode-batches", help="Decode batch sizes.", rich_help_panel=SHAPES
+    ),
+    decode_kv: str = typer.Option(
+        "512,4096", "--decode-kv", help="Decode KV-cache lengths.", rich_help_panel=SHAPES
+    ),
+    prefill_reps: int = typer.Option(
+        10, "--prefill-reps", help="Timed prefills per point.", rich_help_panel=SHAPES
+    ),
+    decode_reps: int = typer.Option(
+        30, "--decode-reps", help="Timed decode steps per point.", rich_help_panel=SHAPES
+    ),
     fast: FastPath = None,  # type: ignore[assignment]  # one option per switch: gac.runtime.fastpath
-    prefill_reps: int = typer.Option(10, "--prefill-reps"),
-    decode_reps: int = typer.Option(30, "--decode-reps"),
     capacity_context: int | None = typer.Option(
         None,
         "--capacity-context",
-        help="Also the largest decode batch that fits the memory budget at this context, and its tokens/s (GPU).",
+        help="Also the largest decode batch that fits --max-gpu-memory at this context, and its tokens/s (GPU).",
+        rich_help_panel=CAPACITY,
     ),
-    memory_budget: float | None = typer.Option(
-        None, "--memory-budget", help="Capacity's memory budget in GiB (default: this GPU's free memory)."
-    ),
-    device: str = typer.Option("auto", "--device"),
-    dtype: str = typer.Option("auto", "--dtype"),
-    overwrite: bool = typer.Option(False, "--overwrite"),
+    max_gpu_memory: Annotated[float | None, o.MAX_GPU_MEMORY(panel=CAPACITY)] = None,
+    memory_budget: float | None = typer.Option(None, "--memory-budget", hidden=True),  # the old name
+    device: Annotated[str, o.DEVICE(panel=MACHINE)] = "auto",
+    dtype: Annotated[str, o.DTYPE(panel=MACHINE)] = "auto",
 ) -> None:
-    """Prefill and decode speed of a variant next to its dense baseline: the `python -m gac.llm_run` entry point."""
+    """Prefill and decode speed of a variant next to its dense baseline, into the --out directory
+    (infer.json, infer.csv, plots): the `python -m gac.llm_run` entry point."""
+    params = dict(locals())
     from gac.plans.suites import run
 
-    run(
-        variant,
-        baseline_model_id,
-        out,
-        prefill_batches=prefill_batches,
-        prefill_seqs=prefill_seqs,
-        decode_batches=decode_batches,
-        decode_kv=decode_kv,
-        fast=fast,
-        prefill_reps=prefill_reps,
-        decode_reps=decode_reps,
-        capacity_context=capacity_context,
-        memory_budget=memory_budget,
-        device=device,
-        dtype=dtype,
-        overwrite=overwrite,
+    budget = o.renamed(
+        params.pop("memory_budget"), "--memory-budget", params.pop("max_gpu_memory"), "--max-gpu-memory"
     )
+    o.call(run, params, memory_budget=budget)

@@ -2,29 +2,26 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
+from gac.commands import options as o
 from gac.runtime.fastpath import GENERATE, FastPath, typer_options
 
 
 def register(app: typer.Typer) -> None:
     @app.command("generate")
-    @typer_options(GENERATE)
+    @typer_options(GENERATE, panel="Fast path")
     def generate_cmd(
-        model: str = typer.Argument(
-            ..., help="Model: alias (smollm2), gac/HF directory, .gguf file or hub id."
-        ),
+        model: o.MODEL,
         prompt: str = typer.Option(..., "--prompt", help="The text to continue."),
-        max_new_tokens: int = typer.Option(32, "--max-new-tokens", "-n", help="Tokens to generate."),
-        device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | cuda:N."),
-        dtype: str = typer.Option(
-            "auto", "--dtype", help="auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16 | float16."
-        ),
+        max_new_tokens: Annotated[int, o.MAX_NEW_TOKENS()] = 32,
+        device: Annotated[str, o.DEVICE()] = "auto",
+        dtype: Annotated[str, o.DTYPE()] = "auto",
         fast: FastPath = None,  # type: ignore[assignment]  # one option per switch: gac.runtime.fastpath
-        tokenizer: str | None = typer.Option(
-            None, "--tokenizer", help="Take the tokenizer from this model spec."
-        ),
-        json_out: bool = typer.Option(False, "--json", help="Print the result as JSON instead of text."),
+        tokenizer: Annotated[str | None, o.TOKENIZER()] = None,
+        json_out: Annotated[bool, o.JSON()] = False,
     ) -> None:
         """Greedy-decode after PROMPT (static cache; compiled steps and CUDA graphs on a GPU); print
         the text, the steady time to first token and decode tokens/s (one-time compile and capture

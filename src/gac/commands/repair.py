@@ -4,30 +4,26 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Annotated
 
 import typer
+
+from gac.commands import options as o
 
 
 def register(app: typer.Typer) -> None:
     @app.command("repair")
     def repair_cmd(
-        model: str = typer.Argument(
-            ..., help="alias (smollm2), HF dir or hub id, .gguf file, or gac-saved dir"
-        ),
-        out: Path = typer.Option(..., "--out", "-o", help="output directory (written atomically)"),
-        strategy: str = typer.Option(
-            "minimal", "--strategy", "-s", help="minimal (x8), optimal (x16) or profile (the profile's rules)"
-        ),
-        profile: str = typer.Option(
-            "auto", "--profile", "-p", help="profile JSON, shipped profile id, 'default' or 'auto'"
-        ),
-        overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing output directory"),
-        dtype: str = typer.Option("float32", "--dtype", help="dtype to load (and save) the model in"),
-        trust_remote_code: bool = typer.Option(
-            False, "--trust-remote-code", help="allow the model's own Python code (off by default)"
-        ),
+        model: o.MODEL,
+        out: Annotated[Path, o.OUT()],
+        strategy: Annotated[str, o.STRATEGY()] = "minimal",
+        profile: Annotated[str, o.PROFILE()] = "auto",
+        overwrite: Annotated[bool, o.OVERWRITE()] = False,
+        dtype: Annotated[str, o.DTYPE()] = "float32",
+        trust_remote_code: Annotated[bool, o.TRUST_REMOTE_CODE()] = False,
     ) -> None:
-        """Pad misaligned dims with zeros (exact: same logits) and save the repaired model."""
+        """Pad misaligned dims with zeros (exact: same logits) and save the repaired model to the
+        --out directory, in --dtype."""
         from rich.table import Table
 
         from gac.errors import GacError
@@ -35,7 +31,7 @@ def register(app: typer.Typer) -> None:
         from gac.hardware.profile import load_profile
         from gac.models import load_model
         from gac.surgery.repair import STRATEGIES, repair_, save_repaired
-        from gac.utils import console
+        from gac.utils import console, parse_dtype
 
         if strategy not in STRATEGIES:
             raise GacError(f"unknown repair strategy {strategy!r}; choose one of: {', '.join(STRATEGIES)}")
@@ -44,8 +40,6 @@ def register(app: typer.Typer) -> None:
         console.print(
             f"profile: {prof.id} ({'measured' if prof.measured else 'NOT measured'}) - {prof.label}"
         )
-        from gac.commands.analyze import parse_dtype
-
         lm = load_model(model, dtype=parse_dtype(dtype), trust_remote_code=trust_remote_code)
         report = repair_(lm.model, strategy=strategy, profile=prof)
         for s in report.skipped:

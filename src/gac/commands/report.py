@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
+
+from gac.commands.options import OUT
 
 
 def register(app: typer.Typer) -> None:
@@ -12,9 +16,7 @@ def register(app: typer.Typer) -> None:
         results_dir: str = typer.Argument(
             ..., help="Directory of results written by gac eval / llm_eval / llm_run."
         ),
-        out: str | None = typer.Option(
-            None, "--out", help="Where to write report.md and plots (default: RESULTS_DIR)."
-        ),
+        out: Annotated[str | None, OUT(shown_default="RESULTS_DIR")] = None,  # report.md, plots
     ) -> None:
         """Markdown + PNG comparison of variants: params, alignment, perplexity, accuracy, speedups."""
         from gac.plans.report import report

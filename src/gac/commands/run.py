@@ -3,14 +3,18 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
+
+from gac.commands.options import OUT
 
 
 def register(app: typer.Typer) -> None:
     @app.command("run")
     def run_cmd(
         plan_file: str = typer.Argument(..., help="The plan (TOML): axes, compress settings, evals."),
-        out: str | None = typer.Option(None, "--out", help="Plan directory (default: runs/<plan name>)."),
+        out: Annotated[str | None, OUT(shown_default="runs/<plan name>")] = None,  # the plan directory
         executor: str = typer.Option("local", "--executor", help="local | slurm (submitit)."),
         dry_run: bool = typer.Option(
             False, "--dry-run", help="List the cells and what is done; run nothing."

@@ -117,41 +117,14 @@ def generate(
     """
     from transformers import StaticCache
 
-    from gac.utils import console
+    from gac.eval.infer import compile_step
+    from gac.models.inventory import kv_bytes_per_token
 
     fast = FastPath.of(fast, **switches)
-    if tokenizer is None:
-        raise GacError("generate needs the model's tokenizer")
-    if not prompt:
-        raise GacError("the prompt is empty; give text to continue")
-    if max_new_tokens < 1:
-        raise GacError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    if prefill_reps < 1:
-        raise GacError(f"prefill_reps must be at least 1, got {prefill_reps}")
-    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
-    if ids.numel() == 0:
-        raise GacError("the prompt is empty after tokenization; give text to continue")
     dev = next(model.parameters()).device
-    ids = ids.to(dev)
-    on_cuda = dev.type == "cuda"
-    want_compile = on_cuda if fast.compile is None else fast.compile
-    want_graphs = on_cuda if fast.graphs is None else fast.graphs
-    if (want_compile or want_graphs) and not on_cuda:
-        console.print(
-            f"notice: torch.compile and CUDA graphs need CUDA; generating eagerly on {dev.type}",
-            markup=False,
-        )
-        want_compile = want_graphs = False
-    from gac.eval.infer import compile_step, use_decode_kernels_
-    from gac.models.inventory import kv_bytes_per_token
-    from gac.nn.latent import latent_modules
-
-    kernels = use_decode_kernels_(model, fast.gqa_decode, fast.gemv, fast.fused_lowrank, fast.branches)
-    paths = {
-        "attention": str(getattr(model.config, "_attn_implementation", None)),
-        "latent_attention": len(latent_modules(model)),
-        "kernels": kernels,
-    }
+    ids = _prompt_ids(tokenizer, prompt, max_new_tokens, prefill_reps).to(dev)
+    want_compile, want_graphs = _fast_path_here(fast, dev)
+    paths = _use_paths_(model, fast)
     n_prompt = ids.shape[1]
     eos = getattr(tokenizer, "eos_token_id", None) if stop_at_eos else None
     was_training = model.training
@@ -166,58 +139,24 @@ def generate(
         _sync(dev)
         t0 = time.perf_counter()
         model(input_ids=ids, use_cache=True, logits_to_keep=1, **ckw)
-        pos0 = [0] * len(_positions(cache))
 
         def prefill_eager() -> torch.Tensor:
             return forward(input_ids=ids, use_cache=True, logits_to_keep=1, **ckw).logits
 
-        prefill = prefill_eager
-        if want_graphs:
-            _rewind(cache, pos0)
-            prefill = _capture_rewinding(prefill_eager, dev, cache, pos0)
-        elif want_compile:
-            _rewind(cache, pos0)
-            prefill()  # compiles for the prompt's shape
-        _sync(dev)
-        first_prefill = time.perf_counter() - t0
-        times = []
-        for _ in range(prefill_reps):  # steady prefills of the same prompt: the time to first token
-            _rewind(cache, pos0)
-            _sync(dev)
-            t1 = time.perf_counter()
-            token = prefill()[:, -1].argmax(-1, keepdim=True)
-            tokens = [int(token)]
-            times.append(time.perf_counter() - t1)
-        ttft = sorted(times)[len(times) // 2]
-        decode_setup = 0.0
+        token, warm, ttft = _steady_prefills(
+            prefill_eager, cache, dev, want_compile, want_graphs, prefill_reps
+        )
+        first_prefill = warm - t0
+        tokens = [int(token)]
         step_ids = token.clone()  # the step's static input
 
         def step_eager() -> torch.Tensor:
             return forward(input_ids=step_ids, use_cache=True, **ckw).logits
 
-        step = step_eager
-        remaining = max_new_tokens - 1
-        if remaining > 0 and (eos is None or tokens[-1] != eos) and (want_compile or want_graphs):
-            t1 = time.perf_counter()
-            if want_graphs:
-                step = _capture_rewinding(step_eager, dev, cache, _positions(cache))
-            else:
-                pos = _positions(cache)
-                step_eager()  # compiles for the one-token shape
-                _rewind(cache, pos)
-            _sync(dev)
-            decode_setup = time.perf_counter() - t1
-        _sync(dev)
-        t2 = time.perf_counter()
-        for _ in range(remaining):
-            if eos is not None and tokens[-1] == eos:
-                break
-            step_ids.copy_(token)
-            logits = step()
-            token = logits[:, -1].argmax(-1, keepdim=True)
-            tokens.append(int(token))
-        _sync(dev)
-        decode_s = time.perf_counter() - t2
+        step, decode_setup = step_eager, 0.0
+        if max_new_tokens > 1 and (eos is None or tokens[-1] != eos) and (want_compile or want_graphs):
+            step, decode_setup = _decode_step(step_eager, cache, dev, want_graphs)
+        decode_s = _decode(step, step_ids, token, tokens, max_new_tokens - 1, eos, dev)
     finally:
         model.train(was_training)
     n_dec = len(tokens) - 1
@@ -238,6 +177,116 @@ def generate(
         kv_bytes_per_token=kv_bytes_per_token(model),
         paths=paths,
     )
+
+
+def _prompt_ids(tokenizer: Any, prompt: str, max_new_tokens: int, prefill_reps: int) -> torch.Tensor:
+    """The prompt's token ids, after checking every argument."""
+    if tokenizer is None:
+        raise GacError("generate needs the model's tokenizer")
+    if not prompt:
+        raise GacError("the prompt is empty; give text to continue")
+    if max_new_tokens < 1:
+        raise GacError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    if prefill_reps < 1:
+        raise GacError(f"prefill_reps must be at least 1, got {prefill_reps}")
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    if ids.numel() == 0:
+        raise GacError("the prompt is empty after tokenization; give text to continue")
+    return ids
+
+
+def _use_paths_(model: nn.Module, fast: FastPath) -> dict[str, Any]:
+    """Switch the decode kernels in (in place, where measured faster); record the paths that run."""
+    from gac.eval.infer import use_decode_kernels_
+    from gac.nn.latent import latent_modules
+
+    kernels = use_decode_kernels_(model, fast.gqa_decode, fast.gemv, fast.fused_lowrank, fast.branches)
+    return {
+        "attention": str(getattr(model.config, "_attn_implementation", None)),
+        "latent_attention": len(latent_modules(model)),
+        "kernels": kernels,
+    }
+
+
+def _fast_path_here(fast: FastPath, dev: torch.device) -> tuple[bool, bool]:
+    """Whether to compile the steps and capture CUDA graphs on ``dev`` (both need CUDA: a notice
+    when asked for elsewhere)."""
+    from gac.utils import console
+
+    on_cuda = dev.type == "cuda"
+    want_compile = on_cuda if fast.compile is None else fast.compile
+    want_graphs = on_cuda if fast.graphs is None else fast.graphs
+    if (want_compile or want_graphs) and not on_cuda:
+        console.print(
+            f"notice: torch.compile and CUDA graphs need CUDA; generating eagerly on {dev.type}",
+            markup=False,
+        )
+        return False, False
+    return want_compile, want_graphs
+
+
+def _steady_prefills(
+    prefill_eager: Any, cache: Any, dev: torch.device, want_compile: bool, want_graphs: bool, reps: int
+) -> tuple[torch.Tensor, float, float]:
+    """After the first prefill: compile or capture the prefill, then time ``reps`` steady prefills
+    of the same prompt (the time to first token). Returns the first token, when the one-time costs
+    ended (``time.perf_counter``) and the median steady prefill in seconds."""
+    pos0 = [0] * len(_positions(cache))
+    prefill = prefill_eager
+    if want_graphs:
+        _rewind(cache, pos0)
+        prefill = _capture_rewinding(prefill_eager, dev, cache, pos0)
+    elif want_compile:
+        _rewind(cache, pos0)
+        prefill()  # compiles for the prompt's shape
+    _sync(dev)
+    first = time.perf_counter()
+    times = []
+    for _ in range(reps):
+        _rewind(cache, pos0)
+        _sync(dev)
+        t1 = time.perf_counter()
+        token = prefill()[:, -1].argmax(-1, keepdim=True)
+        int(token)
+        times.append(time.perf_counter() - t1)
+    return token, first, sorted(times)[len(times) // 2]
+
+
+def _decode_step(step_eager: Any, cache: Any, dev: torch.device, want_graphs: bool) -> tuple[Any, float]:
+    """The decode step compiled (for the one-token shape) or captured; and the seconds that took."""
+    t1 = time.perf_counter()
+    step = step_eager
+    if want_graphs:
+        step = _capture_rewinding(step_eager, dev, cache, _positions(cache))
+    else:
+        pos = _positions(cache)
+        step_eager()  # compiles for the one-token shape
+        _rewind(cache, pos)
+    _sync(dev)
+    return step, time.perf_counter() - t1
+
+
+def _decode(
+    step: Any,
+    step_ids: torch.Tensor,
+    token: torch.Tensor,
+    tokens: list[int],
+    remaining: int,
+    eos: int | None,
+    dev: torch.device,
+) -> float:
+    """Greedy one-token steps appended to ``tokens`` (until ``remaining`` or EOS); their seconds."""
+    _sync(dev)
+    t2 = time.perf_counter()
+    for _ in range(remaining):
+        if eos is not None and tokens[-1] == eos:
+            break
+        step_ids.copy_(token)
+        logits = step()
+        token = logits[:, -1].argmax(-1, keepdim=True)
+        tokens.append(int(token))
+    _sync(dev)
+    return time.perf_counter() - t2
 
 
 def _capture_rewinding(fn: Any, dev: torch.device, cache: Any, pos: list[int]) -> Any:

@@ -35,13 +35,6 @@ import torch
 
 from gac.errors import GacError
 
-DTYPES: dict[str, torch.dtype] = {
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float32": torch.float32,
-}
-_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32", "float": "float32"}
-
 
 @dataclass
 class Timing:
@@ -76,15 +69,16 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """Map a dtype name to a torch dtype, checking that ``device`` can run matmuls in it.
+    """Map a dtype name to a torch dtype (:func:`gac.utils.parse_dtype`), checking that ``device``
+    can run matmuls in it.
 
     Raises:
         GacError: unknown name, or a dtype the device does not support.
     """
-    key = _ALIASES.get(str(name).lower(), str(name).lower())
-    if key not in DTYPES:
-        raise GacError(f"unknown dtype {name!r}; choose one of: {', '.join(DTYPES)}")
-    dt = DTYPES[key]
+    from gac.utils import parse_dtype
+
+    dt = parse_dtype(name, device.type)
+    key = dtype_name(dt)
     if device.type == "cuda" and dt == torch.bfloat16 and not torch.cuda.is_bf16_supported():
         raise GacError(f"dtype bfloat16 is not supported on {torch.cuda.get_device_name(device)}")
     try:

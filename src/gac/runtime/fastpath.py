@@ -143,22 +143,25 @@ def from_namespace(a: argparse.Namespace, surface: str = INFER) -> FastPath:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _typer_parameter(f: Field[Any]) -> inspect.Parameter:
+def _typer_parameter(f: Field[Any], panel: str | None = None) -> inspect.Parameter:
     import typer
 
     help = f.metadata["help"]
     if is_bool(f):
-        opt = typer.Option(f.default, f"{flag(f.name)}/{flag('no_' + f.name)}", help=help)
+        opt = typer.Option(
+            f.default, f"{flag(f.name)}/{flag('no_' + f.name)}", help=help, rich_help_panel=panel
+        )
         annotation: Any = bool | None if f.default is None else bool
     else:
-        opt = typer.Option(f.default, flag(f.name), help=help)
+        opt = typer.Option(f.default, flag(f.name), help=help, rich_help_panel=panel)
         annotation = str | None
     return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=annotation)
 
 
-def typer_options(surface: str) -> Callable[[F], F]:
+def typer_options(surface: str, panel: str | None = None) -> Callable[[F], F]:
     """Decorate a typer command taking ``fast: FastPath``: its signature gets one option per switch
-    ``surface`` exposes (in place of ``fast``), and the command receives them as one :class:`FastPath`."""
+    ``surface`` exposes (in place of ``fast``, shown in the help panel ``panel``), and the command
+    receives them as one :class:`FastPath`."""
     names = [f.name for f in switches(surface)]
 
     def deco(fn: F) -> F:
@@ -168,7 +171,7 @@ def typer_options(surface: str) -> Callable[[F], F]:
         params: list[inspect.Parameter] = []
         for p in sig.parameters.values():
             if p.name == "fast":
-                params += [_typer_parameter(f) for f in switches(surface)]
+                params += [_typer_parameter(f, panel) for f in switches(surface)]
             else:
                 params.append(p.replace(kind=inspect.Parameter.KEYWORD_ONLY))
 
