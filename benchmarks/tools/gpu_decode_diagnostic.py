@@ -113,7 +113,7 @@ def time_gemv(n: int, k: int, m: int, copy_gbps: float, l2_bytes: int = 64 * 2**
 def trace_decode(model, batch: int, kv: int, forward) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
-    from gac.eval.infer import DecodeStep
+    from gac.runtime.step import DecodeStep
 
     step = DecodeStep(model, batch, kv, graphs=False, forward=forward)
     step.set_position(kv // 2)

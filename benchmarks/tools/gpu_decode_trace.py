@@ -2,7 +2,7 @@
 
 Both models of ``plans/speed.toml``'s Llama-3-8B cells (8 layers, bf16, random weights): dense, and
 factorized at the ranks of the committed SVD-LLM cell (``--cell``).  Each is switched to the default
-decode kernels (:func:`gac.eval.infer.use_decode_kernels_`: attention on the KV heads, Triton GEMV,
+decode kernels (:func:`gac.runtime.step.use_decode_kernels_`: attention on the KV heads, Triton GEMV,
 one-launch low-rank kernel and parallel second stages where measured faster), compiled per static
 shape and captured per step, exactly as ``gac eval infer`` does.  For every point (``--points``:
 ``BxKV`` a decode step, ``pBxS`` a prompt forward of ``B`` sequences of ``S`` tokens):
@@ -88,16 +88,9 @@ def main() -> int:
     a = ap.parse_args()
     from gpu_issue9 import build
 
-    from gac.eval.infer import (
-        DecodeStep,
-        SweepConfig,
-        _capture,
-        _time_calls,
-        copy_bandwidth,
-        use_decode_kernels_,
-        weight_bytes_per_step,
-    )
+    from gac.eval.infer import SweepConfig, _time_calls, copy_bandwidth, weight_bytes_per_step
     from gac.hardware.timing import environment
+    from gac.runtime.step import DecodeStep, capture_graph, use_decode_kernels_
 
     t0 = time.time()
     dev = torch.device(a.device)
@@ -140,7 +133,7 @@ def main() -> int:
                     def call(f=f, ids=ids):  # noqa: ANN202
                         return f(input_ids=ids, use_cache=False, logits_to_keep=1).logits
 
-                    step, close = _capture(call, dev) if cuda else (call, lambda: None)
+                    step, close = capture_graph(call, dev) if cuda else (call, lambda: None)
                     st = _time_calls(step, dev, cfg.prefill_warmup, cfg.prefill_reps)
                 else:
                     dstep = DecodeStep(model, b, n, cuda, forward=fwd if cuda else None)

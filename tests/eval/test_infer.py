@@ -11,8 +11,9 @@ import torch
 from gac.compat import cache_arg
 from gac.errors import GacError
 from gac.eval import infer
-from gac.eval.infer import DecodeStep, SweepConfig, Variant, run_sweep, weight_bytes_per_step, write_results
+from gac.eval.infer import SweepConfig, Variant, run_sweep, weight_bytes_per_step, write_results
 from gac.nn import FactorizedLinear, replace_module
+from gac.runtime.step import DecodeStep, compile_step, resolve_fast_path
 from gac.testing import tiny_model
 
 TINY = SweepConfig(
@@ -109,6 +110,7 @@ def test_a_step_that_cannot_be_compiled_is_timed_eager_with_a_notice(monkeypatch
 
         return compiled
 
+    # sweep_model looks resolve_fast_path up in gac.eval.infer (imported from gac.runtime.step)
     monkeypatch.setattr(infer, "resolve_fast_path", lambda cfg, dev: (False, True))
     monkeypatch.setattr(torch, "compile", broken_compile)
     monkeypatch.setattr(torch._dynamo, "reset", lambda: None)
@@ -156,12 +158,12 @@ def test_decode_steps_advance_the_static_cache_like_generate():
 def test_fast_path_resolution_on_cpu(capsys):
     """Compile defaults on only where CUDA is; an explicit request on CPU falls back with one notice line."""
     cpu = torch.device("cpu")
-    assert infer.resolve_fast_path(SweepConfig(), cpu) == (False, False)
-    assert infer.resolve_fast_path(SweepConfig(compile=True), cpu) == (False, False)
+    assert resolve_fast_path(SweepConfig(), cpu) == (False, False)
+    assert resolve_fast_path(SweepConfig(compile=True), cpu) == (False, False)
     cap = capsys.readouterr()
     lines = [ln for ln in (cap.out + cap.err).splitlines() if "compile" in ln]
     assert len(lines) == 1 and lines[0].startswith("notice:")
-    assert infer.resolve_fast_path(SweepConfig(graphs=True), cpu) == (False, False)
+    assert resolve_fast_path(SweepConfig(graphs=True), cpu) == (False, False)
     cap = capsys.readouterr()
     lines = [ln for ln in (cap.out + cap.err).splitlines() if "graphs" in ln]
     assert len(lines) == 1 and lines[0].startswith("notice: --graphs needs CUDA")
@@ -265,9 +267,9 @@ def test_compile_step_passes_the_inductor_options(monkeypatch):
     seen = []
     monkeypatch.setattr(torch, "compile", lambda f, **kw: seen.append(kw) or f)
     f = lambda x: x  # noqa: E731
-    assert infer.compile_step(f) is f
-    assert infer.compile_step(f, combo_kernels=False, dynamic=False) is f
-    infer.compile_step(f, "max-autotune-no-cudagraphs", dynamic=False)
+    assert compile_step(f) is f
+    assert compile_step(f, combo_kernels=False, dynamic=False) is f
+    compile_step(f, "max-autotune-no-cudagraphs", dynamic=False)
     assert seen[0] == {"dynamic": None, "options": {"combo_kernels": True}}
     assert seen[1] == {"dynamic": False, "options": None}
     want = {**torch._inductor.list_mode_options("max-autotune-no-cudagraphs", False), "combo_kernels": True}
@@ -281,7 +283,7 @@ def test_compile_step_compiles_a_tiny_model_on_cpu_like_eager():
     ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
     with torch.no_grad():
         want = m(ids).logits
-        got = infer.compile_step(m.forward, dynamic=False)(ids).logits
+        got = compile_step(m.forward, dynamic=False)(ids).logits
     torch._dynamo.reset()
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
@@ -296,7 +298,7 @@ def test_compile_step_with_combo_kernels_matches_without_on_gpu():
     with torch.no_grad():
         for combo in (True, False):
             torch._dynamo.reset()
-            out[combo] = infer.compile_step(m.forward, combo_kernels=combo, dynamic=False)(ids).logits.float()
+            out[combo] = compile_step(m.forward, combo_kernels=combo, dynamic=False)(ids).logits.float()
         want = m(ids).logits.float()
     torch._dynamo.reset()
     torch.testing.assert_close(out[True], out[False], rtol=2e-2, atol=2e-2)

@@ -11,13 +11,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gac.eval.infer import _capture
 from gac.hardware.dispatch_table import choice, row_class
 from gac.kernels import branches as B
 from gac.kernels import gemv as G
 from gac.kernels.lowrank_fused import site_key
 from gac.nn.fused import FusedInputProjection, fuse_projections_
 from gac.runtime import branches as RB
+from gac.runtime.step import capture_graph
 
 from .interp import HAVE_TRITON, needs_triton, run_interpreted
 from .test_lowrank_fused import BLOCK_SCRIPT, Block, switched_on_gpu
@@ -348,7 +348,7 @@ def test_branches_in_a_cuda_graph_equal_the_sequential_path(rows, how):
         else:  # another kernel's fp32 sums, rounded to bf16 once per product
             assert ((eager.double() - want.double()).norm() / want.double().norm()).item() < 1e-2
         f = torch.compile(model, dynamic=False)
-        replay, _ = _capture(lambda: f(ids, use_cache=False).logits, ids.device)  # the sweep's capture
+        replay, _ = capture_graph(lambda: f(ids, use_cache=False).logits, ids.device)  # the sweep's capture
         for _ in range(10):
             out = replay()
             torch.cuda.synchronize()

@@ -14,13 +14,13 @@ import pytest
 import torch
 from torch import nn
 
-from gac.eval.infer import _capture
 from gac.hardware.dispatch_table import choice, row_class
 from gac.kernels import lowrank_fused as L
 from gac.nn import FactorizedLinear
 from gac.nn.fused import FusedInputProjection, FusedSlice, fuse_projections_
 from gac.runtime import lowrank_fused as RL
 from gac.runtime.modules import DispatchedGroup, FusedLowRankLinear
+from gac.runtime.step import capture_graph
 
 from .interp import needs_triton, pythonpath, run_interpreted
 
@@ -408,7 +408,7 @@ def test_switched_tiny_model_under_compile_and_cuda_graph_equals_eager(rows):
         # H200, single logits near zero differ by up to 0.023 while the relative error is ~1e-3)
         assert _rel(eager, want) < 1e-2
         f = torch.compile(model, dynamic=False)
-        replay, _ = _capture(lambda: f(ids, use_cache=False).logits, ids.device)  # the sweep's capture
+        replay, _ = capture_graph(lambda: f(ids, use_cache=False).logits, ids.device)  # the sweep's capture
         for _ in range(10):
             out = replay()
             torch.cuda.synchronize()

@@ -64,7 +64,7 @@ def test_triton_module_matches_factorized_and_falls_back_for_prefill():
 
 def test_decode_graph_replay_matches_eager():
     """A captured decode step gives the eager step's logits (tiny model, float32)."""
-    from gac.eval.infer import DecodeStep
+    from gac.runtime.step import DecodeStep
     from gac.testing import tiny_model
 
     model = tiny_model("llama").cuda()

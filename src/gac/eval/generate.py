@@ -10,7 +10,7 @@
    prompt in, first token out, which is what a served request sees;
 2. **decode** runs one-token steps. On CUDA the step is ``torch.compile``'d and captured as a CUDA
    graph once (the cache advances its own position inside the graph, as in
-   :class:`gac.eval.infer.DecodeStep`); that setup is timed separately (``decode_setup_s``) and
+   :class:`gac.runtime.step.DecodeStep`); that setup is timed separately (``decode_setup_s``) and
    never counted in ``tokens_per_s``. On CPU the same static-cache loop runs eagerly, with a
    one-line notice.
 
@@ -31,6 +31,7 @@ from torch import nn
 from gac.compat import cache_arg
 from gac.errors import GacError
 from gac.runtime.fastpath import FastPath
+from gac.runtime.step import capture_graph, compile_step, sync, use_decode_kernels_
 
 
 @dataclass
@@ -76,11 +77,6 @@ class Generation:
         return asdict(self)
 
 
-def _sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
 @torch.no_grad()
 def generate(
     model: nn.Module,
@@ -108,7 +104,7 @@ def generate(
             (:func:`gac.runtime.gemv.use_triton_gemv_`), ``fused_lowrank``
             (:func:`gac.runtime.lowrank_fused.use_fused_lowrank_`), ``branches``
             (:func:`gac.runtime.branches.use_branches_`), each in place where measured faster, and
-            ``combo_kernels`` (:func:`gac.eval.infer.compile_step`).
+            ``combo_kernels`` (:func:`gac.runtime.step.compile_step`).
         **switches: a switch by name (``gemv=False``), over ``fast``.
         prefill_reps: steady prefills of the prompt timed for ``ttft_s`` (their median).
 
@@ -117,7 +113,6 @@ def generate(
     """
     from transformers import StaticCache
 
-    from gac.eval.infer import compile_step
     from gac.models.inventory import kv_bytes_per_token
 
     fast = FastPath.of(fast, **switches)
@@ -136,7 +131,7 @@ def generate(
         forward = compile_step(model.forward, combo_kernels=fast.combo_kernels, dynamic=False)
     try:
         # the first prefill allocates the cache (lazily, in transformers) and pays the one-time costs
-        _sync(dev)
+        sync(dev)
         t0 = time.perf_counter()
         model(input_ids=ids, use_cache=True, logits_to_keep=1, **ckw)
 
@@ -197,7 +192,6 @@ def _prompt_ids(tokenizer: Any, prompt: str, max_new_tokens: int, prefill_reps: 
 
 def _use_paths_(model: nn.Module, fast: FastPath) -> dict[str, Any]:
     """Switch the decode kernels in (in place, where measured faster); record the paths that run."""
-    from gac.eval.infer import use_decode_kernels_
     from gac.nn.latent import latent_modules
 
     kernels = use_decode_kernels_(model, fast.gqa_decode, fast.gemv, fast.fused_lowrank, fast.branches)
@@ -239,12 +233,12 @@ def _steady_prefills(
     elif want_compile:
         _rewind(cache, pos0)
         prefill()  # compiles for the prompt's shape
-    _sync(dev)
+    sync(dev)
     first = time.perf_counter()
     times = []
     for _ in range(reps):
         _rewind(cache, pos0)
-        _sync(dev)
+        sync(dev)
         t1 = time.perf_counter()
         token = prefill()[:, -1].argmax(-1, keepdim=True)
         int(token)
@@ -262,7 +256,7 @@ def _decode_step(step_eager: Any, cache: Any, dev: torch.device, want_graphs: bo
         pos = _positions(cache)
         step_eager()  # compiles for the one-token shape
         _rewind(cache, pos)
-    _sync(dev)
+    sync(dev)
     return step, time.perf_counter() - t1
 
 
@@ -276,7 +270,7 @@ def _decode(
     dev: torch.device,
 ) -> float:
     """Greedy one-token steps appended to ``tokens`` (until ``remaining`` or EOS); their seconds."""
-    _sync(dev)
+    sync(dev)
     t2 = time.perf_counter()
     for _ in range(remaining):
         if eos is not None and tokens[-1] == eos:
@@ -285,30 +279,14 @@ def _decode(
         logits = step()
         token = logits[:, -1].argmax(-1, keepdim=True)
         tokens.append(int(token))
-    _sync(dev)
+    sync(dev)
     return time.perf_counter() - t2
 
 
 def _capture_rewinding(fn: Any, dev: torch.device, cache: Any, pos: list[int]) -> Any:
-    """Warm ``fn`` (a step that writes into ``cache``) on a side stream and capture it as a CUDA
-    graph, rewinding the cache to ``pos`` after every call; return the replay."""
-    s = torch.cuda.Stream(dev)
-    s.wait_stream(torch.cuda.current_stream(dev))
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-            _rewind(cache, pos)
-    torch.cuda.current_stream(dev).wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = fn()
-    _rewind(cache, pos)
-
-    def replay() -> torch.Tensor:
-        graph.replay()
-        return static_out
-
-    return replay
+    """Capture ``fn`` (a step that writes into ``cache``) as a CUDA graph
+    (:func:`gac.runtime.step.capture_graph`), rewinding the cache to ``pos`` after every call; return the replay."""
+    return capture_graph(fn, dev, lambda: _rewind(cache, pos))[0]
 
 
 def _positions(cache: Any) -> list[int]:

@@ -39,11 +39,19 @@ import numpy as np
 import torch
 from torch import nn
 
-from gac.compat import with_cache
 from gac.errors import GacError
 from gac.guard import atomic_savefig
 from gac.nn.latent import latent_attention_paths
 from gac.runtime.fastpath import FastPath
+from gac.runtime.step import (
+    DecodeStep,
+    capture_graph,
+    compile_step,
+    compiled_frames,
+    resolve_fast_path,
+    sync,
+    use_decode_kernels_,
+)
 from gac.utils import atomic_write_text, console, progress
 
 SCHEMA = "gac.infer/1"
@@ -90,11 +98,6 @@ class Variant:
 # ---------------------------------------------------------------------------- helpers
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _is_oom(e: BaseException) -> bool:
     if isinstance(e, torch.OutOfMemoryError):
         return True
@@ -124,7 +127,7 @@ def _time_calls(fn: Callable[[], Any], device: torch.device, warmup: int, reps: 
     """Run ``fn`` ``warmup`` times untimed, then ``reps`` times each bracketed by events / a clock."""
     for _ in range(warmup):
         fn()
-    _sync(device)
+    sync(device)
     samples: list[float] = []
     if device.type == "cuda":
         ev = [
@@ -242,10 +245,10 @@ def kernel_summary(fn: Callable[[], Any], device: torch.device, top: int = 12) -
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     fn()
-    _sync(device)
+    sync(device)
     with profile(activities=acts) as prof:
         fn()
-        _sync(device)
+        sync(device)
     times: dict[str, float] = {}
     for evt in prof.events():
         if device.type == "cuda":
@@ -319,9 +322,9 @@ def prefill_point(
         torch.cuda.reset_peak_memory_stats(dev)
     frames0 = compiled_frames()
     t0 = time.perf_counter()
-    step, close = _capture(eager, dev) if graphs else (eager, lambda: None)
+    step, close = capture_graph(eager, dev) if graphs else (eager, lambda: None)
     step()
-    _sync(dev)
+    sync(dev)
     setup_s = time.perf_counter() - t0
     try:
         st = _time_calls(step, dev, cfg.prefill_warmup, cfg.prefill_reps)
@@ -333,132 +336,6 @@ def prefill_point(
     rec["compiles"] = compiled_frames() - frames0 if forward is not None else 0
     rec["peak_mem_gib"] = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None
     return rec
-
-
-def compiled_frames() -> int:
-    """Frames Dynamo has compiled so far in this process (recompiles included)."""
-    try:
-        from torch._dynamo.utils import counters
-
-        return int(counters["stats"]["unique_graphs"])
-    except Exception:  # noqa: BLE001 - a missing counter only loses the recompile check
-        return 0
-
-
-def _capture(fn: Callable[[], Any], dev: torch.device) -> tuple[Callable[[], Any], Callable[[], None]]:
-    """Warm ``fn`` up on a side stream, capture it as a CUDA graph; return (replay, release)."""
-    s = torch.cuda.Stream(dev)
-    s.wait_stream(torch.cuda.current_stream(dev))
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream(dev).wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    box = {"graph": graph, "out": out}
-
-    def replay() -> Any:
-        box["graph"].replay()
-        return box["out"]
-
-    def release() -> None:
-        box.clear()
-
-    return replay, release
-
-
-def resolve_fast_path(cfg: SweepConfig, dev: torch.device) -> tuple[bool, bool]:
-    """(graphs, compile) for ``dev``: on where CUDA is; a CPU request of either falls back with a notice."""
-    graphs = cfg.graphs if cfg.graphs is not None else dev.type == "cuda"
-    if graphs and dev.type != "cuda":
-        console.print(
-            f"notice: --graphs needs CUDA; timing uncaptured steps on {dev.type} (labelled graphs=false)",
-            soft_wrap=True,
-            markup=False,
-        )
-        graphs = False
-    compile_ = cfg.compile if cfg.compile is not None else dev.type == "cuda"
-    if compile_ and dev.type != "cuda":
-        console.print(
-            f"notice: --compile needs CUDA; timing the eager model on {dev.type} (labelled compiled=false)",
-            soft_wrap=True,  # one line, never wrapped
-            markup=False,
-        )
-        compile_ = False
-    return graphs, compile_
-
-
-class DecodeStep:
-    """One batched decode step against a static KV cache, replayable as a CUDA graph.
-
-    Args:
-        model: a Hugging Face causal LM.
-        batch: sequences decoded together.
-        kv: slots of the static cache (the attended length).
-        graphs: capture the step as a CUDA graph (CUDA only).
-    """
-
-    def __init__(
-        self, model: nn.Module, batch: int, kv: int, graphs: bool, forward: Callable[..., Any] | None = None
-    ) -> None:
-        from transformers import StaticCache
-
-        self.model = model
-        self.forward = forward if forward is not None else model
-        self.dev = model_device(model)
-        if graphs and self.dev.type != "cuda":
-            raise GacError("CUDA graphs were asked for, but the model is on CPU; drop --graphs or use a GPU")
-        self.batch, self.kv, self.graphs = batch, kv, graphs
-        self.cache = StaticCache(config=model.config, max_cache_len=kv)
-        g = torch.Generator(device="cpu").manual_seed(batch * 7919 + kv)
-        self.ids = torch.randint(0, _vocab(model), (batch, 1), generator=g).to(self.dev)
-        # the first call allocates the cache (lazy in transformers): eager, so that the compiled
-        # step sees the allocated cache only and compiles once per shape
-        self.model(**with_cache(self.model, self.cache, input_ids=self.ids, use_cache=True))
-        for layer in self.cache.layers:  # random, not zero, keys and values
-            layer.keys.normal_(0, 1)
-            layer.values.normal_(0, 1)
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.out: Any = None
-        if graphs:
-            s = torch.cuda.Stream(self.dev)
-            s.wait_stream(torch.cuda.current_stream(self.dev))
-            with torch.cuda.stream(s):
-                for _ in range(2):
-                    self._eager()
-            torch.cuda.current_stream(self.dev).wait_stream(s)
-            self.set_position(0)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.out = self._eager()
-        self.set_position(0)
-
-    @property
-    def kv_bytes(self) -> int:
-        return sum(
-            layer.keys.numel() * layer.keys.element_size()
-            + layer.values.numel() * layer.values.element_size()
-            for layer in self.cache.layers
-        )
-
-    def set_position(self, pos: int) -> None:
-        for layer in self.cache.layers:
-            layer.cumulative_length.fill_(pos)
-
-    def _eager(self) -> Any:
-        return self.forward(**with_cache(self.model, self.cache, input_ids=self.ids, use_cache=True)).logits
-
-    def __call__(self) -> Any:
-        if self.graph is not None:
-            self.graph.replay()
-            return self.out
-        return self._eager()
-
-    def close(self) -> None:
-        self.graph = None
-        self.out = None
-        self.cache = None
 
 
 @torch.no_grad()
@@ -485,7 +362,7 @@ def decode_point(
     step = DecodeStep(model, batch, kv, graphs, forward=forward)  # compile + capture happen here
     if not graphs:
         step()  # the compile of an uncaptured step, also outside the latency
-    _sync(dev)
+    sync(dev)
     setup_s = time.perf_counter() - t0
     try:
         step.set_position(kv - n)  # the timed steps end on the cache's last slot
@@ -658,65 +535,6 @@ def _fast_or_eager(
         rec = point(None, False)
         rec["fallback"] = f"eager: {reason}"
         return rec
-
-
-def use_decode_kernels_(
-    model: nn.Module, gqa_decode: bool = True, gemv: bool = True, fused_lowrank: bool = True,
-    branches: bool = True,
-) -> dict[str, dict[str, Any]]:  # fmt: skip
-    """Switch ``model``, in place, to the decode kernels of the default path (the sweep's and
-    :func:`gac.eval.generate.generate`'s): decode attention on the KV heads
-    (:func:`gac.kernels.attention.use_gqa_decode_`), then on CUDA the Triton GEMV
-    (:func:`gac.runtime.gemv.use_triton_gemv_`) and the one-launch low-rank kernel
-    (:func:`gac.runtime.lowrank_fused.use_fused_lowrank_`) where measured faster, and the parallel
-    second stages of fused groups (:func:`gac.runtime.branches.use_branches_`) where measured faster.
-
-    Returns ``{"gemv": info, "fused_lowrank": info, "branches": info}``: what each switched, with its setup time
-    (first-use measurement included), or the reason it did not run.
-    """
-    from gac.kernels.attention import use_gqa_decode_
-    from gac.runtime.branches import use_branches_
-    from gac.runtime.gemv import use_triton_gemv_
-    from gac.runtime.lowrank_fused import use_fused_lowrank_
-
-    on_cuda = model_device(model).type == "cuda"
-    if gqa_decode:
-        use_gqa_decode_(model)
-    out: dict[str, dict[str, Any]] = {}
-    for key, wanted, switch in (
-        ("gemv", gemv, use_triton_gemv_),
-        ("fused_lowrank", fused_lowrank, use_fused_lowrank_),
-        ("branches", branches, use_branches_),
-    ):
-        if not (wanted and on_cuda):
-            out[key] = {"modules": 0, "reason": "off" if not wanted else "not on CUDA"}
-            continue
-        t0 = time.perf_counter()
-        out[key] = switch(model)
-        out[key]["setup_s"] = time.perf_counter() - t0
-    return out
-
-
-def compile_step(
-    forward: Callable[..., Any],
-    mode: str | None = None,
-    combo_kernels: bool = True,
-    dynamic: bool | None = None,
-) -> Callable[..., Any]:
-    """``torch.compile(forward)`` as the default path compiles its prefill and decode steps.
-
-    With ``combo_kernels``, Inductor may launch kernels of one graph that do not depend on each other
-    as one (horizontal fusion; which ones it combined in the steps below was not traced).  Same-machine A/B on an H200, compiled steps in CUDA graphs, 8 layers of
-    the Llama-3-8B shape: dense and SVD-LLM steps 0.8–2.2% shorter at decode B1/B16 and prefill
-    B1×128 (``benchmarks/results/h200/inductor-knobs/``).  ``mode`` is ``torch.compile``'s, its
-    options merged with these.
-    """
-    import torch._inductor
-
-    options = dict(torch._inductor.list_mode_options(mode, dynamic)) if mode else {}
-    if combo_kernels:
-        options["combo_kernels"] = True
-    return torch.compile(forward, dynamic=dynamic, options=options or None)
 
 
 def sweep_model(
