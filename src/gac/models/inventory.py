@@ -33,6 +33,7 @@ from torch import nn
 
 from gac.alignment import round_up
 from gac.errors import GacError
+from gac.guard import atomic_savefig
 from gac.hardware.profile import Profile
 from gac.models.adapters import get_adapter, in_features, out_features
 from gac.nn import FactorizedLinear
@@ -245,12 +246,10 @@ def plot_histogram(an: Analysis, path: str | Path, title: str = "") -> Path:
     )
     ax.legend()
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    try:
+        return atomic_savefig(fig, path, dpi=120)
+    finally:
+        plt.close(fig)
 
 
 def kv_bytes_per_token(model: nn.Module, dtype: torch.dtype | None = None) -> dict[str, int]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gac.errors import GacError
+from gac.guard import atomic_savefig
 from gac.plans.schema import BASE, slug
 from gac.plans.store import is_plan_dir, plan_from_dir, read_cell
 
@@ -224,7 +225,7 @@ def speed_plot(
     ax.set_title(f"{model}: measured speedup (infer eval), ideal and predicted", fontsize=10)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    atomic_savefig(fig, path, dpi=110)
     plt.close(fig)
     return True
 
@@ -328,7 +329,7 @@ def _save_cells_figure(plt: Any, fig: Any, ax: Any, comps: list[str], aligns: li
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    atomic_savefig(fig, path, dpi=110)
     plt.close(fig)
 
 

@@ -124,6 +124,7 @@ def render(rows: dict[str, dict[str, Any]], out: Path, root: Path | None = None)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from gac.guard import atomic_savefig
     from gac.utils import atomic_write_text
 
     names = list(rows)
@@ -181,7 +182,7 @@ def render(rows: dict[str, dict[str, Any]], out: Path, root: Path | None = None)
         ax.set_ylabel("speedup over baseline (geo. mean)")
         ax.legend()
         fig.tight_layout()
-        fig.savefig(out / "report_speedup.png", dpi=120)
+        atomic_savefig(fig, out / "report_speedup.png", dpi=120)
         plt.close(fig)
         plots.append("report_speedup.png")
     q = [(n, rows[n].get("ppl"), rows[n]["tasks"]) for n in names if rows[n].get("ppl") or rows[n]["tasks"]]
@@ -200,7 +201,7 @@ def render(rows: dict[str, dict[str, Any]], out: Path, root: Path | None = None)
         for a in axes:
             a.tick_params(axis="x", labelrotation=20, labelsize=8)
         fig.tight_layout()
-        fig.savefig(out / "report_quality.png", dpi=120)
+        atomic_savefig(fig, out / "report_quality.png", dpi=120)
         plt.close(fig)
         plots.append("report_quality.png")
     lines += [f"![{p}]({p})" for p in plots]
