@@ -16,7 +16,7 @@ speed does not depend on the values).
 
   PYTHONPATH=src python3 benchmarks/tools/gpu_decode_diagnostic.py --out $OUT/issue9.json
 
-Regenerates ``benchmarks/results/h200/issue9/diag.json`` (docs/eval.md: per-GEMV cuBLAS against Triton, the decode grid; the launch fit of the H200 profiles is taken from it by ``latency_model.py --fit-profiles``).
+Regenerates ``benchmarks/results/h200/decode-diag/diag.json`` (docs/eval.md: per-GEMV cuBLAS against Triton, the decode grid; the launch fit of the H200 profiles is taken from it by ``latency_model.py --fit-profiles``).
 """
 
 from __future__ import annotations

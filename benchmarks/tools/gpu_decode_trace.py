@@ -86,7 +86,7 @@ def main() -> int:
     )
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the plumbing (no graphs, no trace)")
     a = ap.parse_args()
-    from gpu_issue9 import build
+    from gpu_decode_diagnostic import build
 
     from gac.eval.infer import SweepConfig, _time_calls, copy_bandwidth, weight_bytes_per_step
     from gac.hardware.timing import environment

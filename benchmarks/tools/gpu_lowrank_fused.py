@@ -17,7 +17,7 @@ Past ``--limit-s`` the remaining configurations are skipped (recorded).
 
   PYTHONPATH=src python3 benchmarks/tools/gpu_lowrank_fused.py --out $OUT/lowrank_fused.json [--models llama qwen] [--rows 1]
 
-Regenerates ``benchmarks/results/h200/lowrank_rows/`` and the fused low-rank kernel tables of ``h200/issue9/`` (docs/eval.md: the one-launch low-rank kernel).
+Regenerates ``benchmarks/results/h200/lowrank_rows/`` and the fused low-rank kernel tables of ``h200/decode-diag/`` (docs/eval.md: the one-launch low-rank kernel).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ MODELS = {
     ],
 }
 SITES = MODELS["llama"]
-COPY_GBPS = 4490.0  # measured H200 GEMV bandwidth, benchmarks/results/h200/issue9/
+COPY_GBPS = 4490.0  # measured H200 GEMV bandwidth, benchmarks/results/h200/decode-diag/
 
 
 def bench(fn, wait, reps: int = 64, samples: int = 15) -> dict[str, float]:

@@ -12,7 +12,7 @@ Run on a machine with 2+ GPUs::
 
     PYTHONPATH=src python3 benchmarks/tools/gpu_multi_gpu.py --out $OUT/multi_gpu.json
 
-Regenerates ``benchmarks/results/h200/issue13/multi_gpu.json`` (docs/plans.md: one model over several GPUs).
+Regenerates ``benchmarks/results/h200/large-models/multi_gpu.json`` (docs/plans.md: one model over several GPUs).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ CPU smoke run (tiny widths; "GPU" memory is then not measured)::
 
     PYTHONPATH=src python3 benchmarks/tools/gpu_sequential.py --spec shape:llama3-8b:2:8 --budget 0.01 --out /tmp/seq.json
 
-Regenerates ``benchmarks/results/h200/issue13/`` (docs/plans.md: layer-by-layer compression under a GPU budget).
+Regenerates ``benchmarks/results/h200/large-models/`` (docs/plans.md: layer-by-layer compression under a GPU budget).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Predicted against measured speedups from committed H200 results (issue 9, item 4). CPU only.
 
 1. ``--fit-profiles``: fit the launch constants of the H200 profiles from the committed issue-9
-   diagnostic (``benchmarks/results/h200/issue9/diag.json``): ``launch_us`` and ``copy_gbps`` by
+   diagnostic (``benchmarks/results/h200/decode-diag/diag.json``): ``launch_us`` and ``copy_gbps`` by
    least squares of ``t = launch_us + bytes / copy_gbps`` over the cuBLAS time of every GEMV shape
    at one row (``gemv_table``, timed in a CUDA graph), ``aux_us`` = the median time of the
    non-GEMM kernels of the dense model's traced decode step; ``fused_lowrank`` (the fused low-rank
@@ -14,9 +14,9 @@
    Writes ``latency_model.json`` and ``latency_model.md`` into ``--out``.
 
   OMP_NUM_THREADS=1 PYTHONPATH=src python3 benchmarks/tools/latency_model.py --fit-profiles \\
-      --out benchmarks/results/h200/issue9 benchmarks/results/h200/speed benchmarks/results/h200/paper
+      --out benchmarks/results/h200/decode-diag benchmarks/results/h200/speed benchmarks/results/h200/paper
 
-Regenerates the launch constants of ``src/gac/profiles/h200-*.json`` (``--fit-profiles``) and ``benchmarks/results/h200/issue9/latency_model.{json,md}`` (docs/eval.md, docs/hardware.md: predicted against measured speedup).
+Regenerates the launch constants of ``src/gac/profiles/h200-*.json`` (``--fit-profiles``) and ``benchmarks/results/h200/decode-diag/latency_model.{json,md}`` (docs/eval.md, docs/hardware.md: predicted against measured speedup).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-DIAG = ROOT / "benchmarks/results/h200/issue9/diag.json"
+DIAG = ROOT / "benchmarks/results/h200/decode-diag/diag.json"
 DIMS = ROOT / "benchmarks/results/h200/speed/cells/shape-llama3-8b-8/svd-llm-r0.85-gac.json"
 FUSED = ROOT / "benchmarks/results/h200/speed-grid/lowrank_fused_dispatch.json"
 PROFILES = [ROOT / "src/gac/profiles/h200-bfloat16.json", ROOT / "src/gac/profiles/h200-float16.json"]
@@ -51,7 +51,7 @@ def fit_from_diag(diag: dict) -> dict:
         "copy_gbps": gbps,
         "aux_us": round(statistics.median(aux), 3),
         "latency_fit": {
-            "source": "benchmarks/results/h200/issue9/diag.json (NVIDIA H200, bfloat16, torch 2.11.0+cu130)",
+            "source": "benchmarks/results/h200/decode-diag/diag.json (NVIDIA H200, bfloat16, torch 2.11.0+cu130)",
             "method": "launch_us, copy_gbps: least squares t = launch_us + weight bytes / copy_gbps over the "
             "cuBLAS time of each GEMV shape at 1 row, 64 calls per CUDA graph (gemv_table); aux_us: median "
             "time of the non-GEMM kernels of one traced compiled decode step of the dense model "
@@ -133,7 +133,7 @@ def fmt(x, f=".3f"):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("plans", nargs="*", type=Path, help="plan directories with cells/<model>/*.json")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/h200/issue9")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/h200/decode-diag")
     ap.add_argument(
         "--fit-profiles", action="store_true", help="write the fitted constants into the H200 profiles"
     )

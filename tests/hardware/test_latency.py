@@ -169,7 +169,7 @@ def test_fit_recovers_intercept_and_bandwidth():
 
 
 def test_shipped_h200_constants_come_from_the_committed_gemv_table():
-    diag = json.loads((ROOT / "benchmarks/results/h200/issue9/diag.json").read_text())
+    diag = json.loads((ROOT / "benchmarks/results/h200/decode-diag/diag.json").read_text())
     rows = [v for v in diag["gemv_table"].values() if v["rows"] == 1]
     # fitted unweighted (before the fit weighted relative error; 0.5% apart on these 21 shapes)
     t0, gbps = fit_launch([2 * v["n"] * v["k"] for v in rows], [v["cublas_us"] for v in rows], relative=False)

@@ -40,14 +40,14 @@ The formula (every term below is one line of :func:`launches`)::
 * **Other kernels** (norms with their residual adds, rotary embedding and cache writes,
   the activation, position bookkeeping): :data:`AUX_PER_LAYER` per layer plus
   :data:`AUX_PER_STEP` per forward, counted from the committed kernel trace of one compiled
-  decode step (``benchmarks/results/h200/issue9/diag.json``: 100 non-GEMM kernels for 8 layers),
+  decode step (``benchmarks/results/h200/decode-diag/diag.json``: 100 non-GEMM kernels for 8 layers),
   each ``aux_us`` plus its share of the activation bytes (two norms with residual:
   ``8·T·H``; rotary: ``2·T·(q+kv)``; gated activation ``3·T·I``; cache write ``2·T·kv``;
   elements of the model's dtype).
 
 What it leaves out, on purpose: cuBLAS's split-K reduce kernels (inside the GEMV fit), the
 Triton GEMV used at a few shapes (:mod:`gac.runtime.gemv`), L2 reuse, overlap. Measured agreement
-on the H200: ``docs/eval.md`` and ``benchmarks/results/h200/issue9/latency_model.md``.
+on the H200: ``docs/eval.md`` and ``benchmarks/results/h200/decode-diag/latency_model.md``.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ def decode_mode(batch: int, kv_heads: int, kv_len: int) -> str:
     # SDPA's fused kernels run one CTA per (batch, KV head, query block): a grouped single-token
     # query at batch 1 is 8 CTAs on a 132-SM GPU (80 µs per layer at KV 4096 on an H200).  Two
     # batched GEMMs were faster at every point measured up to KV 4096 (Llama-3-8B shape, H200: B 1-64,
-    # dense decode steps 2-28% shorter, ``benchmarks/results/h200/issue9/diag.json``) and past it, in whole
+    # dense decode steps 2-28% shorter, ``benchmarks/results/h200/decode-diag/diag.json``) and past it, in whole
     # compiled steps at B 1/4/16 x KV 8192/32768 (8 KV heads): on the H200 at all six points (B1 x KV
     # 32768: 1.90 against 6.40 ms; B16 x KV 32768: 5.80 against 6.68), on an H100 at four, tied at B16 x
     # KV 8192 and 4% slower at B16 x KV 32768 (``benchmarks/results/{h200,h100}/decode-attention/``).

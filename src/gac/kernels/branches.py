@@ -5,7 +5,7 @@ for the members' first factors, then one GEMM per member for its second factor `
 independent of each other, yet a captured decode step runs them one after the other, and at 2 to a
 few hundred token rows each is a small, latency-bound launch: the k and v ones (``rank x 1024``)
 fill a few of the GPU's SMs and each costs ≈ 5 µs beyond its bytes on an H200
-(``benchmarks/results/h200/issue9/``).  SVD-LLM's allocation factorizes every site, so a Llama
+(``benchmarks/results/h200/decode-diag/``).  SVD-LLM's allocation factorizes every site, so a Llama
 decode step launches 89 GEMMs against dense's 33, and at 16 rows (where the one-launch kernel of
 :mod:`gac.kernels.lowrank_fused` loses to cuBLAS) that is what keeps it below dense.
 

@@ -4,7 +4,7 @@ At decode every projection is a GEMV (``M`` = the batch: 1 to 16 token rows), bo
 bytes of its weight.  cuBLAS runs the large ones near copy bandwidth (a 28672 x 4096 or the
 128256 x 4096 head: 96-99% on an H200), but the mid-sized GEMVs a factorized model is made of
 (``4096 x 1736``, ``1736 x 4096``, ``4096 x 2712``: the second factors of attention projections,
-the first factors of ``o_proj``) run at 36-47% (``benchmarks/results/h200/issue9/``): its
+the first factors of ``o_proj``) run at 36-47% (``benchmarks/results/h200/decode-diag/``): its
 kernels tile 64 output rows per CTA, so 1736 to 4096 rows fill fewer CTAs than the GPU has SMs.
 
 :func:`gemv` tiles ``BLOCK_N`` (4 to 64) rows per program.  ``M = 1`` multiplies and adds into an

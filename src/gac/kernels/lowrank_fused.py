@@ -1,7 +1,7 @@
 """Both stages of a factorized layer (or of a fused group of them) in one decode launch.
 
 At decode every GEMV costs a fixed ~5 µs on top of its bytes (H200: ``5.0 µs + bytes / 4.49 TB/s``,
-``benchmarks/results/h200/issue9/``), and a factorized layer ``y = (x Vᵀ) Uᵀ`` issues two of them.
+``benchmarks/results/h200/decode-diag/``), and a factorized layer ``y = (x Vᵀ) Uᵀ`` issues two of them.
 :func:`lowrank_fused` runs both in one launch of a *persistent* Triton kernel: ``P`` programs (one or
 two per SM, never more than can be resident at once) first stride over row blocks of ``V`` and write
 their slice of ``t = x Vᵀ (+ b)`` (fp32) to a scratch buffer, meet at a grid-wide barrier, then stride

@@ -2,7 +2,7 @@
 # Issue 13 on the GPU machine, in one device call (per-call limit 600 s): the layer-by-layer
 # compression demo, the multi-GPU evaluation (2+ GPUs), then as much of plans/paper.toml's GPU
 # cells as the time left allows (the plan resumes in the next call: carry runs/paper back).
-#   STEPS=seq,multi,paper,refine,speed LIMIT_S=570 bash benchmarks/experiments/gpu_issue13.sh
+#   STEPS=seq,multi,paper,refine,speed LIMIT_S=570 bash benchmarks/experiments/gpu_large_models.sh
 set -u
 export PYTHONPATH=src GAC_CACHE=$PWD/.gpu/corpora
 R=$OUT/res; mkdir -p "$R"
