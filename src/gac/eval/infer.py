@@ -41,6 +41,7 @@ from torch import nn
 
 from gac.errors import GacError
 from gac.guard import atomic_savefig
+from gac.hardware.timing import time_calls
 from gac.nn.latent import latent_attention_paths
 from gac.runtime.fastpath import FastPath
 from gac.runtime.step import (
@@ -110,41 +111,12 @@ def _free(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _stats(samples_ms: list[float]) -> dict[str, float]:
-    a = np.asarray(samples_ms, dtype=np.float64)
-    q25, med, q75 = (float(x) for x in np.percentile(a, [25, 50, 75]))
-    return {
-        "median_ms": med,
-        "q25_ms": q25,
-        "q75_ms": q75,
-        "iqr_ms": q75 - q25,
-        "min_ms": float(a.min()),
-        "reps": len(samples_ms),
-    }
-
-
 def _time_calls(fn: Callable[[], Any], device: torch.device, warmup: int, reps: int) -> dict[str, float]:
-    """Run ``fn`` ``warmup`` times untimed, then ``reps`` times each bracketed by events / a clock."""
-    for _ in range(warmup):
-        fn()
-    sync(device)
-    samples: list[float] = []
-    if device.type == "cuda":
-        ev = [
-            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)
-        ]
-        for s, e in ev:
-            s.record()
-            fn()
-            e.record()
-        torch.cuda.synchronize(device)
-        samples = [s.elapsed_time(e) for s, e in ev]
-    else:
-        for _ in range(reps):
-            t = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - t) * 1e3)
-    return _stats(samples)
+    """``fn`` timed by the one harness (:func:`gac.hardware.timing.time_calls`): ``warmup`` untimed calls,
+    then ``reps`` each bracketed by CUDA events or the clock; the infer JSON's statistics."""
+    t = time_calls(lambda _i: fn(), device, warmup, reps).to_dict()
+    del t["method"]
+    return t
 
 
 def model_device(model: nn.Module) -> torch.device:

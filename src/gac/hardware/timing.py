@@ -142,7 +142,6 @@ def bench(
     Returns:
         The median, inter-quartile range, quartiles and minimum, in ms per call.
     """
-    cuda = device.type == "cuda"
     # warm-up, and an estimate of the per-call time
     i = 0
     _sync(device)
@@ -156,13 +155,30 @@ def bench(
                 break
     est_ms = max((time.perf_counter() - t0) * 1e3 / i, 1e-4)
     reps = int(min(max_reps, max(min_reps, rep_ms / est_ms)))
+    return _timed(fn, device, i, reps)
+
+
+def time_calls(fn: Callable[[int], Any], device: torch.device, warmup: int, reps: int) -> Timing:
+    """Time ``fn(i)`` a fixed number of times: ``warmup`` untimed calls, then ``reps`` timed ones.
+
+    The same samples and statistics as :func:`bench`, for callers that fix the counts (the inference
+    sweep's prefill steps and its copy-bandwidth probe).
+    """
+    for i in range(warmup):
+        fn(i)
+    _sync(device)
+    return _timed(fn, device, warmup, reps)
+
+
+def _timed(fn: Callable[[int], Any], device: torch.device, first: int, reps: int) -> Timing:
+    """``reps`` calls ``fn(first + r)``, each bracketed by CUDA events (on CUDA) or the wall clock."""
     samples: list[float]
-    if cuda:
+    if device.type == "cuda":
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         for r in range(reps):
             starts[r].record()
-            fn(i + r)
+            fn(first + r)
             ends[r].record()
         torch.cuda.synchronize(device)
         samples = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
@@ -171,7 +187,7 @@ def bench(
         samples = []
         for r in range(reps):
             t = time.perf_counter()
-            fn(i + r)
+            fn(first + r)
             samples.append((time.perf_counter() - t) * 1e3)
         method = "wall_clock"
     arr = np.asarray(samples, dtype=np.float64)
