@@ -14,6 +14,7 @@ Small functions, each one move of the fast path, and a step that is compiled by 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +26,21 @@ from gac.compat import with_cache
 from gac.errors import GacError
 from gac.runtime.fastpath import FastPath
 from gac.utils import console
+
+log = logging.getLogger(__name__)
+#: (kernel, reason) pairs already warned about, once per process
+_WARNED: set[tuple[str, str]] = set()
+
+
+def note_unserved(kernel: str, info: dict[str, Any]) -> None:
+    """Warn once per process where a decode kernel asked for on CUDA switched nothing, naming why
+    (``info["reason"]``, from :meth:`gac.runtime.dispatch.Dispatch.use_`); the reason is also in
+    ``info``, which the infer JSON and ``gac generate --json`` record."""
+    reason = info.get("reason")
+    if not reason or (kernel, reason) in _WARNED:
+        return
+    _WARNED.add((kernel, reason))
+    log.warning("decode kernels: %s does not run: %s (the existing path serves every site)", kernel, reason)
 
 
 def sync(device: torch.device) -> None:
@@ -98,6 +114,7 @@ def use_decode_kernels_(
         t0 = time.perf_counter()
         out[key] = switch(model)
         out[key]["setup_s"] = time.perf_counter() - t0
+        note_unserved(key, out[key])
     return out
 
 
