@@ -138,6 +138,20 @@ def test_fast_path_on_gpu_generates_the_eager_greedy_tokens(combo_kernels):
     assert got.token_ids == want
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])  # plain, biased q/k/v, per-head q/k norm
+def test_fast_path_on_gpu_serves_each_family_exactly(family):
+    """Fused projections (with their biases), decode kernels, compiled step and graph give the eager tokens."""
+    tok = char_tokenizer()
+    torch.manual_seed(0)
+    m = tiny_model(family, hidden=96, layers=2, heads=4, kv_heads=2, head_dim=24, vocab=128).to("cuda")
+    prompt = "It was the best of times"
+    want = _reference(m, _CudaTok(tok), prompt, 12)
+    got = generate(m, tok, prompt, max_new_tokens=12, stop_at_eos=False)
+    assert got.compiled and got.graphs
+    assert got.token_ids == want
+
+
 class _CudaTok:
     """A tokenizer whose ``input_ids`` are on the GPU (for ``_reference``)."""
 
