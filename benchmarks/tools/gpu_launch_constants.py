@@ -3,8 +3,7 @@
 The latency model behind ``--align gac``'s guard prices every GEMM at ``launch_us + bytes / copy_gbps``
 and the fused low-rank kernel at its own fit (``fused_lowrank``). ``gac profile`` measures both, but
 a full profile takes many minutes; this re-measures only those fields (about half a minute, the
-same functions ``gac profile`` calls: :func:`gac.hardware.profiler.measure_launch_constants` and
-:func:`gac.hardware.profiler.measure_fused_lowrank`) and writes the shipped profile of this GPU with
+same function ``gac profile`` calls: :func:`gac.hardware.profiler.measure_latency_fields_`) and writes the shipped profile of this GPU with
 them added, its ``env`` recording the run. It regenerates the launch fields of
 ``src/gac/profiles/h100-bfloat16.json``::
 
@@ -29,19 +28,17 @@ def main() -> None:
 
     from gac.guard import atomic_write_text
     from gac.hardware.profile import load_profile
-    from gac.hardware.profiler import measure_fused_lowrank, measure_launch_constants
+    from gac.hardware.profiler import measure_latency_fields_
+    from gac.utils import parse_dtype
 
     if not torch.cuda.is_available():
         sys.exit("error: needs a CUDA GPU")
     dev = torch.device("cuda")
-    dt = getattr(torch, args.dtype)
-    prof = load_profile("auto", dtype=args.dtype)
+    dt = parse_dtype(args.dtype, dev)
+    prof = load_profile("auto", dtype=str(dt).removeprefix("torch."))
     if not prof.measured:
         sys.exit(f"error: no shipped profile for {torch.cuda.get_device_name()} ({args.dtype})")
-    lc = measure_launch_constants(dev, dt)
-    fused = measure_fused_lowrank(dev, dt)
-    prof.launch_us, prof.copy_gbps, prof.aux_us = lc["launch_us"], lc["copy_gbps"], lc["aux_us"]
-    prof.latency_fit, prof.fused_lowrank = lc["latency_fit"], fused
+    measure_latency_fields_(prof, dev, dt)
     prof.env["launch_constants"] = {
         "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": "PYTHONPATH=src python " + " ".join(sys.argv),
@@ -50,7 +47,11 @@ def main() -> None:
     }
     d = prof.to_dict()
     atomic_write_text(args.out, json.dumps(d, indent=1) + "\n")
-    print(json.dumps({k: d[k] for k in ("launch_us", "copy_gbps", "aux_us")}), "fused:", bool(fused))
+    print(
+        json.dumps({k: d[k] for k in ("launch_us", "copy_gbps", "aux_us")}),
+        "fused:",
+        bool(prof.fused_lowrank),
+    )
 
 
 if __name__ == "__main__":

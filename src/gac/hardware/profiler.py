@@ -423,10 +423,18 @@ def build_profile(
     env["command"] = command
     prof = _measured_profile(env, dname, quick, ops)
     if dev.type == "cuda" and measure is None:
-        lc = measure_launch_constants(dev, dt)
-        prof.launch_us, prof.copy_gbps, prof.aux_us = lc["launch_us"], lc["copy_gbps"], lc["aux_us"]
-        prof.latency_fit = lc["latency_fit"]
-        prof.fused_lowrank = measure_fused_lowrank(dev, dt)
+        measure_latency_fields_(prof, dev, dt)
+    return prof
+
+
+def measure_latency_fields_(prof: Profile, device: torch.device, dtype: torch.dtype) -> Profile:
+    """Measure this GPU's launch constants (:func:`measure_launch_constants`) and fused low-rank fit
+    (:func:`measure_fused_lowrank`) into ``prof``, in place: the fields the latency model and the
+    guard price with."""
+    lc = measure_launch_constants(device, dtype)
+    prof.launch_us, prof.copy_gbps, prof.aux_us = lc["launch_us"], lc["copy_gbps"], lc["aux_us"]
+    prof.latency_fit = lc["latency_fit"]
+    prof.fused_lowrank = measure_fused_lowrank(device, dtype)
     return prof
 
 
