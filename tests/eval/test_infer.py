@@ -340,10 +340,17 @@ def test_capacity_on_gpu_runs_the_largest_batch_that_fits_the_budget():
     cfg = SweepConfig(
         **{**TINY.to_dict(), "profile_kernels": False, "decode_batches": (1,), "compile": False}
     )
-    plan = infer._capacity_budget(m, SweepConfig(**{**cfg.to_dict(), "capacity_context": 256}))
-    budget = torch.cuda.memory_allocated() + 50 * plan["kv_per_token"] * 256 + 64 * 2**20
-    cfg = SweepConfig(**{**cfg.to_dict(), "capacity_context": 256, "capacity_budget_gib": budget / 2**30})
+    ctx = 512  # the tiny model's max_position_embeddings
+    plan = infer._capacity_budget(m, SweepConfig(**{**cfg.to_dict(), "capacity_context": ctx}))
+    seq = plan["kv_per_token"] * ctx
+    # 50 sequences plus headroom for the workspace (cuBLAS workspaces, graph pools: over 64 MiB on an H100)
+    budget = torch.cuda.memory_allocated() + 50 * seq + 256 * 2**20
+    cfg = SweepConfig(**{**cfg.to_dict(), "capacity_context": ctx, "capacity_budget_gib": budget / 2**30})
     out = infer.sweep_model(m, cfg)["capacity"]
     assert out["max_batch"] >= 1 and out["tries"][-1] == {"batch": out["max_batch"], "status": "ok"}
     assert out["peak_mem_gib"] * 2**30 <= budget * 1.02
     assert out["tokens_per_s"] > 0
+    # a budget that holds the weights and one sequence but not the measured workspace: one line, no record
+    tight = (plan["weights"] + seq + 2**20) / 2**30
+    with pytest.raises(GacError, match="holds no sequence at context 512"):
+        infer.sweep_model(m, SweepConfig(**{**cfg.to_dict(), "capacity_budget_gib": tight}))

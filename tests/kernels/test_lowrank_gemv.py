@@ -40,7 +40,7 @@ def test_lowrank_matmul_matches_float64(shape, dtype):
 
 
 def test_triton_module_matches_factorized_and_falls_back_for_prefill():
-    from gac.kernels.lowrank_gemv import TritonLowRankLinear, use_triton_lowrank_
+    from gac.runtime.lowrank_gemv import TritonLowRankLinear, use_triton_lowrank_
 
     fl = FactorizedLinear(512, 37, 300, bias=True, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():

@@ -385,7 +385,7 @@ def _capacity_budget(model: nn.Module, cfg: SweepConfig) -> dict[str, int]:
     elif dev.type == "cuda":
         budget = int(torch.cuda.mem_get_info(dev)[0] + torch.cuda.memory_reserved(dev))
     else:
-        raise GacError("capacity on the CPU needs a memory budget (--memory-budget GiB)")
+        raise GacError("capacity on the CPU needs a memory budget (--max-gpu-memory GiB)")
     weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     kv_tok = kv_bytes_per_token(model)["cache"]
     if budget < weights + kv_tok * ctx:
@@ -424,6 +424,12 @@ def capacity_point(
     per_seq = max(0.0, ws[1] - ws[0])
     fixed = max(0.0, ws[0] - per_seq)
     predicted = int((plan["budget"] - w - fixed) // (seq + per_seq))
+    if predicted < 1:  # the measured workspace leaves no room for one sequence
+        raise GacError(
+            f"memory budget {plan['budget'] / 2**30:.2f} GiB holds no sequence at context {ctx}: weights "
+            f"{w / 2**30:.2f} GiB + measured workspace {fixed / 2**30:.2f} GiB + one sequence "
+            f"{(seq + per_seq) / 2**30:.2f} GiB"
+        )
     out: dict[str, Any] = {
         "context": ctx,
         "budget_gib": plan["budget"] / 2**30,
@@ -459,6 +465,8 @@ def capacity_point(
             peak_mem_gib=r["peak_mem_gib"],
         )
         break
+    else:  # every batch down to 1 ran out of memory or past the budget: none fits, said so in the record
+        out.update(max_batch=0, tokens_per_s=None, ms_per_token=None, peak_mem_gib=None)
     _free(dev)
     return out
 
@@ -685,7 +693,7 @@ def add_speedups(res: dict[str, Any], baseline: str | None = None) -> None:
                 )
                 r["speedup_vs_ideal"] = r["speedup"] / r["bytes_ideal_speedup"]
         cap, ref = v.get("capacity"), b.get("capacity")
-        if cap and ref and cap.get("tokens_per_s") and ref.get("tokens_per_s"):
+        if cap and ref and cap.get("tokens_per_s") and ref.get("tokens_per_s") and ref.get("max_batch"):
             cap["tokens_per_s_vs_baseline"] = cap["tokens_per_s"] / ref["tokens_per_s"]
             cap["max_batch_vs_baseline"] = cap["max_batch"] / ref["max_batch"]
 
