@@ -645,7 +645,7 @@ def outside_sites_ms(
     out = {}
     for p in serve:
         whole = predict(model, profile, p)["ms"]
-        out[p.key] = max(whole - sum(site_ms(profile, s, s.max_dim, p.tokens) for s in sites), 0.0)
+        out[p.key] = max(whole - sum(site_ms(profile, s, s.max_dim, p.tokens, p.kv) for s in sites), 0.0)
     return out
 
 
