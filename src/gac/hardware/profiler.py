@@ -638,12 +638,12 @@ LATENT_GEOMETRY: tuple[int, int, int] = (32, 8, 128)
 #: calls timed for the latent class: ``(key group size G, key rank per group, batch, KV)``, values
 #: grouped alike at the key's rank. Per ``G``: the rank of KV 0.5 (``G·hd/2``), of KV 0.25, and one
 #: misaligned (``G·hd/2 - 8``), each at three serving shapes: one sequence at 4k, 16 at 16k, 64 at 4k
-#: (27 calls)
+#: (27 calls; the key group sizes interleaved, so that a call cut by the time budget leaves each a row)
 LATENT_SHAPES: tuple[tuple[int, int, int, int], ...] = tuple(
-    (g, r, b, kv)
-    for g in (1, 2, 4)
-    for r in (64 * g, 32 * g, 64 * g - 8)
+    (g, f * g - d, b, kv)
+    for f, d in ((64, 0), (32, 0), (64, 8))
     for b, kv in ((1, 4096), (16, 16384), (64, 4096))
+    for g in (1, 2, 4)
 )
 
 
@@ -652,6 +652,8 @@ def measure_latent_attention(
     dtype: torch.dtype,
     shapes: Iterable[tuple[int, int, int, int]] = LATENT_SHAPES,
     budget_s: float = 60.0,
+    geometry: tuple[int, int, int] = LATENT_GEOMETRY,
+    bench: Callable[[Callable[[int], Any]], float] | None = None,
 ) -> dict[str, Any]:
     """The profile's ``latent_attention`` class on this GPU: PaLU's latent decode kernel, timed and fitted.
 
@@ -662,18 +664,21 @@ def measure_latent_attention(
     call's latent bytes, its executed key-rebuild FLOPs (every group at the kernel's padded rank tile)
     and the achieved latent GB/s and rebuild TFLOP/s. :func:`gac.hardware.latency.fit_latent_attention`
     fits them. Calls past ``budget_s`` seconds are skipped (and counted). ``{}`` without Triton.
+    ``bench`` replaces the CUDA-graph timing (``bench(fn) -> µs``; tests run the kernel in Triton's
+    interpreter on the CPU with it); without it the device must be CUDA.
     """
     from gac.hardware.latency import fit_latent_attention
     from gac.hardware.timing import bench_graph, copies_past_l2
     from gac.kernels import latent_attention as kl
     from gac.testing import latent_decode_inputs
 
-    if device.type != "cuda":
+    if device.type != "cuda" and bench is None:
         raise GacError("the latent attention class is measured on CUDA only")
     if not kl.HAVE_TRITON:
         console.print("[yellow]note:[/yellow] no Triton: the profile gets no latent_attention class")
         return {}
-    heads, kvh, hd = LATENT_GEOMETRY
+    bench = bench or bench_graph
+    heads, kvh, hd = geometry
     elem = torch.tensor([], dtype=dtype).element_size()
     shapes = list(shapes)
     recs: list[dict[str, Any]] = []
@@ -692,7 +697,7 @@ def measure_latent_attention(
             zks = [torch.randn(b, kv, sum(ranks), device=device, dtype=dtype) for _ in range(n)]
             zvs = [torch.randn(b, kv, sum(ranks), device=device, dtype=dtype) for _ in range(n)]
         except torch.OutOfMemoryError:
-            torch.cuda.empty_cache()
+            _free(device)
             skipped += 1
             continue
         clen = torch.tensor([kv], device=device, dtype=torch.int64)
@@ -702,7 +707,7 @@ def measure_latent_attention(
                 q, zks[i % len(zks)], zvs[i % len(zvs)], pack, clen, inv, hd**-0.5
             )
 
-        us = bench_graph(call)
+        us = bench(call)
         launch = dict(kl.LAST_LAUNCH)
         rk = -(-int(pack["rk_max"]) // launch["block_r"]) * launch["block_r"]  # the kernel's RK tile
         flops = 2.0 * b * kv * hd * kvh * rk
@@ -714,7 +719,7 @@ def measure_latent_attention(
             "executed_tflops": round(flops / us / 1e6, 2),
         })  # fmt: skip
         del zks, zvs
-        torch.cuda.empty_cache()
+        _free(device)
     fit = fit_latent_attention(recs, "gac profile (gac.hardware.profiler.measure_latent_attention)")
     fit["fit"].update(
         geometry={"heads": heads, "kv_heads": kvh, "head_dim": hd, "value_group": "as the key group"},
@@ -723,6 +728,11 @@ def measure_latent_attention(
         elapsed_s=round(time.time() - t0, 1),
     )
     return fit
+
+
+def _free(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _flops_fn(plan: OpPlan) -> Callable[[int], float]:
