@@ -473,9 +473,11 @@ def latent_call(
     ``2·batch·kv·head_dim·G·r`` per key group of ``G`` KV heads at the rank ``r`` the kernel runs
     (:func:`latent_rank`: on a measured class every group at the layer's widest, padded to the rank
     tile, as the kernel's one ``RK`` tile does; at the roofline each group's own rank). ``ms`` =
-    ``launch_us + bytes / gbps + flops / tflops`` with the rates of the key group size
-    (:meth:`Profile.latent_rates`; the form the class was fitted in, :func:`fit_latent_attention`;
-    ``tflops`` None adds nothing). Returns those terms, ``ms`` and ``rates``.
+    ``launch_us + bytes / gbps + flops / tflops`` with the rates of the key group size on a measured
+    class (:meth:`Profile.latent_rates`; the form the class was fitted in,
+    :func:`fit_latent_attention`; ``tflops`` None adds nothing), and at the roofline
+    ``launch_us + max(bytes / copy bandwidth, flops / peak)`` (a perfect kernel hides the lesser
+    under the greater). Returns those terms, ``ms``, ``serial`` (whether the terms add) and ``rates``.
     """
     rates = profile.latent_rates(key_group)
     n_k = len(key_ranks)
@@ -488,8 +490,10 @@ def latent_call(
     byte_ms = nbytes / (float(rates["gbps"]) * 1e9) * 1e3
     tf = rates.get("tflops")
     flop_ms = flops / (float(tf) * 1e12) * 1e3 if tf else 0.0
-    return {"bytes": nbytes, "flops": flops, "byte_ms": byte_ms, "flop_ms": flop_ms,
-            "ms": float(rates["launch_us"]) * 1e-3 + byte_ms + flop_ms, "rates": rates}  # fmt: skip
+    serial = rates["source"] == "measured"
+    work = byte_ms + flop_ms if serial else max(byte_ms, flop_ms)
+    return {"bytes": nbytes, "flops": flops, "byte_ms": byte_ms, "flop_ms": flop_ms, "serial": serial,
+            "ms": float(rates["launch_us"]) * 1e-3 + work, "rates": rates}  # fmt: skip
 
 
 def site_cache_ms(profile: Profile, site: Any, d: int, batch: int, kv: int, elem: int = 2) -> float:
@@ -501,9 +505,10 @@ def site_cache_ms(profile: Profile, site: Any, d: int, batch: int, kv: int, elem
     bandwidth (as :func:`launches` prices dense decode attention); a latent one is its ``d`` latent
     dims per token at the latent class's bandwidth plus, for keys, their rebuild at its FLOP rate
     (:func:`latent_call`'s terms for this group alone, its rank padded as the kernel runs it;
-    :meth:`Profile.latent_rates` of its key group size: measured, else the roofline). The call's
-    fixed time is the layer's, not a site's: it is left out here, as the dense layer's attention
-    launches are.
+    :meth:`Profile.latent_rates` of its key group size: measured, else the roofline, where a key
+    site costs the greater of its bytes and its rebuild, which bounds the layer's roofline from
+    above by at most the value latents' time). The call's fixed time is the layer's, not a site's:
+    it is left out here, as the dense layer's attention launches are.
     """
     meta = getattr(site, "meta", None) or {}
     per_dim = meta.get("rebuild_flops_per_dim_per_cached_token")
@@ -516,7 +521,8 @@ def site_cache_ms(profile: Profile, site: Any, d: int, batch: int, kv: int, elem
     ms = batch * kv * d * elem / (float(rates["gbps"]) * 1e9) * 1e3
     hd = int(meta.get("head_dim") or 0)
     if per_dim and rates.get("tflops") and hd:
-        ms += 2.0 * batch * kv * hd * g * latent_rank(rates, d) / (float(rates["tflops"]) * 1e12) * 1e3
+        flop_ms = 2.0 * batch * kv * hd * g * latent_rank(rates, d) / (float(rates["tflops"]) * 1e12) * 1e3
+        ms = ms + flop_ms if rates["source"] == "measured" else max(ms, flop_ms)
     return ms
 
 
@@ -672,7 +678,7 @@ class _LatentLayer:
             split_us, combine_us = c["launch_us"], c["aux_us"]
         return [
             Launch("attention", f"layer{i}.latent_attention", call["flops"], call["bytes"], split_us,
-                   call["flop_ms"], call["byte_ms"], serial=True),
+                   call["flop_ms"], call["byte_ms"], serial=call["serial"]),
             Launch("aux", f"layer{i}.latent_combine", 0.0, 0.0, combine_us, 0.0, 0.0),
         ]  # fmt: skip
 
