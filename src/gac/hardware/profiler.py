@@ -637,12 +637,12 @@ def measure_fused_lowrank(device: torch.device, dtype: torch.dtype) -> dict[str,
 LATENT_GEOMETRY: tuple[int, int, int] = (32, 8, 128)
 #: calls timed for the latent class: ``(key group size G, key rank per group, batch, KV)``, values
 #: grouped alike at the key's rank. Per ``G``: the rank of KV 0.5 (``G·hd/2``), of KV 0.25, and one
-#: misaligned (``G·hd/2 - 8``), each at three serving shapes: one sequence at 4k, 16 at 16k, 64 at 4k
-#: (27 calls; the key group sizes interleaved, so that a call cut by the time budget leaves each a row)
+#: misaligned (``G·hd/2 - 8``), each at four serving shapes: one sequence at 4k and 32k, 16 at 16k, 64 at
+#: 4k (36 calls; the key group sizes interleaved, so that a call cut by the time budget leaves each a row)
 LATENT_SHAPES: tuple[tuple[int, int, int, int], ...] = tuple(
     (g, f * g - d, b, kv)
     for f, d in ((64, 0), (32, 0), (64, 8))
-    for b, kv in ((1, 4096), (16, 16384), (64, 4096))
+    for b, kv in ((1, 4096), (1, 32768), (16, 16384), (64, 4096))
     for g in (1, 2, 4)
 )
 
