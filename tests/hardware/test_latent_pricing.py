@@ -370,3 +370,27 @@ def test_the_measured_class_predicts_a_direct_timing_of_the_kernel(g, rank, b, k
     call = L.latent_call(prof, b, kv, hd, g, ranks, ranks)
     assert call["rates"]["source"] == "measured"
     assert np.isclose(call["ms"] * 1e3, us, rtol=0.15), (call["ms"] * 1e3, us, call["rates"])
+
+
+def test_a_recorded_palu_cell_is_priced_with_latent_attention():
+    from gac.hardware.latency import predict_pair, skeleton
+
+    dims = {f"model.layers.{i}.self_attn.{p}:g{g}": 256 for i in range(2) for p in ("k_proj", "v_proj")
+            for g in range(2)}  # fmt: skip
+    m = skeleton("shape:llama3-8b:2", dims)
+    attn = m.model.layers[1].self_attn
+    assert isinstance(attn, LatentAttention) and attn.k_proj.ranks == [256, 256] and attn.group_kv_k == 4
+    assert attn.v_proj.ranks == [256, 256] and not attn.folded and attn.k_proj.down.weight.is_meta
+    d = skeleton("shape:llama3-8b:2")
+    pt = Point("decode", 16, kv=16384)
+    call = next(x for x in launches(m, _prof(), pt) if x.name == "layer1.latent_attention")
+    assert call.bytes == 16 * 16384 * 2 * 512 * 2  # half of the dense layer's 16·16384·2·1024·2
+    rec = {"status": "ok", "phase": "decode", "batch": 16, "kv": 16384, "median_ms": 1.0}
+    inf = {"decode": [rec], "config": {"gqa_decode": True}}
+    rows = predict_pair(d, m, _prof(), inf, inf)
+    assert rows[0]["latent_attention"] == ROOF
+    assert rows[0]["predicted_speedup"] == pytest.approx(
+        predict(d, _prof(), pt)["ms"] / predict(m, _prof(), pt)["ms"]
+    )
+    with pytest.raises(GacError, match="not k_proj and v_proj"):
+        skeleton("shape:llama3-8b:2", {"model.layers.0.self_attn.k_proj:g0": 256})

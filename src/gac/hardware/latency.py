@@ -812,7 +812,9 @@ def skeleton(
     ``dims`` a cell's kept dims. A dim at an ``nn.Linear`` factorizes it at that rank (unless the
     rank saves nothing: the site stays dense, as the low-rank compressors leave it); a dim at an
     MLP module keeps that many channels of its gate/up outputs and down inputs; a dim at an
-    attention module keeps that many KV-head groups (q/k/v outputs, o inputs). ``fused``
+    attention module keeps that many KV-head groups (q/k/v outputs, o inputs); PaLU's dims
+    (``<attention>.k_proj:g0``, one per key or value group) make that attention a
+    :class:`~gac.nn.latent.LatentAttention` at those ranks (values unfolded). ``fused``
     applies :func:`gac.nn.fused.fuse_projections_`, as the ``infer`` eval does.
     """
     import torch
@@ -888,9 +890,52 @@ def skeleton(
                 resize(mod, "k", out_f=d * hd)
                 resize(mod, "v", out_f=d * hd)
                 resize(mod, "o", in_f=d * n_rep * hd)
+    _latent_skeleton_(model, dims or {})
     if fused:
         fuse_projections_(model)
     return model
+
+
+def _latent_skeleton_(model: Any, dims: dict[str, int]) -> None:
+    """PaLU's kept dims (``<attention>.k_proj:g0``... one per key or value group) as
+    :class:`~gac.nn.latent.LatentAttention` layers on the meta device (values unfolded, the default)."""
+    import torch
+
+    from gac.models.adapters import model_rotary
+    from gac.nn import replace_module
+    from gac.nn.latent import LatentAttention, LatentProjection
+
+    groups: dict[str, dict[str, dict[int, int]]] = {}
+    for fqn, d in dims.items():
+        proj, sep, g = fqn.rpartition(":g")
+        if sep and g.isdigit():
+            attn, _, role = proj.rpartition(".")
+            groups.setdefault(attn, {}).setdefault(role, {})[int(g)] = int(d)
+    if not groups:
+        return
+    cfg = model.config
+    heads = int(cfg.num_attention_heads)
+    kvh = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    rotary = model_rotary(model)
+    for attn_name, roles in groups.items():
+        try:
+            a = model.get_submodule(attn_name)
+        except AttributeError:
+            continue  # a layer of a model with fewer layers
+        if set(roles) != {"k_proj", "v_proj"}:
+            raise GacError(f"PaLU dims of {attn_name} name {sorted(roles)}, not k_proj and v_proj groups")
+        hd = int(getattr(a, "head_dim", None) or a.q_proj.out_features // heads)
+        projs = []
+        for role in ("k_proj", "v_proj"):
+            ranks = [roles[role][g] for g in sorted(roles[role])]
+            lin = getattr(a, role)
+            with torch.device("meta"):
+                projs.append(LatentProjection(lin.in_features, ranks, kvh * hd // len(ranks),
+                                              bias=lin.bias is not None, dtype=lin.weight.dtype))  # fmt: skip
+        new = LatentAttention(a.q_proj, projs[0], projs[1], a.o_proj, heads, kvh, hd,
+                              int(getattr(a, "layer_idx", 0) or 0), cfg, float(getattr(a, "scaling", hd**-0.5)),
+                              rotary, q_norm=getattr(a, "q_norm", None), k_norm=getattr(a, "k_norm", None))  # fmt: skip
+        replace_module(model, attn_name, new)
 
 
 def infer_of(cell: dict[str, Any]) -> dict[str, Any] | None:
@@ -941,6 +986,9 @@ def predict_pair(
             "measured_ms": [b["median_ms"], r["median_ms"]], "predicted_ms": [pb, pv],
             "measured_speedup": ms_sp, "predicted_speedup": pr_sp, "ratio": pr_sp / ms_sp,
         })  # fmt: skip
+    note = latent_note(variant, profile)
+    for row in rows if note else []:  # how the variant's latent attention was priced
+        row["latent_attention"] = note["pricing"]
     return rows
 
 
