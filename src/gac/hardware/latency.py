@@ -37,6 +37,12 @@ The formula (every term below is one line of :func:`launches`)::
   decode of :mod:`gac.kernels.attention`) reading the KV cache once. With ``gqa_decode=False``
   (transformers' ``repeat_kv``, cells recorded before it existed) the cache is read once,
   written ``n_rep`` times expanded and read expanded: ``(1 + 2·n_rep)`` times its bytes.
+* **Latent attention** (PaLU's :class:`~gac.nn.latent.LatentAttention`): decode on the latent kernel
+  is two launches, the split-KV kernel (latent cache bytes at the profile's ``latent_attention``
+  bandwidth plus the key rebuild's FLOPs at its rate, :func:`latent_call`) and the combine, with no
+  key up-projection GEMM; where the profile has no such class, its roofline, named in
+  :func:`predict`'s record (:func:`latent_note`). A layer the kernel cannot serve rebuilds K and V
+  as GEMMs over the cache, then attends as dense; prefill rebuilds them over ``B·S`` rows.
 * **Other kernels** (norms with their residual adds, rotary embedding and cache writes,
   the activation, position bookkeeping): :data:`AUX_PER_LAYER` per layer plus
   :data:`AUX_PER_STEP` per forward, counted from the committed kernel trace of one compiled
