@@ -196,9 +196,9 @@ def test_a_layer_the_kernel_cannot_serve_is_priced_on_the_reference_path_and_nam
 
 
 # ------------------------------------------------------------------------ the guard's per-site cost
-def _site(kind: str, g: int, max_dim: int):
+def _site(kind: str, g: int, max_dim: int, key_group: int | None = None):
     meta = {"rebuild_flops_per_dim_per_cached_token": 2 * max_dim if kind == "k" else 0, "head_dim": HD,
-            "group_kv": g, "kind": kind}  # fmt: skip
+            "group_kv": g, "key_group": key_group or g, "kind": kind}  # fmt: skip
     return SimpleNamespace(max_dim=max_dim, meta=meta)
 
 
@@ -211,6 +211,11 @@ def test_a_palu_site_pays_its_cache_share_and_its_rebuild_at_decode_only():
     rebuild = 2.0 * b * kv * HD * 2 * 64 / 50e12 * 1e3  # rank 40 runs as 64
     assert site_cache_ms(prof, k, 40, b, kv) == pytest.approx(b * kv * 40 * 2 / 1000e9 * 1e3 + rebuild)
     assert site_cache_ms(prof, k, 40, b, 0) == 0.0  # prefill
+    # a value group of 4 heads beside key groups of 2: read at the row of the key group size (the kernel's)
+    two = _prof({"2": _row(gbps=1000.0), "4": _row(gbps=500.0)})
+    assert site_cache_ms(two, _site("v", 4, 4 * HD, key_group=2), 40, b, kv) == pytest.approx(
+        b * kv * 40 * 2 / 1000e9 * 1e3
+    )
     roof = _prof(None)
     roof.ops["gemm_n"].curve = {"tflops": [200.0]}
     flop = 2.0 * b * kv * HD * 2 * 40 / 200e12 * 1e3  # no padding at the roofline
@@ -227,7 +232,7 @@ def test_the_guard_sees_the_smaller_cache_of_real_palu_sites():
     cfg = CompressConfig(compressor="palu", param_ratio=0.5, align="none", options={"group_size": 1})
     p = plan(m, cfg, calib_batches=batches)
     s = p.sites[0]
-    assert s.meta["group_kv"] == 1 and s.meta["head_dim"] == HD
+    assert s.meta["group_kv"] == 1 and s.meta["head_dim"] == HD and s.meta["key_group"] == 1
     prof = _prof({"1": _row(gbps=3000.0, tflops=400.0)})
     long = Point("decode", 64, kv=32768)
     d = p.native[s.name]

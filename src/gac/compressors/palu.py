@@ -258,6 +258,7 @@ class PaluCompressor(Compressor):
                                 "rebuild_flops_per_dim_per_cached_token": 2 * gd if r == "k" else 0,
                                 "head_dim": hd,
                                 "group_kv": gs[r],
+                                "key_group": gs["k"],  # the decode kernel's launch row, values too
                                 "params_per_dim": ad.hidden + gd,
                                 "dense_params": gd * ad.hidden,
                                 "cost_unit": "latent dims per token",

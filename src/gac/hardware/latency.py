@@ -523,7 +523,7 @@ def site_cache_ms(profile: Profile, site: Any, d: int, batch: int, kv: int, elem
     if d >= site.max_dim:
         return batch * kv * site.max_dim * elem / (profile.copy_gbps_or_default * 1e9) * 1e3
     g = int(meta.get("group_kv") or 1)
-    rates = profile.latent_rates(g)
+    rates = profile.latent_rates(int(meta.get("key_group") or g))  # the kernel's row: the key group size
     ms = batch * kv * d * elem / (float(rates["gbps"]) * 1e9) * 1e3
     hd = int(meta.get("head_dim") or 0)
     if per_dim and rates.get("tflops") and hd:
