@@ -345,12 +345,23 @@ def test_the_gpu_tool_refuses_an_unknown_field_in_one_line():
 
 
 # --------------------------------------------------------------------------------------- GPU
+@pytest.fixture(scope="module")
+def gpu_profile():
+    """This GPU's shipped profile, with its latent class measured now where it has none (about a minute)."""
+    from gac.hardware.profiler import measure_latent_attention
+
+    prof = load_profile(None, dtype="bfloat16")
+    if not prof.latent_attention:
+        prof.latent_attention = measure_latent_attention(torch.device("cuda"), torch.bfloat16)
+    return prof
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("g, rank, b, kv", [(1, 64, 16, 16384), (2, 128, 16, 8192)])
-def test_the_measured_class_predicts_a_direct_timing_of_the_kernel(g, rank, b, kv):
-    """The class (this GPU's shipped profile's, else measured now, about a minute) against the kernel
-    timed directly: one call shape of the sweep, one between its shapes; within 15%."""
-    from gac.hardware.profiler import LATENT_GEOMETRY, measure_latent_attention
+def test_the_measured_class_predicts_a_direct_timing_of_the_kernel(gpu_profile, g, rank, b, kv):
+    """The class against the kernel timed directly: one call shape of the sweep, one between its shapes;
+    within 15%."""
+    from gac.hardware.profiler import LATENT_GEOMETRY
     from gac.hardware.timing import bench_graph, copies_past_l2
     from gac.kernels import latent_attention as kl
     from gac.testing import latent_decode_inputs
@@ -358,21 +369,18 @@ def test_the_measured_class_predicts_a_direct_timing_of_the_kernel(g, rank, b, k
     if not kl.HAVE_TRITON:
         pytest.skip("no Triton")
     dev = torch.device("cuda")
-    prof = load_profile(None, dtype="bfloat16")
-    if not prof.latent_attention:
-        prof.latent_attention = measure_latent_attention(dev, torch.bfloat16)
     heads, kvh, hd = LATENT_GEOMETRY
     ranks = [rank] * (kvh // g)
     q, _, _, pack, inv = latent_decode_inputs(b, heads, kvh, hd, 1, g, g, ranks, ranks, dtype=torch.bfloat16,
                                               device=dev)  # fmt: skip
-    n = copies_past_l2(b * kv * 2 * sum(ranks) * 2, most=8)
+    n = copies_past_l2(b * kv * 2 * sum(ranks) * 2)
     zks = [torch.randn(b, kv, sum(ranks), device=dev, dtype=torch.bfloat16) for _ in range(n)]
     zvs = [torch.randn(b, kv, sum(ranks), device=dev, dtype=torch.bfloat16) for _ in range(n)]
     clen = torch.tensor([kv], device=dev, dtype=torch.int64)
     us = bench_graph(
         lambda i: kl.latent_decode_attention(q, zks[i % n], zvs[i % n], pack, clen, inv, hd**-0.5)
     )
-    call = L.latent_call(prof, b, kv, hd, g, ranks, ranks)
+    call = L.latent_call(gpu_profile, b, kv, hd, g, ranks, ranks)
     assert call["rates"]["source"] == "measured"
     assert np.isclose(call["ms"] * 1e3, us, rtol=0.15), (call["ms"] * 1e3, us, call["rates"])
 

@@ -693,7 +693,7 @@ def measure_latent_attention(
                                                   device=device)  # fmt: skip
         nbytes = b * kv * 2 * sum(ranks) * elem
         try:
-            n = copies_past_l2(nbytes, most=8)
+            n = copies_past_l2(nbytes)
             zks = [torch.randn(b, kv, sum(ranks), device=device, dtype=dtype) for _ in range(n)]
             zvs = [torch.randn(b, kv, sum(ranks), device=device, dtype=dtype) for _ in range(n)]
         except torch.OutOfMemoryError:
