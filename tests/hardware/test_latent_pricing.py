@@ -305,21 +305,6 @@ def test_profile_round_trip_with_the_latent_class(tmp_path):
     assert "latent_attention" not in default_profile().to_dict()
 
 
-@pytest.mark.parametrize(
-    "entry",
-    [{"groups": {}}, {"groups": {"1": {"gbps": 800.0, "tflops": 1.0}}},
-     {"groups": {"1": {"launch_us": 5.0, "gbps": 0.0, "tflops": 1.0}}},
-     {"groups": {"1": {"launch_us": 5.0, "gbps": 800.0, "tflops": -1.0}}},
-     {"groups": {"x": {"launch_us": 5.0, "gbps": 800.0, "tflops": 1.0}}}, {"launch_us": 5.0}],
-)  # fmt: skip
-def test_profile_with_a_bad_latent_class_is_refused_in_one_line(entry):
-    d = default_profile().to_dict()
-    d["latent_attention"] = entry
-    with pytest.raises(GacError, match="latent_attention") as e:
-        Profile.from_dict(d)
-    assert "\n" not in str(e.value)
-
-
 def test_the_class_is_measured_on_cuda_only_and_alone_into_a_profile(monkeypatch):
     from gac.hardware import profiler as P
 
