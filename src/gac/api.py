@@ -38,7 +38,14 @@ from gac.allocation import (
 )
 from gac.allocation.strategies import GuardInfeasible
 from gac.errors import GacError
-from gac.hardware.latency import DEFAULT_SERVE, Point, check_context, parse_serve, serve_str
+from gac.hardware.latency import (
+    DEFAULT_SERVE,
+    Point,
+    check_context,
+    latent_site_pricing,
+    parse_serve,
+    serve_str,
+)
 from gac.hardware.profile import Profile, load_profile
 from gac.sites import Site
 from gac.utils import atomic_write_text, console, track
@@ -278,6 +285,7 @@ class Plan:
             if off is not None and align == "gac" and not allow:
                 rec.guard["off"] = off
                 rec.notes.append(f"latency guard off: {off}")
+            _note_latent_pricing(rec, self.profile, self.sites, self.serve)
         return rec
 
     def _guarded(
@@ -632,6 +640,19 @@ def serving_shapes(spec: str | None, model: nn.Module) -> tuple[list[Point], str
     pts = parse_serve(DEFAULT_SERVE)
     keep = [p for p in pts if not ctx or (p.seq if p.phase == "prefill" else p.kv + 1) <= ctx]
     return keep, serve_str([p for p in pts if p not in keep])
+
+
+def _note_latent_pricing(rec: Allocation, profile: Profile, sites: list[Site], serve: list[Point]) -> None:
+    """Record (and note, at the roofline) how the guard priced a latent cache's attention."""
+    how = latent_site_pricing(profile, sites, serve or [])
+    if how is None or rec.guard.get("off"):
+        return
+    rec.guard["latent_attention"] = how
+    if how != "measured":
+        rec.notes.append(
+            f"latency guard: latent attention priced at the roofline of profile {profile.id!r} (it has no "
+            "latent_attention class: benchmarks/tools/gpu_launch_constants.py --fields latent_attention)"
+        )
 
 
 def outside_sites_ms(

@@ -243,6 +243,24 @@ def test_the_guard_sees_the_smaller_cache_of_real_palu_sites():
     assert row[0]["speedup"] > row[1]["speedup"]
 
 
+@pytest.mark.parametrize("measured", [False, True])
+def test_the_guard_records_how_it_priced_the_latent_cache(measured):
+    from gac.api import CompressConfig, plan
+
+    prof = _prof({"1": _row()} if measured else None)
+    prof.measured = True
+    batches = [torch.randint(3, 240, (2, 16), generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    cfg = CompressConfig(compressor="palu", param_ratio=0.5, align="gac", options={"group_size": 1},
+                         serve="decode:16x500", allow_slower=True)  # fmt: skip
+    rec = plan(tiny_model("llama", **GEOM), cfg, calib_batches=batches, profile=prof).allocation()
+    assert rec.guard["latent_attention"] == ("measured" if measured else ROOF)
+    roof_notes = [n for n in rec.notes if "latent attention priced at the roofline" in n]
+    assert len(roof_notes) == (0 if measured else 1)
+    cfg.serve = "prefill:1x128"  # no decode over a cache: nothing priced by the class
+    rec = plan(tiny_model("llama", **GEOM), cfg, calib_batches=batches, profile=prof).allocation()
+    assert "latent_attention" not in rec.guard
+
+
 # ------------------------------------------------------------------------------------ the fit
 def test_fit_recovers_each_key_group_row_and_drops_a_rate_the_times_do_not_show():
     recs = []

@@ -532,6 +532,17 @@ def site_cache_ms(profile: Profile, site: Any, d: int, batch: int, kv: int, elem
     return ms
 
 
+def latent_site_pricing(profile: Profile, sites: list[Any], serve: list[Point]) -> str | None:
+    """How :func:`site_cache_ms` priced ``sites`` at ``serve``: ``"measured"`` or
+    ``"roofline (not profiled)"`` where some site is a cache site (PaLU's) and some shape decodes over a
+    cache; None where nothing was priced by it."""
+    cached = any((getattr(s, "meta", None) or {}).get("rebuild_flops_per_dim_per_cached_token") is not None
+                 for s in sites)  # fmt: skip
+    if not cached or not any(p.phase == "decode" and p.kv > 0 for p in serve):
+        return None
+    return str(profile.latent_rates(1)["source"])
+
+
 def _fit_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray | None:
     """Non-negative least squares of ``y ≈ x @ c`` on the relative error: each subset of the columns
     that keeps the bytes (column 1) is solved and the best non-negative solution kept."""
