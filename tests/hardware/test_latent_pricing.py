@@ -24,7 +24,7 @@ from gac.nn.latent import LatentAttention, LatentProjection
 from gac.testing import tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
-# misaligned hidden and MLP widths; 4 KV heads of 32 (a head_dim the decode kernel takes), 2 query heads each
+# hidden 200 and MLP 300 (multiples of 8 and 4 only: misaligned for 16-wide tiles); 4 KV heads of 32 (a head_dim the decode kernel takes), 2 query heads each
 GEOM = dict(hidden=200, intermediate=300, heads=8, kv_heads=4, head_dim=32, layers=4)
 HD, KVH, HEADS = 32, 4, 8
 ROOF = "roofline (not profiled)"
