@@ -1,13 +1,17 @@
-"""Measure this GPU's launch constants into its shipped profile (the latency guard's fixed costs).
+"""Measure this GPU's latency fields into its shipped profile (the latency guard's fixed costs and classes).
 
-The latency model behind ``--align gac``'s guard prices every GEMM at ``launch_us + bytes / copy_gbps``
-and the fused low-rank kernel at its own fit (``fused_lowrank``). ``gac profile`` measures both, but
-a full profile takes many minutes; this re-measures only those fields (about half a minute, the
-same function ``gac profile`` calls: :func:`gac.hardware.profiler.measure_latency_fields_`) and writes the shipped profile of this GPU with
-them added, its ``env`` recording the run. It regenerates the launch fields of
+The latency model behind ``--align gac``'s guard prices every GEMM at ``launch_us + bytes / copy_gbps``,
+the fused low-rank kernel at its own fit (``fused_lowrank``) and PaLU's latent decode attention at its
+own class (``latent_attention``: latent bandwidth and key-rebuild FLOP rate). ``gac profile`` measures
+all of them, but a full profile takes many minutes; this re-measures only those fields (the same function
+``gac profile`` calls: :func:`gac.hardware.profiler.measure_latency_fields_`), ``--fields`` naming which
+(default: all), and writes the profile (``--profile``, default: the shipped profile of this GPU) with them
+added, its ``env`` recording the run. It regenerates the latency fields of
 ``src/gac/profiles/h100-bfloat16.json``::
 
     PYTHONPATH=src python benchmarks/tools/gpu_launch_constants.py --out $OUT/profile.json
+    PYTHONPATH=src python benchmarks/tools/gpu_launch_constants.py --fields latent_attention \\
+        --profile src/gac/profiles/h100-bfloat16.json --out $OUT/h100-bfloat16.json
 """
 
 from __future__ import annotations
@@ -19,9 +23,17 @@ from datetime import datetime, timezone
 
 
 def main() -> None:
+    from gac.hardware.profiler import LATENCY_FIELDS
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="where to write the updated profile JSON")
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument(
+        "--fields", default=",".join(LATENCY_FIELDS), help=f"comma-separated: {', '.join(LATENCY_FIELDS)}"
+    )
+    ap.add_argument(
+        "--profile", default="auto", help="the profile to add them to (default: this GPU's shipped one)"
+    )
     args = ap.parse_args()
 
     import torch
@@ -31,26 +43,42 @@ def main() -> None:
     from gac.hardware.profiler import measure_latency_fields_
     from gac.utils import parse_dtype
 
+    fields = [f.strip() for f in args.fields.split(",") if f.strip()]
+    bad = [f for f in fields if f not in LATENCY_FIELDS] or ([] if fields else [args.fields])
+    if bad:
+        sys.exit(f"error: unknown --fields {', '.join(map(repr, bad))}: known {', '.join(LATENCY_FIELDS)}")
     if not torch.cuda.is_available():
         sys.exit("error: needs a CUDA GPU")
     dev = torch.device("cuda")
     dt = parse_dtype(args.dtype, dev)
-    prof = load_profile("auto", dtype=str(dt).removeprefix("torch."))
+    prof = load_profile(args.profile, dtype=str(dt).removeprefix("torch."))
     if not prof.measured:
         sys.exit(f"error: no shipped profile for {torch.cuda.get_device_name()} ({args.dtype})")
-    measure_latency_fields_(prof, dev, dt)
-    prof.env["launch_constants"] = {
+    measure_latency_fields_(prof, dev, dt, fields)
+    run = {
         "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": "PYTHONPATH=src python " + " ".join(sys.argv),
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
     }
+    if "launch" in fields or "fused_lowrank" in fields:
+        prof.env["launch_constants"] = run
+    if "latent_attention" in fields:
+        prof.env["latent_attention"] = run
     d = prof.to_dict()
     atomic_write_text(args.out, json.dumps(d, indent=1) + "\n")
+    la = prof.latent_attention
     print(
-        json.dumps({k: d[k] for k in ("launch_us", "copy_gbps", "aux_us")}),
+        json.dumps({k: d.get(k) for k in ("launch_us", "copy_gbps", "aux_us")}),
         "fused:",
         bool(prof.fused_lowrank),
+        "latent_attention:",
+        json.dumps(
+            {k: la.get(k) for k in ("launch_us", "gbps", "tflops", "rank_block")}
+            | {"max_abs_rel_err": (la.get("fit") or {}).get("max_abs_rel_err")}
+        )
+        if la
+        else None,
     )
 
 

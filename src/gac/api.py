@@ -38,7 +38,14 @@ from gac.allocation import (
 )
 from gac.allocation.strategies import GuardInfeasible
 from gac.errors import GacError
-from gac.hardware.latency import DEFAULT_SERVE, Point, check_context, parse_serve, serve_str
+from gac.hardware.latency import (
+    DEFAULT_SERVE,
+    Point,
+    check_context,
+    latent_site_pricing,
+    parse_serve,
+    serve_str,
+)
 from gac.hardware.profile import Profile, load_profile
 from gac.sites import Site
 from gac.utils import atomic_write_text, console, track
@@ -278,6 +285,7 @@ class Plan:
             if off is not None and align == "gac" and not allow:
                 rec.guard["off"] = off
                 rec.notes.append(f"latency guard off: {off}")
+            _note_latent_pricing(rec, self.profile, self.sites, self.serve)
         return rec
 
     def _guarded(
@@ -634,6 +642,19 @@ def serving_shapes(spec: str | None, model: nn.Module) -> tuple[list[Point], str
     return keep, serve_str([p for p in pts if p not in keep])
 
 
+def _note_latent_pricing(rec: Allocation, profile: Profile, sites: list[Site], serve: list[Point]) -> None:
+    """Record (and note, at the roofline) how the guard priced a latent cache's attention."""
+    how = latent_site_pricing(profile, sites, serve or [])
+    if how is None or rec.guard.get("off"):
+        return
+    rec.guard["latent_attention"] = how
+    if how != "measured":
+        rec.notes.append(
+            f"latency guard: latent attention priced at the roofline of profile {profile.id!r} (it has no "
+            "latent_attention class: benchmarks/tools/gpu_launch_constants.py --fields latent_attention)"
+        )
+
+
 def outside_sites_ms(
     model: nn.Module, sites: list[Site], profile: Profile, serve: list[Point]
 ) -> dict[str, float]:
@@ -645,7 +666,7 @@ def outside_sites_ms(
     out = {}
     for p in serve:
         whole = predict(model, profile, p)["ms"]
-        out[p.key] = max(whole - sum(site_ms(profile, s, s.max_dim, p.tokens) for s in sites), 0.0)
+        out[p.key] = max(whole - sum(site_ms(profile, s, s.max_dim, p.tokens, p.kv) for s in sites), 0.0)
     return out
 
 

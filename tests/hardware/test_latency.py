@@ -208,14 +208,20 @@ def test_profile_round_trip_with_and_without_launch_constants(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "entry",
-    [{"launch_us": 6.5, "rows": [1]}, {"launch_us": 6.5, "gbps": 0, "rows": [1]},
-     {"launch_us": 6.5, "gbps": 4000.0, "rows": []}, {"launch_us": "x", "gbps": 4000.0, "rows": [1]}],
+    "field, entry",
+    [("fused_lowrank", e) for e in (
+        {"launch_us": 6.5, "rows": [1]}, {"launch_us": 6.5, "gbps": 0, "rows": [1]},
+        {"launch_us": 6.5, "gbps": 4000.0, "rows": []}, {"launch_us": "x", "gbps": 4000.0, "rows": [1]})]
+    + [("latent_attention", e) for e in (
+        {"groups": {}}, {"groups": {"1": {"gbps": 800.0, "tflops": 1.0}}},
+        {"groups": {"1": {"launch_us": 5.0, "gbps": 0.0, "tflops": 1.0}}},
+        {"groups": {"1": {"launch_us": 5.0, "gbps": 800.0, "tflops": -1.0}}},
+        {"groups": {"x": {"launch_us": 5.0, "gbps": 800.0, "tflops": 1.0}}}, {"launch_us": 5.0})],
 )  # fmt: skip
-def test_profile_with_a_bad_fused_lowrank_entry_is_refused_in_one_line(entry):
+def test_profile_with_a_bad_latency_entry_is_refused_in_one_line(field, entry):
     d = default_profile().to_dict()
-    d["fused_lowrank"] = entry
-    with pytest.raises(GacError, match="fused_lowrank") as e:
+    d[field] = entry
+    with pytest.raises(GacError, match=field) as e:
         Profile.from_dict(d)
     assert "\n" not in str(e.value)
 

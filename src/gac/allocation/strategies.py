@@ -47,7 +47,7 @@ import numpy as np
 from gac.alignment import round_down, round_nearest, round_up
 from gac.allocation.knapsack import DEFAULT_MAX_STATES, solve_mckp
 from gac.errors import GacError
-from gac.hardware.latency import Point
+from gac.hardware.latency import Point, site_cache_ms
 from gac.hardware.profile import Profile
 from gac.sites import Site
 
@@ -187,7 +187,7 @@ def _peak_tflops(profile: Profile) -> float:
     return best if best > 0 else 100.0
 
 
-def site_ms(profile: Profile, site: Site, d: int, tokens: int = DEFAULT_TOKENS) -> float:
+def site_ms(profile: Profile, site: Site, d: int, tokens: int = DEFAULT_TOKENS, kv: int = 0) -> float:
     """Predicted time (ms) of one site's matmuls at kept dim ``d`` for ``tokens`` rows.
 
     ``launches x launch_us + max(FLOP time, bytes / copy_gbps)`` (the launch constants of the
@@ -208,6 +208,11 @@ def site_ms(profile: Profile, site: Site, d: int, tokens: int = DEFAULT_TOKENS) 
     ``tokens`` is the rows of every GEMM: the prompt tokens of a prefill, or the batch of a decode
     step (``tokens=1``: one sequence), where the bytes and the launches dominate and a factorized
     site pays its second launch (or the fused kernel's one).
+
+    ``kv`` (a decode step's cached tokens; 0 at prefill): a site whose kept dims are cached per
+    token (PaLU's key and value groups) also pays its share of the attention's cache read and, for
+    keys, their rebuild (:func:`gac.hardware.latency.site_cache_ms`: the profile's
+    ``latent_attention`` class, else its roofline).
     """
     elem = 2
     members = max(len(site.members), 1)
@@ -231,7 +236,7 @@ def site_ms(profile: Profile, site: Site, d: int, tokens: int = DEFAULT_TOKENS) 
     ms = launches * profile.launch_us_or_default * 1e-3 + max(flop_ms, byte_ms)
     if fused is not None:  # one fused launch per member, where that beats two launches
         ms = min(ms, members * fused[0] * 1e-3 + max(flop_ms, nbytes / (fused[1] * 1e9) * 1e3))
-    return ms
+    return ms + site_cache_ms(profile, site, d, tokens, kv)
 
 
 # --------------------------------------------------------------------------- latency guard
@@ -259,8 +264,8 @@ def _shape_deltas(
     for s, c in zip(sites, cands, strict=True):
         rows = []
         for p in serve:
-            dense = site_ms(profile, s, s.max_dim, p.tokens)
-            rows.append({int(d): site_ms(profile, s, int(d), p.tokens) - dense for d in c})
+            dense = site_ms(profile, s, s.max_dim, p.tokens, p.kv)
+            rows.append({int(d): site_ms(profile, s, int(d), p.tokens, p.kv) - dense for d in c})
         out[s.name] = rows
     return out
 
@@ -284,8 +289,8 @@ def serve_prediction(
     """
     out = []
     for p in serve:
-        dense = sum(site_ms(profile, s, s.max_dim, p.tokens) for s in sites)
-        ms = sum(site_ms(profile, s, dims[s.name], p.tokens) for s in sites)
+        dense = sum(site_ms(profile, s, s.max_dim, p.tokens, p.kv) for s in sites)
+        ms = sum(site_ms(profile, s, dims[s.name], p.tokens, p.kv) for s in sites)
         base = float((other_ms or {}).get(p.key, 0.0))
         out.append({
             "point": p.key, "tokens": p.tokens, "dense_ms": base + dense, "ms": base + ms,
@@ -325,7 +330,7 @@ def guarded_knapsack(
             model's where ``other_ms`` gives the dense model's ms outside the sites).
     """
     k_n = len(serve)
-    dense_k = np.array([sum(site_ms(profile, s, s.max_dim, p.tokens) for s in sites) for p in serve])
+    dense_k = np.array([sum(site_ms(profile, s, s.max_dim, p.tokens, p.kv) for s in sites) for p in serve])
     deltas = _shape_deltas(sites, cands, profile, serve)
     rel = [
         np.array([[row[int(d)] for d in c] for row in deltas[s.name]]) / dense_k[:, None]

@@ -66,7 +66,8 @@ def profile_cmd(
     refine_tolerance: float | None = typer.Option(None, "--refine-tolerance", hidden=True),
 ) -> None:
     """Sweep GEMM K/N, GEMV, SDPA head_dim and low-rank r; write the discovered rules to --out
-    (a .json file).
+    (a .json file). On CUDA also measure the latency model's fields: launch constants, the fused
+    low-rank kernel and the latent_attention class (PaLU's decode kernel, about a minute).
 
     With --refine MODEL --profile P: re-measure P around the dims where its prediction and
     MODEL's measured GEMMs disagree most, and write the refined profile to --out.
@@ -119,7 +120,19 @@ def _sweep(
     prof = build_profile(dtype=dtype, quick=quick, device=dev, results_dir=rdir, tolerance=tolerance)
     write_profile_outputs(prof, out, rdir)
     _print_rules(prof)
+    _print_latent(prof)
     typer.echo(f"profile written to {out} (id {prof.id})")
+
+
+def _print_latent(prof: Any) -> None:
+    """One line per key group size of the profile's latent_attention class (nothing where it has none)."""
+    for g, r in ((prof.latent_attention or {}).get("groups") or {}).items():
+        rate = f"at {r['tflops']:g} TFLOP/s" if r.get("tflops") else "not limiting"
+        typer.echo(
+            f"latent_attention G={g}: {r['launch_us']:g} us + latent bytes at {r['gbps']:g} GB/s + key rebuild "
+            f"{rate} (rank tile {r['block_r']}; fit within {100 * r['max_abs_rel_err']:.0f}% over "
+            f"{r['points']} calls)"
+        )
 
 
 def _print_rules(prof: Any) -> None:

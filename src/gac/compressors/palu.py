@@ -35,8 +35,10 @@ none of its code is copied.
   does for this compressor (``Site.meta["round_multiple"]``); ``none`` is the search's raw ranks.
 * **Sites and costs.** One site per (layer, K or V, group); the cost of a site is its latent
   width (values cached per token), so the budget is the KV-cache budget. A key site also records
-  ``meta["rebuild_flops_per_dim_per_cached_token"] = 2·G_k·hd`` (the decode rebuild); no allocator
-  prices it yet, for want of a latent-attention operator class in the profiles. The knapsack's value is
+  ``meta["rebuild_flops_per_dim_per_cached_token"] = 2·G_k·hd`` (the decode rebuild). At a decode
+  serving shape the latency guard prices each site's share of the cache read and the keys' rebuild
+  (:func:`gac.hardware.latency.site_cache_ms`: the profile's ``latent_attention`` class, else its
+  roofline), against the dense group's cache read. The knapsack's value is
   the Fisher-weighted truncation loss: ``F̄_g · Σ_{i>=d} σ_i² / tokens`` on the whitened spectrum.
 
 Settings that differ from the reference, and why: calibration uses gac's calibration windows for
@@ -251,8 +253,12 @@ class PaluCompressor(Compressor):
                                 "flops_per_dim": ad.hidden + gd,  # a down row and an up column
                                 # decode: a key dim is rebuilt to G_k·hd outputs for every cached token
                                 # (G_k·hd/2 FLOP per latent byte in 16 bits); values are never rebuilt.
-                                # Not priced by the knapsack yet: no latent-attention operator class.
+                                # The guard prices the cache and the rebuild at decode serving shapes
+                                # (gac.hardware.latency.site_cache_ms: the latent_attention class)
                                 "rebuild_flops_per_dim_per_cached_token": 2 * gd if r == "k" else 0,
+                                "head_dim": hd,
+                                "group_kv": gs[r],
+                                "key_group": gs["k"],  # the decode kernel's launch row, values too
                                 "params_per_dim": ad.hidden + gd,
                                 "dense_params": gd * ad.hidden,
                                 "cost_unit": "latent dims per token",

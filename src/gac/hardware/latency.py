@@ -37,6 +37,12 @@ The formula (every term below is one line of :func:`launches`)::
   decode of :mod:`gac.kernels.attention`) reading the KV cache once. With ``gqa_decode=False``
   (transformers' ``repeat_kv``, cells recorded before it existed) the cache is read once,
   written ``n_rep`` times expanded and read expanded: ``(1 + 2·n_rep)`` times its bytes.
+* **Latent attention** (PaLU's :class:`~gac.nn.latent.LatentAttention`): decode on the latent kernel
+  is two launches, the split-KV kernel (latent cache bytes at the profile's ``latent_attention``
+  bandwidth plus the key rebuild's FLOPs at its rate, :func:`latent_call`) and the combine, with no
+  key up-projection GEMM; where the profile has no such class, its roofline, named in
+  :func:`predict`'s record (:func:`latent_note`). A layer the kernel cannot serve rebuilds K and V
+  as GEMMs over the cache, then attends as dense; prefill rebuilds them over ``B·S`` rows.
 * **Other kernels** (norms with their residual adds, rotary embedding and cache writes,
   the activation, position bookkeeping): :data:`AUX_PER_LAYER` per layer plus
   :data:`AUX_PER_STEP` per forward, counted from the committed kernel trace of one compiled
@@ -52,6 +58,7 @@ on the H200: ``docs/eval.md`` and ``benchmarks/results/h200/decode-diag/latency_
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -64,6 +71,8 @@ from gac.hardware.profile import Profile, load_profile
 
 # torch, gac.nn, gac.models and gac.runtime are imported inside the functions that walk a model: this
 # module stays torch-free to import (gac.allocation, pure numpy, prices with its Point)
+
+log = logging.getLogger(__name__)
 
 #: non-GEMM kernels per decoder layer and per forward (compiled decode step of the dense
 #: Llama-3-8B shape on the H200: 100 = 8 x 11 + 12; ``diag.json`` ``models.dense.trace``).
@@ -198,10 +207,14 @@ class Launch:
     fixed_us: float
     flop_ms: float
     byte_ms: float
+    #: the FLOP time adds to the byte time instead of hiding under it (the latent decode kernel's
+    #: fitted form, :func:`latent_call`)
+    serial: bool = False
 
     @property
     def ms(self) -> float:
-        return self.fixed_us * 1e-3 + max(self.flop_ms, self.byte_ms)
+        work = self.flop_ms + self.byte_ms if self.serial else max(self.flop_ms, self.byte_ms)
+        return self.fixed_us * 1e-3 + work
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "ms": self.ms}
@@ -329,7 +342,7 @@ def launches(
     from torch import nn
 
     from gac.nn import FactorizedLinear
-    from gac.nn.latent import LatentProjection
+    from gac.nn.latent import LatentAttention, LatentProjection
 
     c = constants(profile)
     bw = c["copy_gbps"] * 1e9  # bytes/s
@@ -345,6 +358,10 @@ def launches(
         elif isinstance(m, LatentProjection):
             first_stage.add(id(m.down))
     t = point.tokens
+    lat_layers = {
+        i: _LatentLayer.of(a) for i, a in enumerate(_attentions(model)) if isinstance(a, LatentAttention)
+    }
+    idle = {id(u) for x in lat_layers.values() for u in x.idle(point)}  # priced below or never run
     merged = _one_launch_sites(model, t)
     fused_names = set(merged.values())
     merged = {**_branch_sites(model, t), **merged}  # the fused kernel's sites take precedence
@@ -353,7 +370,7 @@ def launches(
     elem = 2
     for name, mod in model.named_modules():
         w = mod._parameters.get("weight")
-        if w is None or w.ndim != 2 or mod is emb or isinstance(mod, nn.Embedding):
+        if w is None or w.ndim != 2 or mod is emb or isinstance(mod, nn.Embedding) or id(mod) in idle:
             continue
         elem = w.element_size()
         k = int(getattr(mod, "in_features", None) or w.shape[1])
@@ -385,7 +402,12 @@ def launches(
     for i, layer in enumerate(layers):
         d = _layer_dims(layer, cfg, hidden)
         q, kv, hd, inter = d["q"], d["kv"], d["head_dim"], d["inter"]
-        if point.phase == "prefill":
+        lat = lat_layers.get(i)
+        if lat is not None and point.phase == "decode":  # PaLU: the latent kernel, or the rebuild
+            out += lat.decode_launches(profile, point, i, elem, peak)
+        if lat is not None and point.phase == "decode" and lat.path == "kernel":
+            pass  # the kernel is the layer's attention: no dense cache read, no softmax launch
+        elif point.phase == "prefill":
             b, s = point.batch, point.seq
             flops = 2.0 * b * s * s * q
             eff = profile.efficiency(sdpa_eff_op, hd) if sdpa_eff_op else 1.0
@@ -413,6 +435,291 @@ def launches(
     for j in range(AUX_PER_STEP):
         out.append(Launch("aux", f"step.aux{j}", 0.0, glob / AUX_PER_STEP, aux_us, 0.0,
                           glob / AUX_PER_STEP / bw * 1e3))  # fmt: skip
+    return out
+
+
+# ------------------------------------------------------------------- latent attention (PaLU)
+#: the most query heads one program of the latent decode kernel scores (its ``MAX_GROUP_HEADS``)
+LATENT_MAX_GROUP_HEADS = 64
+#: what :func:`latent_note` has warned about (once per process)
+_LATENT_WARNED: set[str] = set()
+
+
+def latent_rank(rates: dict[str, Any], rank: int) -> int:
+    """The key rank the decode kernel rebuilds at: ``rank`` rounded up to ``rank_round`` (the packed
+    up-projection's width) and then to the rank tile ``block_r`` its launch ran for this key group
+    size (:meth:`Profile.latent_rates`; the roofline pads nothing).
+
+    >>> latent_rank({"rank_round": 32, "block_r": 128}, 56)
+    128
+    >>> latent_rank({"rank_round": 32, "block_r": 64}, 72)
+    128
+    >>> latent_rank({"rank_round": 1, "block_r": 1}, 72)
+    72
+    """
+    step = max(int(rates.get("rank_round") or 1), 1)
+    block = max(int(rates.get("block_r") or 1), 1)
+    r = -(-int(rank) // step) * step
+    return -(-r // block) * block
+
+
+def latent_call(
+    profile: Profile,
+    batch: int,
+    kv: int,
+    head_dim: int,
+    key_group: int,
+    key_ranks: list[int],
+    value_ranks: list[int],
+    elem: int = 2,
+) -> dict[str, Any]:
+    """One latent decode attention call (one layer, one new token per sequence), priced on ``profile``.
+
+    ``bytes``: the latent cache read, ``batch·kv·(Σ r_k + Σ r_v)·elem``. ``flops``: the key rebuild,
+    ``2·batch·kv·head_dim·G·r`` per key group of ``G`` KV heads at the rank ``r`` the kernel runs
+    (:func:`latent_rank`: on a measured class every group at the layer's widest, padded to the rank
+    tile, as the kernel's one ``RK`` tile does; at the roofline each group's own rank). ``ms`` =
+    ``launch_us + bytes / gbps + flops / tflops`` with the rates of the key group size on a measured
+    class (:meth:`Profile.latent_rates`; the form the class was fitted in,
+    :func:`fit_latent_attention`; ``tflops`` None adds nothing), and at the roofline
+    ``launch_us + max(bytes / copy bandwidth, flops / peak)`` (a perfect kernel hides the lesser
+    under the greater). Returns those terms, ``ms``, ``serial`` (whether the terms add) and ``rates``.
+    """
+    rates = profile.latent_rates(key_group)
+    n_k = len(key_ranks)
+    if rates["source"] == "measured":
+        run = [latent_rank(rates, max(key_ranks))] * n_k
+    else:
+        run = [latent_rank(rates, r) for r in key_ranks]
+    nbytes = float(batch * kv * (sum(key_ranks) + sum(value_ranks)) * elem)
+    flops = 2.0 * batch * kv * head_dim * key_group * sum(run)
+    byte_ms = nbytes / (float(rates["gbps"]) * 1e9) * 1e3
+    tf = rates.get("tflops")
+    flop_ms = flops / (float(tf) * 1e12) * 1e3 if tf else 0.0
+    serial = rates["source"] == "measured"
+    work = byte_ms + flop_ms if serial else max(byte_ms, flop_ms)
+    return {"bytes": nbytes, "flops": flops, "byte_ms": byte_ms, "flop_ms": flop_ms, "serial": serial,
+            "ms": float(rates["launch_us"]) * 1e-3 + work, "rates": rates}  # fmt: skip
+
+
+def site_cache_ms(profile: Profile, site: Any, d: int, batch: int, kv: int, elem: int = 2) -> float:
+    """The attention-side ms of one PaLU site (a key or value group of one layer) at kept dim ``d``,
+    for a decode step of ``batch`` sequences over ``kv`` cached tokens (0 at prefill, where ``kv`` is
+    0, and for any other site).
+
+    A dense site (``d >= max_dim``) is its group's slice of the dense cache read at the copy
+    bandwidth (as :func:`launches` prices dense decode attention); a latent one is its ``d`` latent
+    dims per token at the latent class's bandwidth plus, for keys, their rebuild at its FLOP rate
+    (:func:`latent_call`'s terms for this group alone, its rank padded as the kernel runs it;
+    :meth:`Profile.latent_rates` of its key group size: measured, else the roofline, where a key
+    site costs the greater of its bytes and its rebuild, which bounds the layer's roofline from
+    above by at most the value latents' time). The call's fixed time is the layer's, not a site's:
+    it is left out here, as the dense layer's attention launches are.
+    """
+    meta = getattr(site, "meta", None) or {}
+    per_dim = meta.get("rebuild_flops_per_dim_per_cached_token")
+    if per_dim is None or kv <= 0 or batch <= 0:
+        return 0.0
+    if d >= site.max_dim:
+        return batch * kv * site.max_dim * elem / (profile.copy_gbps_or_default * 1e9) * 1e3
+    g = int(meta.get("group_kv") or 1)
+    rates = profile.latent_rates(int(meta.get("key_group") or g))  # the kernel's row: the key group size
+    ms = batch * kv * d * elem / (float(rates["gbps"]) * 1e9) * 1e3
+    hd = int(meta.get("head_dim") or 0)
+    if per_dim and rates.get("tflops") and hd:
+        flop_ms = 2.0 * batch * kv * hd * g * latent_rank(rates, d) / (float(rates["tflops"]) * 1e12) * 1e3
+        ms = ms + flop_ms if rates["source"] == "measured" else max(ms, flop_ms)
+    return ms
+
+
+def latent_site_pricing(profile: Profile, sites: list[Any], serve: list[Point]) -> str | None:
+    """How :func:`site_cache_ms` priced ``sites`` at ``serve``: ``"measured"`` or
+    ``"roofline (not profiled)"`` where some site is a cache site (PaLU's) and some shape decodes over a
+    cache; None where nothing was priced by it."""
+    cached = any((getattr(s, "meta", None) or {}).get("rebuild_flops_per_dim_per_cached_token") is not None
+                 for s in sites)  # fmt: skip
+    if not cached or not any(p.phase == "decode" and p.kv > 0 for p in serve):
+        return None
+    return str(profile.latent_rates(1)["source"])
+
+
+def _fit_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray | None:
+    """Non-negative least squares of ``y ≈ x @ c`` on the relative error: each subset of the columns
+    that keeps the bytes (column 1) is solved and the best non-negative solution kept."""
+    w = 1.0 / y
+    best: tuple[float, np.ndarray] | None = None
+    for cols in ((0, 1, 2), (1, 2), (0, 1), (1,)):
+        if len(cols) > len(y):
+            continue
+        coef, *_ = np.linalg.lstsq(x[:, cols] * w[:, None], y * w, rcond=None)
+        if (coef < 0).any():
+            continue
+        full = np.zeros(3)
+        full[list(cols)] = coef
+        err = float(np.sum(((x @ full) - y) ** 2 * w**2))
+        if best is None or err < best[0] * (1 - 1e-9):
+            best = (err, full)
+    return None if best is None or best[1][1] <= 0 else best[1]
+
+
+def fit_latent_attention(records: list[dict[str, Any]], source: str) -> dict[str, Any]:
+    """A profile's ``latent_attention`` class from timed calls of the latent decode kernel.
+
+    ``records``: one per call shape, with ``us`` (the call's time), ``bytes`` (latent cache bytes),
+    ``flops`` (executed key-rebuild FLOPs), ``key_group`` and ``block_r`` (the rank tile the kernel
+    ran). Per key group size (each runs its own row of the kernel's launch table), fits
+    ``us = launch_us + bytes / gbps + flops / tflops``: least squares on the relative error with
+    every coefficient non-negative (each subset of the three terms that keeps the bytes is solved and
+    the best non-negative solution kept); a zero FLOP coefficient stores ``tflops`` None (the
+    rebuild did not show in the time). Each row records its points and worst relative error.
+
+    >>> recs = [{"us": 5.0 + b / 1e6 + f / 1e8, "bytes": b, "flops": f, "key_group": 1, "block_r": 64}
+    ...         for b, f in [(1e6, 1e8), (4e6, 2e8), (1e7, 4e9), (3e7, 1e9)]]
+    >>> row = fit_latent_attention(recs, "doctest")["groups"]["1"]
+    >>> row["launch_us"], row["gbps"], row["tflops"], row["block_r"], row["points"]
+    (5.0, 1000.0, 100.0, 64, 4)
+    """
+    groups: dict[str, dict[str, Any]] = {}
+    errs: list[float] = []
+    for g in sorted({int(r["key_group"]) for r in records}):
+        ok = [r for r in records if int(r["key_group"]) == g and r.get("us") and r["us"] > 0]
+        if len(ok) < 2 or len({r["bytes"] for r in ok}) < 2:
+            continue
+        y = np.array([r["us"] for r in ok], dtype=np.float64)
+        x = np.array([[1.0, r["bytes"], r["flops"]] for r in ok], dtype=np.float64)
+        c = _fit_rows(x, y)
+        if c is None:
+            continue
+        rel = (x @ c) / y - 1.0
+        errs += [float(e) for e in rel]
+        groups[str(g)] = {
+            "launch_us": round(float(c[0]), 4),
+            "gbps": round(float(1.0 / c[1] / 1e3), 1),
+            "tflops": round(float(1.0 / c[2] / 1e6), 2) if c[2] > 0 else None,
+            "block_r": int(ok[0]["block_r"]),
+            "points": len(ok),
+            "max_abs_rel_err": round(float(np.max(np.abs(rel))), 4),
+            "rel_err": [round(float(e), 4) for e in rel],
+        }
+    if not groups:
+        raise GacError(
+            "the latent attention fit found no key group size with two timed calls of different sizes "
+            "whose time grows with the bytes"
+        )
+    return {
+        "groups": groups,
+        "rank_round": 32,
+        "fit": {
+            "source": source,
+            "method": "per key group size, least squares us = launch_us + latent bytes / gbps + executed "
+            "key-rebuild FLOPs / tflops on the relative error, coefficients non-negative, over calls of the "
+            "latent decode kernel (gac::latent_decode: the split-KV kernel and its combine, in CUDA graphs "
+            "over caches rotated past L2)",
+            "max_abs_rel_err": round(max(abs(e) for e in errs), 4),
+        },
+    }
+
+
+def _attentions(model: Any) -> list[Any]:
+    """Each decoder layer's attention module (None where a layer has none found)."""
+    from gac.models.adapters import ATTN_NAMES, find_child
+
+    out = []
+    for layer in _layers(model):
+        name = find_child(layer, ATTN_NAMES, "attention")
+        out.append(getattr(layer, name) if name else None)
+    return out
+
+
+@dataclass
+class _LatentLayer:
+    """A :class:`~gac.nn.latent.LatentAttention` layer as the latency model prices it."""
+
+    attn: Any
+    path: str  # kernel | reference
+    reasons: list[str]
+
+    @classmethod
+    def of(cls, attn: Any) -> _LatentLayer:
+        """The decode path the layer takes on a CUDA static cache (as ``LatentAttention.decode_refusals``
+        decides it from the layer's geometry; Triton taken as present, as on the GPU priced)."""
+        why = []
+        if not getattr(attn, "use_kernel", True):
+            why.append("kernel switched off (use_kernel=False)")
+        rot = getattr(attn, "_rotary", None)
+        if rot is None or not hasattr(rot, "inv_freq"):
+            why.append("no rotary inv_freq")
+        hd = int(attn.head_dim)
+        if hd < 32 or hd & (hd - 1):
+            why.append(f"head_dim {hd} not a power of two >= 32")
+        heads = attn.num_key_value_groups * attn.group_kv_k
+        if heads > LATENT_MAX_GROUP_HEADS:
+            why.append(f"{heads} query heads per key group (more than {LATENT_MAX_GROUP_HEADS})")
+        return cls(attn, "reference" if why else "kernel", why)
+
+    def idle(self, point: Point) -> list[Any]:
+        """Up-projections that run as no GEMM launch of their own at ``point`` (the kernel rebuilds the
+        keys; folded values never leave the latent; the reference rebuild is priced by
+        :meth:`decode_launches`)."""
+        a = self.attn
+        out = list(a.v_proj.ups) if a.folded else []
+        if point.phase == "decode":
+            out += list(a.k_proj.ups)
+            if self.path == "reference" and not a.folded:
+                out += list(a.v_proj.ups)
+        return out
+
+    def decode_launches(self, profile: Profile, point: Point, i: int, elem: int, peak: float) -> list[Launch]:
+        """The layer's decode attention: the kernel's two launches, or the reference path's rebuild GEMMs
+        (followed by :func:`launches`' dense decode attention over the rebuilt keys and values)."""
+        a, b, n_kv = self.attn, point.batch, point.kv
+        c = constants(profile)
+        if self.path == "reference":
+            ups = list(a.k_proj.ups) + ([] if a.folded else list(a.v_proj.ups))
+            out = []
+            for j, u in enumerate(ups):
+                r, n, rows = u.in_features, u.out_features, b * n_kv
+                eff = profile.efficiency("gemm_n", n) if "gemm_n" in profile.ops else 1.0
+                nbytes = float((r * n + rows * (r + n)) * elem)
+                out.append(Launch("gemm", f"layer{i}.latent_rebuild{j}", 2.0 * rows * r * n, nbytes,
+                                  c["launch_us"], 2.0 * rows * r * n / (peak * 1e12 * eff) * 1e3,
+                                  nbytes / (c["copy_gbps"] * 1e9) * 1e3))  # fmt: skip
+            return out
+        call = latent_call(profile, b, n_kv, int(a.head_dim), int(a.group_kv_k), list(a.k_proj.ranks),
+                           list(a.v_proj.ranks), elem)  # fmt: skip
+        rates = call["rates"]
+        if rates["source"] == "measured":  # the fitted fixed time covers both launches
+            split_us = max(rates["launch_us"] - c["aux_us"], 0.0)
+            combine_us = rates["launch_us"] - split_us
+        else:
+            split_us, combine_us = c["launch_us"], c["aux_us"]
+        return [
+            Launch("attention", f"layer{i}.latent_attention", call["flops"], call["bytes"], split_us,
+                   call["flop_ms"], call["byte_ms"], serial=call["serial"]),
+            Launch("aux", f"layer{i}.latent_combine", 0.0, 0.0, combine_us, 0.0, 0.0),
+        ]  # fmt: skip
+
+
+def latent_note(model: Any, profile: Profile) -> dict[str, Any] | None:
+    """How ``model``'s latent attention layers are priced on ``profile`` (None: it has none).
+
+    ``{"pricing": "measured" | "roofline (not profiled)", "kernel": layers, "reference": layers,
+    "reasons": [...]}``; a roofline pricing or a reference path is also warned once (no silent fallback).
+    """
+    from gac.nn.latent import LatentAttention
+
+    layers = [_LatentLayer.of(a) for a in _attentions(model) if isinstance(a, LatentAttention)]
+    if not layers:
+        return None
+    src = profile.latent_rates(1)["source"]
+    reasons = sorted({r for x in layers for r in x.reasons})
+    out = {"pricing": src, "kernel": sum(x.path == "kernel" for x in layers),
+           "reference": sum(x.path == "reference" for x in layers), "reasons": reasons}  # fmt: skip
+    for why in ([f"profile {profile.id!r} has no latent_attention class: decode priced at its roofline"]
+                if src != "measured" else []) + [f"decode priced on the reference path: {r}" for r in reasons]:  # fmt: skip
+        if why not in _LATENT_WARNED:
+            _LATENT_WARNED.add(why)
+            log.warning("latency model: latent attention %s", why)
     return out
 
 
@@ -500,6 +807,7 @@ def predict(
         "gemm_launches": sum(x.kind in ("gemm", "head") for x in ls),
         "by_kind": by_kind,
         "constants": constants(profile),
+        **({"latent_attention": note} if (note := latent_note(model, profile)) else {}),
     }
 
 
@@ -521,7 +829,9 @@ def skeleton(
     ``dims`` a cell's kept dims. A dim at an ``nn.Linear`` factorizes it at that rank (unless the
     rank saves nothing: the site stays dense, as the low-rank compressors leave it); a dim at an
     MLP module keeps that many channels of its gate/up outputs and down inputs; a dim at an
-    attention module keeps that many KV-head groups (q/k/v outputs, o inputs). ``fused``
+    attention module keeps that many KV-head groups (q/k/v outputs, o inputs); PaLU's dims
+    (``<attention>.k_proj:g0``, one per key or value group) make that attention a
+    :class:`~gac.nn.latent.LatentAttention` at those ranks (values unfolded). ``fused``
     applies :func:`gac.nn.fused.fuse_projections_`, as the ``infer`` eval does.
     """
     import torch
@@ -597,9 +907,52 @@ def skeleton(
                 resize(mod, "k", out_f=d * hd)
                 resize(mod, "v", out_f=d * hd)
                 resize(mod, "o", in_f=d * n_rep * hd)
+    _latent_skeleton_(model, dims or {})
     if fused:
         fuse_projections_(model)
     return model
+
+
+def _latent_skeleton_(model: Any, dims: dict[str, int]) -> None:
+    """PaLU's kept dims (``<attention>.k_proj:g0``... one per key or value group) as
+    :class:`~gac.nn.latent.LatentAttention` layers on the meta device (values unfolded, the default)."""
+    import torch
+
+    from gac.models.adapters import model_rotary
+    from gac.nn import replace_module
+    from gac.nn.latent import LatentAttention, LatentProjection
+
+    groups: dict[str, dict[str, dict[int, int]]] = {}
+    for fqn, d in dims.items():
+        proj, sep, g = fqn.rpartition(":g")
+        if sep and g.isdigit():
+            attn, _, role = proj.rpartition(".")
+            groups.setdefault(attn, {}).setdefault(role, {})[int(g)] = int(d)
+    if not groups:
+        return
+    cfg = model.config
+    heads = int(cfg.num_attention_heads)
+    kvh = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    rotary = model_rotary(model)
+    for attn_name, roles in groups.items():
+        try:
+            a = model.get_submodule(attn_name)
+        except AttributeError:
+            continue  # a layer of a model with fewer layers
+        if set(roles) != {"k_proj", "v_proj"}:
+            raise GacError(f"PaLU dims of {attn_name} name {sorted(roles)}, not k_proj and v_proj groups")
+        hd = int(getattr(a, "head_dim", None) or a.q_proj.out_features // heads)
+        projs = []
+        for role in ("k_proj", "v_proj"):
+            ranks = [roles[role][g] for g in sorted(roles[role])]
+            lin = getattr(a, role)
+            with torch.device("meta"):
+                projs.append(LatentProjection(lin.in_features, ranks, kvh * hd // len(ranks),
+                                              bias=lin.bias is not None, dtype=lin.weight.dtype))  # fmt: skip
+        new = LatentAttention(a.q_proj, projs[0], projs[1], a.o_proj, heads, kvh, hd,
+                              int(getattr(a, "layer_idx", 0) or 0), cfg, float(getattr(a, "scaling", hd**-0.5)),
+                              rotary, q_norm=getattr(a, "q_norm", None), k_norm=getattr(a, "k_norm", None))  # fmt: skip
+        replace_module(model, attn_name, new)
 
 
 def infer_of(cell: dict[str, Any]) -> dict[str, Any] | None:
@@ -650,6 +1003,9 @@ def predict_pair(
             "measured_ms": [b["median_ms"], r["median_ms"]], "predicted_ms": [pb, pv],
             "measured_speedup": ms_sp, "predicted_speedup": pr_sp, "ratio": pr_sp / ms_sp,
         })  # fmt: skip
+    note = latent_note(variant, profile)
+    for row in rows if note else []:  # how the variant's latent attention was priced
+        row["latent_attention"] = note["pricing"]
     return rows
 
 

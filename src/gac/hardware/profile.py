@@ -35,7 +35,24 @@ profiles measured before them, which then load with the documented defaults
       "latency_fit": {...},   # provenance: source, method, points
       "fused_lowrank": {      # the fused low-rank kernel (gac.kernels.lowrank_fused), if measured
         "launch_us": 6.56, "gbps": 4072.3, "rows": [1], "fit": {...}
+      },
+      "latent_attention": {   # PaLU's latent decode kernel (gac.kernels.latent_attention), if measured
+        "groups": {           # one row per measured key group size G (KV heads per key group)
+          "1": {"launch_us": ...,  # fixed time of one call: the split-KV kernel and its combine
+                "gbps": ...,       # latent cache bytes per second
+                "tflops": ...,     # executed key-rebuild FLOP rate (null: the rebuild never showed)
+                "block_r": ...,    # the rank tile the kernel ran: ranks are rebuilt padded to it
+                "points": ..., "max_abs_rel_err": ..., "rel_err": [...]},
+          "2": {...}, "4": {...}
+        },
+        "rank_round": 32, "fit": {...}   # the packed rank's rounding; provenance, every timed call
       }
+
+The latent class is an operator class of its own: a call of the kernel at key group size ``G``
+(KV heads per key group), key rank ``r`` per group, batch ``B`` and ``KV`` cached tokens is priced
+``launch_us + bytes / gbps + flops / tflops`` (:func:`gac.hardware.latency.latent_call`); a
+profile without it prices the call at the profile's peak tensor FLOP/s and copy bandwidth and says
+so (:meth:`Profile.latent_rates`).
 
 ``rule.modulus`` is the smallest modulus m such that dims = 0 (mod m) run within
 ``tolerance`` of the best nearby dim; ``rule.prefer`` is the modulus that reaches the best
@@ -134,6 +151,11 @@ class Profile:
     #: factorized site in one launch), ``rows``: the token-row counts it is dispatched at, ``fit``:
     #: provenance
     fused_lowrank: dict[str, Any] = field(default_factory=dict)
+    #: PaLU's latent decode kernel (:mod:`gac.kernels.latent_attention`) on this GPU, ``{}`` if not
+    #: measured: ``groups`` (per key group size: ``launch_us``, ``gbps`` of latent bytes, ``tflops`` of
+    #: executed key-rebuild FLOPs or None where not limiting, ``block_r`` the rank tile), ``rank_round``,
+    #: ``fit`` (provenance)
+    latent_attention: dict[str, Any] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ rules
     def rule(self, op: str) -> OpRule:
@@ -231,6 +253,34 @@ class Profile:
             return None
         return float(fl["launch_us"]), float(fl["gbps"])
 
+    def peak_tflops(self) -> float:
+        """The best measured TFLOP/s on any operator class's curve (100 where none is measured)."""
+        peak = max((max(r.curve.get("tflops") or [0.0]) for r in self.ops.values()), default=0.0)
+        return float(peak) if peak > 0 else 100.0
+
+    def latent_rates(self, key_group: int = 1) -> dict[str, Any]:
+        """How a latent decode attention call of key group size ``key_group`` is priced on this profile.
+
+        ``{"source", "launch_us", "gbps", "tflops", "block_r", "rank_round", "key_group"}``: the
+        measured ``latent_attention`` class's row of the smallest measured key group size at or above
+        ``key_group`` (else the largest: the kernel's launch table is laid out the same way),
+        ``source`` ``"measured"``; else the roofline of the profile (``source``
+        ``"roofline (not profiled)"``: the peak tensor FLOP/s of :meth:`peak_tflops` for the rebuild,
+        the copy bandwidth for the latent bytes, one GEMM launch and no rank padding). ``tflops``
+        None: the rebuild's FLOPs cost nothing on top of the bytes.
+        """
+        rows = (self.latent_attention or {}).get("groups") or {}
+        if rows:
+            gs = sorted(int(g) for g in rows)
+            g = min((x for x in gs if x >= key_group), default=gs[-1])
+            r = rows[str(g)]
+            return {"source": "measured", "launch_us": float(r["launch_us"]), "gbps": float(r["gbps"]),
+                    "tflops": r.get("tflops"), "block_r": int(r.get("block_r") or 1),
+                    "rank_round": int(self.latent_attention.get("rank_round") or 1), "key_group": g}  # fmt: skip
+        return {"source": "roofline (not profiled)", "launch_us": self.launch_us_or_default,
+                "gbps": self.copy_gbps_or_default, "tflops": self.peak_tflops(), "block_r": 1,
+                "rank_round": 1, "key_group": key_group}  # fmt: skip
+
     # ------------------------------------------------------------------- I/O
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -248,6 +298,8 @@ class Profile:
             d["latency_fit"] = self.latency_fit
         if self.fused_lowrank:
             d["fused_lowrank"] = self.fused_lowrank
+        if self.latent_attention:
+            d["latent_attention"] = self.latent_attention
         d["ops"] = {k: v.to_dict() for k, v in self.ops.items()}
         return d
 
@@ -267,6 +319,7 @@ class Profile:
             aux_us=_opt_float(d.get("aux_us")),
             latency_fit=dict(d.get("latency_fit") or {}),
             fused_lowrank=_fused_lowrank(d.get("fused_lowrank"), str(d["id"])),
+            latent_attention=_latent_attention(d.get("latent_attention"), str(d["id"])),
         )
 
     def save(self, path: str | Path) -> None:
@@ -288,6 +341,31 @@ def _fused_lowrank(x: Any, pid: str) -> dict[str, Any]:
         raise GacError(f"profile {pid!r}: fused_lowrank needs launch_us, gbps and rows ({e})") from None
     if not (out["launch_us"] >= 0 and out["gbps"] > 0 and out["rows"] and min(out["rows"]) >= 1):
         raise GacError(f"profile {pid!r}: fused_lowrank has a negative time, no bandwidth or no rows: {x}")
+    return out
+
+
+def _latent_attention(x: Any, pid: str) -> dict[str, Any]:
+    """A profile's ``latent_attention`` entry, checked (``{}`` when absent)."""
+    if not x:
+        return {}
+    try:
+        rows = {}
+        for g, r in x["groups"].items():
+            tf = r.get("tflops")
+            rows[str(int(g))] = {**r, "launch_us": float(r["launch_us"]), "gbps": float(r["gbps"]),
+                                 "tflops": None if tf is None else float(tf), "block_r": int(r.get("block_r") or 1)}  # fmt: skip
+        out = {**x, "groups": rows, "rank_round": int(x.get("rank_round") or 1)}
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise GacError(
+            f"profile {pid!r}: latent_attention needs groups of launch_us, gbps and tflops ({e!r})"
+        ) from None
+    bad = [g for g, r in rows.items() if int(g) < 1 or not (r["launch_us"] >= 0 and r["gbps"] > 0)
+           or (r["tflops"] is not None and not r["tflops"] > 0) or r["block_r"] < 1]  # fmt: skip
+    if not rows or bad or out["rank_round"] < 1:
+        raise GacError(
+            f"profile {pid!r}: latent_attention has no key group row, or one with a negative time, no "
+            f"bandwidth, or a rate or rank tile that is not positive: {x}"
+        )
     return out
 
 

@@ -41,7 +41,7 @@ import json
 import shlex
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -427,14 +427,32 @@ def build_profile(
     return prof
 
 
-def measure_latency_fields_(prof: Profile, device: torch.device, dtype: torch.dtype) -> Profile:
-    """Measure this GPU's launch constants (:func:`measure_launch_constants`) and fused low-rank fit
-    (:func:`measure_fused_lowrank`) into ``prof``, in place: the fields the latency model and the
-    guard price with."""
-    lc = measure_launch_constants(device, dtype)
-    prof.launch_us, prof.copy_gbps, prof.aux_us = lc["launch_us"], lc["copy_gbps"], lc["aux_us"]
-    prof.latency_fit = lc["latency_fit"]
-    prof.fused_lowrank = measure_fused_lowrank(device, dtype)
+#: the latency fields of a profile, as :func:`measure_latency_fields_` names them
+LATENCY_FIELDS: tuple[str, ...] = ("launch", "fused_lowrank", "latent_attention")
+
+
+def measure_latency_fields_(
+    prof: Profile, device: torch.device, dtype: torch.dtype, fields: Iterable[str] = LATENCY_FIELDS
+) -> Profile:
+    """Measure this GPU's latency fields into ``prof``, in place: the fields the latency model and the
+    guard price with.
+
+    ``fields`` (default: all of :data:`LATENCY_FIELDS`): ``launch`` (the launch constants,
+    :func:`measure_launch_constants`), ``fused_lowrank`` (:func:`measure_fused_lowrank`),
+    ``latent_attention`` (:func:`measure_latent_attention`); the others are left as they are.
+    """
+    fields = list(fields)
+    unknown = [f for f in fields if f not in LATENCY_FIELDS]
+    if unknown or not fields:
+        raise GacError(f"unknown latency field {unknown or fields!r}: known {', '.join(LATENCY_FIELDS)}")
+    if "launch" in fields:
+        lc = measure_launch_constants(device, dtype)
+        prof.launch_us, prof.copy_gbps, prof.aux_us = lc["launch_us"], lc["copy_gbps"], lc["aux_us"]
+        prof.latency_fit = lc["latency_fit"]
+    if "fused_lowrank" in fields:
+        prof.fused_lowrank = measure_fused_lowrank(device, dtype)
+    if "latent_attention" in fields:
+        prof.latent_attention = measure_latent_attention(device, dtype)
     return prof
 
 
@@ -615,6 +633,108 @@ def measure_fused_lowrank(device: torch.device, dtype: torch.dtype) -> dict[str,
     return fit
 
 
+#: the attention the latent class is timed on: (query heads, KV heads, head_dim), Llama-3-8B's
+LATENT_GEOMETRY: tuple[int, int, int] = (32, 8, 128)
+#: calls timed for the latent class: ``(key group size G, key rank per group, batch, KV)``, values
+#: grouped alike at the key's rank. Per ``G``: the rank of KV 0.5 (``G·hd/2``), of KV 0.25, and one
+#: misaligned (``G·hd/2 - 8``), each at four serving shapes: one sequence at 4k and 32k, 16 at 16k, 64 at
+#: 4k (36 calls; the key group sizes interleaved, so that a call cut by the time budget leaves each a row)
+LATENT_SHAPES: tuple[tuple[int, int, int, int], ...] = tuple(
+    (g, f * g - d, b, kv)
+    for f, d in ((64, 0), (32, 0), (64, 8))
+    for b, kv in ((1, 4096), (1, 32768), (16, 16384), (64, 4096))
+    for g in (1, 2, 4)
+)
+
+
+def measure_latent_attention(
+    device: torch.device,
+    dtype: torch.dtype,
+    shapes: Iterable[tuple[int, int, int, int]] = LATENT_SHAPES,
+    budget_s: float = 60.0,
+    geometry: tuple[int, int, int] = LATENT_GEOMETRY,
+    bench: Callable[[Callable[[int], Any]], float] | None = None,
+) -> dict[str, Any]:
+    """The profile's ``latent_attention`` class on this GPU: PaLU's latent decode kernel, timed and fitted.
+
+    Each call of ``shapes`` (:data:`LATENT_SHAPES` on :data:`LATENT_GEOMETRY`) runs the kernel the
+    default decode path runs (:func:`gac.kernels.latent_attention.latent_decode_attention`: the
+    split-KV kernel and its combine, at the launch its table picks) 64 times in a CUDA graph over
+    latent caches rotated past L2 (:func:`gac.hardware.timing.bench_graph`); each record keeps the
+    call's latent bytes, its executed key-rebuild FLOPs (every group at the kernel's padded rank tile)
+    and the achieved latent GB/s and rebuild TFLOP/s. :func:`gac.hardware.latency.fit_latent_attention`
+    fits them. Calls past ``budget_s`` seconds are skipped (and counted). ``{}`` without Triton.
+    ``bench`` replaces the CUDA-graph timing (``bench(fn) -> µs``; tests run the kernel in Triton's
+    interpreter on the CPU with it); without it the device must be CUDA.
+    """
+    from gac.hardware.latency import fit_latent_attention
+    from gac.hardware.timing import bench_graph, copies_past_l2
+    from gac.kernels import latent_attention as kl
+    from gac.testing import latent_decode_inputs
+
+    if device.type != "cuda" and bench is None:
+        raise GacError("the latent attention class is measured on CUDA only")
+    if not kl.HAVE_TRITON:
+        console.print("[yellow]note:[/yellow] no Triton: the profile gets no latent_attention class")
+        return {}
+    bench = bench or bench_graph
+    heads, kvh, hd = geometry
+    elem = torch.tensor([], dtype=dtype).element_size()
+    shapes = list(shapes)
+    recs: list[dict[str, Any]] = []
+    skipped = 0
+    t0 = time.time()
+    for g, r, b, kv in track(shapes, "latent attention kernel: rebuild rate and latent bandwidth"):
+        if time.time() - t0 > budget_s:
+            skipped += 1
+            continue
+        ranks = [r] * (kvh // g)
+        q, _, _, pack, inv = latent_decode_inputs(b, heads, kvh, hd, 1, g, g, ranks, ranks, dtype=dtype,
+                                                  device=device)  # fmt: skip
+        nbytes = b * kv * 2 * sum(ranks) * elem
+        try:
+            n = copies_past_l2(nbytes)
+            zks = [torch.randn(b, kv, sum(ranks), device=device, dtype=dtype) for _ in range(n)]
+            zvs = [torch.randn(b, kv, sum(ranks), device=device, dtype=dtype) for _ in range(n)]
+        except torch.OutOfMemoryError:
+            _free(device)
+            skipped += 1
+            continue
+        clen = torch.tensor([kv], device=device, dtype=torch.int64)
+
+        def call(i: int, zks=zks, zvs=zvs, q=q, pack=pack, inv=inv, clen=clen) -> Any:
+            return kl.latent_decode_attention(
+                q, zks[i % len(zks)], zvs[i % len(zvs)], pack, clen, inv, hd**-0.5
+            )
+
+        us = bench(call)
+        launch = dict(kl.LAST_LAUNCH)
+        rk = -(-int(pack["rk_max"]) // launch["block_r"]) * launch["block_r"]  # the kernel's RK tile
+        flops = 2.0 * b * kv * hd * kvh * rk
+        useful = 2.0 * b * kv * hd * kvh * r
+        recs.append({
+            "key_group": g, "rank": r, "batch": b, "kv": kv, "us": round(us, 3), "bytes": nbytes,
+            "flops": flops, "rank_run": rk, "block_r": launch["block_r"], "launch": launch,
+            "gbps": round(nbytes / us / 1e3, 1), "rebuild_tflops": round(useful / us / 1e6, 2),
+            "executed_tflops": round(flops / us / 1e6, 2),
+        })  # fmt: skip
+        del zks, zvs
+        _free(device)
+    fit = fit_latent_attention(recs, "gac profile (gac.hardware.profiler.measure_latent_attention)")
+    fit["fit"].update(
+        geometry={"heads": heads, "kv_heads": kvh, "head_dim": hd, "value_group": "as the key group"},
+        calls=recs,
+        skipped_over_budget=skipped,
+        elapsed_s=round(time.time() - t0, 1),
+    )
+    return fit
+
+
+def _free(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def _flops_fn(plan: OpPlan) -> Callable[[int], float]:
     c = plan.cfg
     if plan.op == "gemm_n":
@@ -735,4 +855,5 @@ def redistil(profile: Profile, tolerance: float | None = None, lookahead: int | 
         aux_us=profile.aux_us,
         latency_fit=dict(profile.latency_fit),
         fused_lowrank=dict(profile.fused_lowrank),
+        latent_attention=dict(profile.latent_attention),
     )
