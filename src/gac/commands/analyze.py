@@ -81,6 +81,10 @@ def serving_line(s: dict) -> str:
         how = "not guarded: " + g["off"]
     elif g.get("allow_slower"):
         how = "not guarded (--allow-slower)"
+    elif g.get("margin"):
+        how = (
+            f"guarded (every shape predicted at least {1 + g['margin']:.3f}x dense: margin {g['margin']:.3f})"
+        )
     else:
         how = "guarded (none predicted slower than dense)"
     pred = ", ".join(f"{k} {v:.3f}x" for k, v in (s.get("predicted_serve") or {}).items())
