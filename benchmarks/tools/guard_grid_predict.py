@@ -99,7 +99,7 @@ def margins_main(args, prof, serve) -> None:
         other = outside_sites_ms(model, sites, prof, serve)
         dense = sum(s.dense_cost for s in sites)
 
-        def guard(ratio: float, m: float) -> dict:
+        def guard(ratio: float, m: float, sites=sites, other=other, dense=dense) -> dict:
             native = uniform_ratio_dims(sites, int(ratio * dense))
             try:
                 g = allocate("gac", sites, native, prof, serve=serve, other_ms=other, guard_margin=m,
