@@ -19,8 +19,12 @@ guard meets every shape: ``smaller`` (the largest reduction below ``--ratios``' 
 ``deeper`` (the largest ratio below it that does), as ``gac compress``'s refusal names them (to 0.01 here).
 The speed-guarded plan's cells on the H100 profile (docs/allocation.md)::
 
-    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/tools/guard_grid_predict.py --profile h100-bfloat16 \
-        --ratios 0.85 --margins 0,0.039,0.076 --scan --out benchmarks/results/cpu/guard_margin_h100.json
+    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/tools/guard_grid_predict.py --profile h100-bfloat16 \\
+        --ratios 0.85 --margins 0,0.039,0.076 --scan --refusal --out benchmarks/results/cpu/guard_margin_h100.json
+
+``--refusal`` adds, per model and margin, the line ``gac compress`` prints when the guard refuses the
+ratio: :meth:`gac.api.Plan.allocation` on a plan of SVD-LLM's sites and its native allocation (one uniform
+ratio, which needs no calibration: the same code path, each site's loss its scalar importance).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ def main() -> None:
     ap.add_argument("--profile", default="h200-bfloat16")
     ap.add_argument("--margins", help="guard margins to try at window 1 (default: the profile's)")
     ap.add_argument("--scan", action="store_true", help="per margin, the ratios the guard meets")
+    ap.add_argument("--refusal", action="store_true", help="per margin, gac compress's refusal line")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
@@ -117,11 +122,33 @@ def margins_main(args, prof, serve) -> None:
                 row["feasible_ratios"] = ok
                 row["smaller"] = min((r for r in ok if r > r0), default=None)
                 row["deeper"] = max((r for r in ok if r < r0), default=None)
+            if args.refusal:
+                row["refusal"] = refusal(model, sites, other, serve, prof, r0, m)
             print(spec, m, {k: v for k, v in row.items() if k != "feasible_ratios"}, flush=True)
             rows.append(row)
     doc = {"schema": "gac.guard_grid_predict/1", "profile": prof.id, "profile_margin": resolve_margin(prof),
            "serve": [p.key for p in serve], "settings": vars(args), "rows": rows}  # fmt: skip
     atomic_write_text(args.out, json.dumps(doc, indent=1))
+
+
+def refusal(model, sites, other, serve, prof, ratio: float, margin: float) -> str | None:
+    """``gac compress``'s line for SVD-LLM at ``ratio`` with ``margin`` (None: the guard meets it)."""
+    from gac.api import CompressConfig, Plan
+    from gac.compressors.base import get_compressor
+    from gac.compressors.lowrank import uniform_ratio_dims
+    from gac.errors import GacError
+
+    cfg = CompressConfig(compressor="svd-llm", param_ratio=ratio, profile=prof.id, guard_margin=margin)
+    budget = int(ratio * sum(s.dense_cost for s in sites))
+    plan = Plan(config=cfg, compressor=get_compressor("svd-llm"), sites=sites, native=uniform_ratio_dims(sites, budget),
+                budget=budget, profile=prof, model_params=0, calibration={}, timings={}, other_ms=other,
+                model=model, serve=serve)  # fmt: skip
+    plan.use_curves({s.name: None for s in sites})
+    try:
+        plan.allocation("gac")
+    except GacError as e:
+        return str(e)
+    return None
 
 
 if __name__ == "__main__":
