@@ -19,7 +19,7 @@ docs/allocation.md ("Where the latency model is optimistic"). It is not in the m
         benchmarks/results/h100/speed-guarded benchmarks/results/h200/speed-final \\
         --write benchmarks/results/h100/speed-guarded=src/gac/profiles/h100-bfloat16.json \\
         --write benchmarks/results/h200/speed-final=src/gac/profiles/h200-bfloat16.json \\
-        --write benchmarks/results/h200/speed-final=src/gac/profiles/h200-float16.json \\
+        --write benchmarks/results/h200/speed-final=src/gac/profiles/h200-float16.json --wave 64x64,64x128,128x128 \\
         --out benchmarks/results/cpu/guard_margin.json
 """
 
@@ -65,12 +65,49 @@ def stats(rows: list[dict]) -> dict:
     }
 
 
+def excess_per_launch(grid: Path) -> dict[str, dict[str, float]]:
+    """Per compressed cell and point: (measured - predicted ms of the cell) - (the same of dense), in µs
+    per GEMM launch the cell has beyond dense: the cost per extra launch the model misses."""
+    from gac.hardware.latency import Point, compiled_of, gqa_decode_of, infer_of, predict, profile_of
+    from gac.runtime.cells import cell_skeleton
+
+    out: dict[str, dict[str, float]] = {}
+    for mdir in sorted((grid / "cells").iterdir()):
+        cells = {p.stem: json.loads(p.read_text()) for p in sorted(mdir.glob("*.json"))}
+        base = cells.pop("base", None)
+        if base is None:
+            continue
+        binf, bskel = infer_of(base), cell_skeleton(base)
+        ref = {
+            Point.from_record(r).key: r for r in binf["prefill"] + binf["decode"] if r.get("status") == "ok"
+        }
+        for c in cells.values():
+            inf, prof, skel = infer_of(c), profile_of(c), cell_skeleton(c)
+            row = out.setdefault(str(c["id"]), {})
+            for r in inf["prefill"] + inf["decode"]:
+                p = Point.from_record(r)
+                b = ref.get(p.key)
+                if r.get("status") != "ok" or b is None:
+                    continue
+                pb = predict(bskel, prof, p, gqa_decode_of(binf), compiled_of(binf, p.phase))
+                pv = predict(skel, prof, p, gqa_decode_of(inf), compiled_of(inf, p.phase))
+                extra = pv["gemm_launches"] - pb["gemm_launches"]
+                miss = (r["median_ms"] - pv["ms"]) - (b["median_ms"] - pb["ms"])
+                row[p.key] = round(miss * 1e3 / extra, 2) if extra else None
+    return out
+
+
+_LAUNCHES = None
+
+
 def use_wave(tm: int, tn: int) -> None:
     """Re-price GEMM launches with a wave-quantization efficiency (the tried rows-aware term)."""
     import gac.hardware.latency as lat
     from gac.nn import FactorizedLinear
 
-    orig = lat.launches
+    global _LAUNCHES
+    _LAUNCHES = _LAUNCHES or lat.launches
+    orig = _LAUNCHES
 
     def q(m: int, n: int, sms: int) -> float:
         t = math.ceil(m / tm) * math.ceil(n / tn)
@@ -119,7 +156,7 @@ def write_margin(grid: Path, profile: Path, s: dict) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("grids", nargs="+", type=Path)
-    ap.add_argument("--wave", help="TMxTN: also price GEMMs with a wave-quantization term of these tiles")
+    ap.add_argument("--wave", help="TMxTN,...: also price GEMMs with a wave-quantization term of these tiles")
     ap.add_argument("--write", action="append", default=[], help="GRID=PROFILE.json: store its margin")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -129,7 +166,10 @@ def main() -> None:
     doc: dict = {"schema": "gac.guard_margin/1", "command": COMMAND, "grids": {}}
     for g in grids:
         s = stats(grid_rows(g))
-        doc["grids"][str(g.relative_to(ROOT))] = {"model": s}
+        doc["grids"][str(g.relative_to(ROOT))] = {
+            "model": s,
+            "excess_us_per_extra_launch": excess_per_launch(g),
+        }
         print(f"{g.relative_to(ROOT)}: worst {s['worst_abs_err']:.3f} ({s['worst']['cell']} {s['worst']['point']}), "
               f"{s['within_5pct']}/{s['points']} within 5%, median {s['median_abs_err']:.3f}, "
               f"most optimistic {s['most_optimistic']['ratio']:.3f}")  # fmt: skip
@@ -137,8 +177,8 @@ def main() -> None:
         grid, prof = (Path(x).resolve() for x in spec.split("=", 1))
         s = doc["grids"][str(grid.relative_to(ROOT))]["model"]
         print(f"{prof.relative_to(ROOT)}: guard_margin {write_margin(grid, prof, s)}")
-    if args.wave:
-        tm, tn = (int(x) for x in args.wave.lower().split("x"))
+    for tiles in args.wave.split(",") if args.wave else []:
+        tm, tn = (int(x) for x in tiles.lower().split("x"))
         use_wave(tm, tn)
         for g in grids:
             s = stats(grid_rows(g))
