@@ -187,5 +187,8 @@ def test_cli_margin_saved_and_shown(tiny, capsys):
     assert min(cfg["predicted_serve"].values()) >= 1.01
     capsys.readouterr()
     assert main(["analyze", str(out), "--profile", str(tiny / "p.json")]) == 0
-    text = " ".join(capsys.readouterr().out.split())
+    cap = capsys.readouterr()
+    text, err = " ".join(cap.out.split()), " ".join(cap.err.split())
     assert "guarded (every shape predicted at least 1.010x dense: margin 0.010)" in text
+    # the profile's own margin (it records none: the default), said before the analysis
+    assert "latency guard margin: 0.080 (--align gac needs 1.080x dense; default" in err

@@ -172,6 +172,13 @@ def register(app: typer.Typer) -> None:
         console.print(
             f"profile: {prof.id} ({'measured' if prof.measured else 'NOT measured'}) - {prof.label}"
         )
+        if prof.measured:
+            from gac.allocation import resolve_margin
+
+            m, src = resolve_margin(prof)
+            console.print(
+                f"latency guard margin: {m:.3f} (--align gac needs {1 + m:.3f}x dense; {src})", markup=False
+            )
         lm = load_model(model, dtype=parse_dtype(dtype), trust_remote_code=trust_remote_code)
         an = analyze(lm.model, prof)
         render_analysis(an, Console())
