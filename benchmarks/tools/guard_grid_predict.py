@@ -47,10 +47,8 @@ def main() -> None:
     args = ap.parse_args()
 
     from gac.allocation import GuardInfeasible, allocate
-    from gac.api import outside_sites_ms
-    from gac.compressors.base import get_compressor
     from gac.compressors.lowrank import uniform_ratio_dims
-    from gac.hardware.latency import parse_serve, skeleton
+    from gac.hardware.latency import parse_serve
     from gac.hardware.profile import load_profile
     from gac.utils import atomic_write_text
 
@@ -60,10 +58,7 @@ def main() -> None:
         return margins_main(args, prof, serve)
     rows = []
     for spec in args.models.split(","):
-        model = skeleton(spec, fused=False)
-        sites = get_compressor("svd-llm").sites(model)
-        other = outside_sites_ms(model, sites, prof, serve)
-        dense = sum(s.dense_cost for s in sites)
+        model, sites, other, dense = grid_sites(spec, prof, serve)
         for ratio in (float(r) for r in args.ratios.split(",")):
             native = uniform_ratio_dims(sites, int(ratio * dense))
             un = allocate("gac", sites, native, prof, serve=serve, other_ms=other, allow_slower=True)
@@ -87,22 +82,28 @@ def main() -> None:
     atomic_write_text(args.out, json.dumps(doc, indent=1))
 
 
+def grid_sites(spec: str, prof, serve):
+    """``spec``'s meta-device skeleton, SVD-LLM's sites on it, the dense model's ms outside them per
+    serving shape, and the sites' dense parameters."""
+    from gac.api import outside_sites_ms
+    from gac.compressors.base import get_compressor
+    from gac.hardware.latency import skeleton
+
+    model = skeleton(spec, fused=False)
+    sites = get_compressor("svd-llm").sites(model)
+    return model, sites, outside_sites_ms(model, sites, prof, serve), sum(s.dense_cost for s in sites)
+
+
 def margins_main(args, prof, serve) -> None:
     """The guard at window 1 with each of ``--margins`` (and, with ``--scan``, the ratios it meets)."""
     from gac.allocation import GuardInfeasible, allocate, resolve_margin
-    from gac.api import outside_sites_ms
-    from gac.compressors.base import get_compressor
     from gac.compressors.lowrank import uniform_ratio_dims
-    from gac.hardware.latency import skeleton
     from gac.utils import atomic_write_text
 
     margins = [float(x) for x in args.margins.split(",")]
     rows = []
     for spec in args.models.split(","):
-        model = skeleton(spec, fused=False)
-        sites = get_compressor("svd-llm").sites(model)
-        other = outside_sites_ms(model, sites, prof, serve)
-        dense = sum(s.dense_cost for s in sites)
+        model, sites, other, dense = grid_sites(spec, prof, serve)
 
         def guard(ratio: float, m: float, sites=sites, other=other, dense=dense) -> dict:
             native = uniform_ratio_dims(sites, int(ratio * dense))
