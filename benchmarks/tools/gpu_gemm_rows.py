@@ -1,7 +1,7 @@
 """Each GEMM of the speed grid's cells, timed alone at the grid's row counts, against its latency-model price.
 
 The H100 guarded grid's latency model is 7.6% optimistic at prefill B1x512 (docs/allocation.md, "Where the
-latency model is optimistic"): every compressed cell there ran 4.3-5.3 us per extra GEMM launch slower than
+latency model is optimistic"): every compressed cell there ran 4.3-5.4 us per extra GEMM launch slower than
 priced at 512 rows, about 1 us at 64 rows, under 1 us at 128. Whether that is a per-GEMM cost of the shapes at
 those rows (a rows-aware term the model could take from the profile) or only appears in the whole compiled
 step is what this measures: every distinct GEMM of the given cells' structures (the dense base and each
@@ -12,13 +12,14 @@ past L2 (:func:`gac.hardware.timing.bench_graph`, as ``gac profile``'s launch co
 count: the median excess (measured - priced) of the dense-shaped and of the factor-shaped GEMMs, and the
 fixed cost a fit ``t = t0 + priced variable time`` gives.
 
-GPU (about a minute; the lead's command, JSON under $OUT)::
+GPU (60 shapes x 7 row counts, a few minutes; JSON under $OUT)::
 
     PYTHONPATH=src python benchmarks/tools/gpu_gemm_rows.py --out $OUT/gemm_rows.json \\
         benchmarks/results/h100/speed-guarded/cells/shape-llama3-8b-8/{base,svd-llm-r0.85-gac,asvd-r0.85-gac}.json \\
         benchmarks/results/h100/speed-guarded/cells/shape-qwen2.5-7b-8/{base,svd-llm-r0.85-gac}.json
 
-CPU smoke run (wall-clock, so the numbers mean nothing): ``--device cpu --rows 4 --limit 3``.
+CPU smoke run (wall-clock, so the numbers mean nothing): ``--device cpu --rows 4 --limit 3``. The output head
+(run at B rows, not B x S) is left out.
 """
 
 from __future__ import annotations
@@ -35,12 +36,15 @@ def gemm_shapes(cell: dict) -> dict[tuple[int, int, bool], str]:
     from gac.runtime.cells import cell_skeleton
 
     model = cell_skeleton(cell)
-    emb = model.get_input_embeddings()
+    emb, head = (
+        model.get_input_embeddings(),
+        model.get_output_embeddings(),
+    )  # the head runs at B rows: left out
     firsts = {id(m.v) for m in model.modules() if isinstance(m, FactorizedLinear)}
     out: dict[tuple[int, int, bool], str] = {}
     for name, mod in model.named_modules():
         w = mod._parameters.get("weight")
-        if w is None or w.ndim != 2 or mod is emb:
+        if w is None or w.ndim != 2 or mod is emb or mod is head:
             continue
         first = id(mod) in firsts or "factorized" in (getattr(mod, "kinds", None) or ())
         out.setdefault((int(w.shape[1]), int(w.shape[0]), first), name)
