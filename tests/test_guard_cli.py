@@ -33,6 +33,7 @@ def setup(tmp_path_factory):
         launch_us=20.0,
         copy_gbps=1.0,
         aux_us=0.5,
+        latency_fit={"guard_margin": {"value": 0.0, "source": "synthetic: the model is exact here"}},
     )
     pf = root / "synthetic.json"
     prof.save(pf)

@@ -82,10 +82,13 @@ def write_profiles(fit: dict) -> None:
     for p in PROFILES:
         d = json.loads(p.read_text())
         ops = d.pop("ops")
+        margin = (d.get("latency_fit") or {}).get("guard_margin")  # benchmarks/tools/guard_margin.py's
         d.update(fit)
+        if margin is not None:
+            d["latency_fit"] = {**d["latency_fit"], "guard_margin": margin}
         if d.get("dtype") != "bfloat16":
             note = "measured in bfloat16 on the same GPU; float16 moves the same bytes per element"
-            d["latency_fit"] = {**fit["latency_fit"], "note": note}
+            d["latency_fit"] = {**d["latency_fit"], "note": note}
             d["fused_lowrank"] = {
                 **fit["fused_lowrank"],
                 "fit": {**fit["fused_lowrank"]["fit"], "note": note},

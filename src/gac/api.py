@@ -34,7 +34,9 @@ from gac.allocation import (
     STRATEGIES,
     Allocation,
     allocate,
+    check_margin,
     check_window,
+    resolve_margin,
 )
 from gac.allocation.strategies import GuardInfeasible
 from gac.errors import GacError
@@ -102,6 +104,10 @@ class CompressConfig:
             (the latency guard; docs/allocation.md).
         allow_slower: ``gac`` without the latency guard: the least loss at the budget, with the
             shapes where it is predicted slower than dense named.
+        guard_margin: the guard's safety margin, in ``[0, 1)``: an allocation must be predicted at least
+            ``1 + guard_margin`` x dense at every serving shape. None (the default): the latency model's
+            worst optimistic error measured on the profile's GPU (its ``latency_fit.guard_margin``),
+            else :data:`gac.allocation.DEFAULT_GUARD_MARGIN`.
         recover: ``none`` or ``lora``: after compressing, a short LoRA fine-tune on the calibration
             text, merged back (:func:`gac.recovery.recover_lora_`; needs peft).
         recover_steps / recover_rank / recover_lr: the LoRA recovery's optimizer steps, adapter
@@ -129,6 +135,7 @@ class CompressConfig:
     max_gpu_memory: float | None = None
     serve: str | None = None
     allow_slower: bool = False
+    guard_margin: float | None = None
     recover: str = "none"
     recover_steps: int = 20
     recover_rank: int = 8
@@ -168,6 +175,8 @@ class CompressConfig:
             raise GacError(f"max GPU memory must be a positive number of GiB, got {m}")
         if self.serve is not None:
             self.serve = serve_str(parse_serve(self.serve))
+        if self.guard_margin is not None:
+            self.guard_margin = check_margin(self.guard_margin)
         if self.allow_slower and self.align != "gac":
             raise GacError(
                 f"--allow-slower lifts the latency guard of --align gac; --align {self.align} has no guard to lift"
@@ -332,6 +341,7 @@ class Plan:
             quality_target=self.config.quality_target,
             serve=self.serve,
             other_ms=self.other_ms,
+            guard_margin=self.config.guard_margin,
         )
         opts.update(kw)
         return allocate(
@@ -448,8 +458,14 @@ class Plan:
         if deeper is not None:
             where += f"; a deeper one does: {100 * (1 - deeper):.1f}% (--param-ratio {deeper:.3f})"
         shapes = ", ".join(f"{k} ({v:.4f}x)" for k, v in e.shapes.items())
+        m, src = resolve_margin(self.profile, self.config.guard_margin)
+        below = (
+            "slower than dense"
+            if m <= 0
+            else f"below {1 + m:.3f}x dense (the guard's margin {m:.3f} for the latency model's error: {src})"
+        )
         return (
-            f"--param-ratio {r:g} cannot be met without a slowdown: predicted slower than dense at "
+            f"--param-ratio {r:g} cannot be met without a slowdown: predicted {below} at "
             f"{shapes}{where}; or pass --allow-slower, or --serve the shapes you run, or a wider "
             f"--window (e.g. 0.25: fewer sites compressed deeper, at a quality cost)"
         )
@@ -773,6 +789,8 @@ class CompressionReport:
         w = min(rows, key=lambda r: r["speedup"])
         g = self.allocation.get("guard") or {}
         how = "guarded" if g.get("guarded") and not g.get("off") else "not guarded"
+        if how == "guarded" and g.get("margin"):
+            how += f", margin {g['margin']:.3f}"
         return [
             (
                 "serving shapes (predicted)",

@@ -16,8 +16,9 @@ from gac.sites import lowrank_site
 #: a measured-looking profile: 5 us per GEMM launch, 1000 GB/s: a 64x64 weight's second launch
 #: costs far more than its bytes save, a 4096x4096 weight's bytes pay for it
 PROF = dataclasses.replace(
-    default_profile("bfloat16"), id="synthetic", measured=True, launch_us=5.0, copy_gbps=1000.0, aux_us=2.0
-)
+    default_profile("bfloat16"), id="synthetic", measured=True, launch_us=5.0, copy_gbps=1000.0, aux_us=2.0,
+    latency_fit={"guard_margin": {"value": 0.0, "source": "synthetic: the model is exact here"}},
+)  # fmt: skip
 BIG = lowrank_site("big", 4096, 4096)
 SMALL = lowrank_site("small", 64, 64)
 CURVES = {
@@ -37,7 +38,8 @@ def test_slow_site_stays_dense():
     assert g.dims["small"] == SMALL.max_dim  # ...the guard keeps the slow one dense
     assert g.dims["big"] < native["big"] and g.dims["big"] % 8 == 0  # and pays for it in the big site
     assert g.cost <= g.budget == free.budget
-    assert g.guard == {"guarded": True, "allow_slower": False, "slower": []}
+    assert g.guard == {"guarded": True, "allow_slower": False, "slower": [], "margin": 0.0,
+                       "margin_source": "profile synthetic: synthetic: the model is exact here"}  # fmt: skip
     t = serve[0].tokens
     total = sum(site_ms(PROF, s, g.dims[s.name], t) for s in (BIG, SMALL))
     assert total <= sum(site_ms(PROF, s, s.max_dim, t) for s in (BIG, SMALL))

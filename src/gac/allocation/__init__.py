@@ -8,6 +8,7 @@ from __future__ import annotations
 from gac.allocation.knapsack import KnapsackSolution, solve_mckp
 from gac.allocation.strategies import (
     CANDIDATE_STEPS,
+    DEFAULT_GUARD_MARGIN,
     DEFAULT_TOKENS,
     DEFAULT_WINDOW,
     KNAPSACK_STRATEGIES,
@@ -19,14 +20,17 @@ from gac.allocation.strategies import (
     SiteAllocation,
     allocate,
     candidate_range,
+    check_margin,
     check_window,
     guarded_knapsack,
+    resolve_margin,
     serve_prediction,
     site_ms,
 )
 
 __all__ = [
     "CANDIDATE_STEPS",
+    "DEFAULT_GUARD_MARGIN",
     "DEFAULT_TOKENS",
     "DEFAULT_WINDOW",
     "SLOWER_TOL",
@@ -39,8 +43,10 @@ __all__ = [
     "SiteAllocation",
     "allocate",
     "candidate_range",
+    "check_margin",
     "check_window",
     "guarded_knapsack",
+    "resolve_margin",
     "serve_prediction",
     "site_ms",
     "solve_mckp",

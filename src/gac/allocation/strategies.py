@@ -242,6 +242,44 @@ def site_ms(profile: Profile, site: Site, d: int, tokens: int = DEFAULT_TOKENS, 
 # --------------------------------------------------------------------------- latency guard
 #: a serving shape counts as slower than dense when its predicted speedup is below ``1 - SLOWER_TOL``
 SLOWER_TOL = 1e-9
+#: The guard's margin where the profile records none (``latency_fit.guard_margin``) and none is given:
+#: the latency model's worst optimistic error measured on any committed speed grid, rounded up
+#: (H100, prefill B1x512: predicted 1.052x against 0.978x measured, 7.6%; docs/allocation.md).
+DEFAULT_GUARD_MARGIN = 0.08
+
+
+def check_margin(margin: Any) -> float:
+    """A guard margin: a number in ``[0, 1)`` (the fraction by which the predicted speedup must clear 1).
+
+    >>> check_margin(0.05), check_margin(0)
+    (0.05, 0.0)
+    >>> check_margin(1.0)
+    Traceback (most recent call last):
+    ...
+    gac.errors.GacError: guard margin must be a number in [0, 1) (e.g. 0.05: predicted >= 1.05x dense), got 1.0
+    """
+    ok = isinstance(margin, (int, float)) and not isinstance(margin, bool)
+    if not ok or not math.isfinite(margin) or not 0.0 <= float(margin) < 1.0:
+        raise GacError(
+            f"guard margin must be a number in [0, 1) (e.g. 0.05: predicted >= 1.05x dense), got {margin!r}"
+        )
+    return float(margin)
+
+
+def resolve_margin(profile: Profile, margin: float | None = None) -> tuple[float, str]:
+    """The guard's margin and where it comes from: ``margin`` if given, else the profile's measured one
+    (``latency_fit["guard_margin"]``: ``{"value", "source", ...}``), else :data:`DEFAULT_GUARD_MARGIN`."""
+    if margin is not None:
+        return check_margin(margin), "given"
+    rec = (profile.latency_fit or {}).get("guard_margin")
+    if isinstance(rec, dict) and "value" in rec:
+        try:
+            return check_margin(
+                rec["value"]
+            ), f"profile {profile.id}: {rec.get('source', 'no source recorded')}"
+        except GacError as e:
+            raise GacError(f"profile {profile.id!r}: latency_fit.guard_margin: {e}") from None
+    return DEFAULT_GUARD_MARGIN, "default (gac.allocation.DEFAULT_GUARD_MARGIN)"
 
 
 class GuardInfeasible(GacError):
@@ -310,8 +348,9 @@ def guarded_knapsack(
     serve: list[Point],
     max_states: int = DEFAULT_MAX_STATES,
     other_ms: dict[str, float] | None = None,
+    margin: float = 0.0,
 ) -> tuple[dict[str, int], list[str]]:
-    """The least-loss allocation within ``budget`` predicted no slower than dense at every shape.
+    """The least-loss allocation within ``budget`` predicted at least ``1 + margin`` x dense at every shape.
 
     The sites' summed predicted ms (:func:`site_ms`, one fixed launch cost per GEMM) minus the
     dense sites' at each serving shape must be ``<= 0``: the launches outside the sites are the
@@ -324,6 +363,11 @@ def guarded_knapsack(
     checked against every shape; the multipliers may miss a feasible allocation of slightly lower
     loss, never return an infeasible one.
 
+    ``margin`` (:func:`resolve_margin`: the latency model's measured error on this GPU) asks for
+    ``(other + dense) / (other + ms) >= 1 + margin`` at each shape (the whole model's where ``other_ms``
+    gives the rest of the dense model, else the sites'): the sites' ms over dense must then be at most
+    ``-margin / (1 + margin) x (other + dense)``.
+
     Raises:
         GuardInfeasible: no allocation found within the budget meets every shape; the message
             names the shapes that cannot be met and the best predicted speedup there (the whole
@@ -331,6 +375,7 @@ def guarded_knapsack(
     """
     k_n = len(serve)
     dense_k = np.array([sum(site_ms(profile, s, s.max_dim, p.tokens, p.kv) for s in sites) for p in serve])
+    limit = _limits(dense_k, serve, other_ms, margin) / dense_k  # allowed excess, relative to dense_k
     deltas = _shape_deltas(sites, cands, profile, serve)
     rel = [
         np.array([[row[int(d)] for d in c] for row in deltas[s.name]]) / dense_k[:, None]
@@ -343,7 +388,7 @@ def guarded_knapsack(
     def solve(mu: np.ndarray, states: int = coarse) -> tuple[list[int], np.ndarray]:
         vals = [lo / loss_scale + mu @ r for lo, r in zip(losses, rel, strict=True)]
         choice = solve_mckp(costs, vals, budget, max_states=states).choice
-        return choice, np.sum([r[:, j] for r, j in zip(rel, choice, strict=True)], axis=0)
+        return choice, np.sum([r[:, j] for r, j in zip(rel, choice, strict=True)], axis=0) - limit
 
     def dims_of(choice: list[int]) -> dict[str, int]:
         return {s.name: int(c[j]) for s, c, j in zip(sites, cands, choice, strict=True)}
@@ -351,7 +396,7 @@ def guarded_knapsack(
     choice, over = solve(np.zeros(k_n), max_states)
     if np.all(over <= tol):
         return dims_of(choice), [
-            "latency guard: the least-loss allocation is no slower than dense at any shape"
+            f"latency guard: the least-loss allocation is predicted at least {1 + margin:.3f}x dense at every shape"
         ]
     big = 1e4
     w = (over > tol).astype(np.float64)
@@ -367,7 +412,7 @@ def guarded_knapsack(
         # the shapes no allocation meets on their own; else the ones the joint search left slower
         def speedup(k: int, o: float) -> float:
             base = float((other_ms or {}).get(serve[k].key, 0.0))
-            return (base + dense_k[k]) / (base + dense_k[k] * (1.0 + o))
+            return (base + dense_k[k]) / (base + dense_k[k] * (1.0 + o + limit[k]))
 
         alone = {}
         for k in range(k_n):
@@ -377,8 +422,9 @@ def guarded_knapsack(
         if not alone:
             alone = {serve[k].key: float(speedup(k, over[k])) for k in range(k_n) if over[k] > tol}
         shapes = ", ".join(f"{k} (at best {v:.3f}x)" for k, v in alone.items())
+        need = "without a slowdown" if margin <= 0 else f"at {1 + margin:.3f}x dense (the guard's margin)"
         raise GuardInfeasible(
-            f"the budget of {int(budget):,} parameters cannot be met without a slowdown at {shapes}", alone
+            f"the budget of {int(budget):,} parameters cannot be met {need} at {shapes}", alone
         )
 
     def feasible(e: float) -> tuple[list[int], bool]:
@@ -391,9 +437,18 @@ def guarded_knapsack(
         best = fine
     kept = sum(c[j] >= s.max_dim for s, c, j in zip(sites, cands, best, strict=True))
     return dims_of(best), [
-        f"latency guard: {kept} of {len(sites)} sites kept dense so that no serving shape is predicted "
-        "slower than dense"
+        f"latency guard: {kept} of {len(sites)} sites kept dense so that every serving shape is predicted "
+        f"at least {1 + margin:.3f}x dense"
     ]
+
+
+def _limits(
+    dense_k: np.ndarray, serve: list[Point], other_ms: dict[str, float] | None, margin: float
+) -> np.ndarray:
+    """Per shape, the most the sites' predicted ms may exceed the dense sites' (``<= 0``): 0 without a
+    margin, else ``-margin / (1 + margin) x`` the dense model's ms there (the sites' without ``other_ms``)."""
+    base = np.array([float((other_ms or {}).get(p.key, 0.0)) for p in serve])
+    return -margin / (1.0 + margin) * (base + dense_k)
 
 
 # ------------------------------------------------------------------------------- helpers
@@ -534,6 +589,7 @@ def allocate(
     serve: list[Point] | None = None,
     allow_slower: bool = False,
     other_ms: dict[str, float] | None = None,
+    guard_margin: float | None = None,
 ) -> Allocation:
     """Re-select the kept dims of ``sites`` according to ``strategy``.
 
@@ -565,11 +621,15 @@ def allocate(
         other_ms: per serving shape key, the predicted ms of the dense model outside the sites
             (attention, norms, head...: unchanged by the sites' dims), so that ``Allocation.serve``
             gives whole-model speedups; without it, the sites' own.
+        guard_margin: the guard asks for a predicted speedup of at least ``1 + guard_margin`` at every
+            shape (:func:`resolve_margin`; None: the profile's measured margin, else
+            :data:`DEFAULT_GUARD_MARGIN`); recorded as ``guard["margin"]`` and its ``margin_source``.
     """
     t0 = time.perf_counter()
     _check_name("align strategy", strategy, STRATEGIES)
     _check_name("objective", objective, OBJECTIVES)
     window = check_window(window)
+    margin, margin_src = resolve_margin(profile, guard_margin)
     _validate(sites, native)
     curves = curves or {}
     importance = importance or {}
@@ -597,7 +657,7 @@ def allocate(
         if strategy == "gac-latency":
             dims = _latency_knapsack(r, objective == "curve", tokens, latency_target, quality_target, notes)
         elif strategy == "gac" and serve and not allow_slower:
-            dims = _guarded(r, objective, serve, other_ms, notes)
+            dims = _guarded(r, objective, serve, other_ms, notes, margin)
         else:
             dims = _knapsack(r, objective == "curve", notes)
     label = "native" if strategy in ("none", "round") else f"{objective}:{source}"
@@ -606,6 +666,8 @@ def allocate(
     rec.window = window
     if serve:
         _judge_serve(rec, sites, dims, profile, serve, other_ms, strategy == "gac", allow_slower)
+        if rec.guard["guarded"]:
+            rec.guard.update(margin=margin, margin_source=margin_src)
     return rec
 
 
@@ -674,6 +736,7 @@ class _Reselect:
         return {s.name: c[j] for s, c, j in zip(self.sites, cands, choice, strict=True)}
 
     def fill(self, dims: dict[str, int], cands: list[list[int]], guard=None) -> dict[str, int]:
+        """The fill pass (:func:`_fill`); ``guard``: ``(per-site shape deltas, per-shape limits)``."""
         return _fill(
             self.sites,
             dims,
@@ -696,7 +759,9 @@ def _knapsack(r: _Reselect, keep_dense: bool, notes: list[str]) -> dict[str, int
     return r.fill(r.dims(cands, sol.choice), cands)
 
 
-def _guarded(r: _Reselect, objective: str, serve: list[Point], other_ms, notes: list[str]) -> dict[str, int]:
+def _guarded(
+    r: _Reselect, objective: str, serve: list[Point], other_ms, notes: list[str], margin: float = 0.0
+) -> dict[str, int]:
     """``gac`` under the latency guard (:func:`guarded_knapsack`), every site may also stay dense."""
     if objective != "curve":
         # today's gac (no keep-dense candidates) first: where it already meets every serving
@@ -704,15 +769,18 @@ def _guarded(r: _Reselect, objective: str, serve: list[Point], other_ms, notes: 
         # loss estimates can favour keeping a site dense and cutting others deeper: on SmolLM2,
         # LLM-Pruner 10%, that cost 1.86x the perplexity of an allocation the guard accepts too)
         d0 = _knapsack(r, False, notes=[])  # its DP note would describe a solve that is not kept
-        if all(x["speedup"] >= 1.0 for x in serve_prediction(r.sites, d0, r.profile, serve, other_ms)):
+        pred = serve_prediction(r.sites, d0, r.profile, serve, other_ms)
+        if all(x["speedup"] >= 1.0 + margin for x in pred):
             notes.append("latency guard: the unguarded allocation already meets every serving shape")
             return d0
     cands, costs, losses = r.grid(keep_dense=True)
     dims, note = guarded_knapsack(
-        r.sites, cands, costs, losses, r.budget, r.profile, serve, r.max_states, other_ms
+        r.sites, cands, costs, losses, r.budget, r.profile, serve, r.max_states, other_ms, margin
     )
     notes.extend(note)
-    return r.fill(dims, cands, guard=_shape_deltas(r.sites, cands, r.profile, serve))
+    dense_k = np.array([sum(site_ms(r.profile, s, s.max_dim, p.tokens, p.kv) for s in r.sites) for p in serve])
+    limit = _limits(dense_k, serve, other_ms, margin)
+    return r.fill(dims, cands, guard=(_shape_deltas(r.sites, cands, r.profile, serve), limit))
 
 
 def _judge_serve(
@@ -767,7 +835,7 @@ def _fill(
     step: str = "modulus",
     cands: list[list[int]] | None = None,
     aligned: bool = True,
-    guard: dict[str, list[dict[int, float]]] | None = None,
+    guard: tuple[dict[str, list[dict[int, float]]], np.ndarray] | None = None,
 ) -> dict[str, int]:
     """Spend leftover budget on up-steps to the next candidate (largest loss drop per parameter first).
 
@@ -776,12 +844,13 @@ def _fill(
     site (``cands``), so a site stays inside its window and, for ``gac``, aligned (on the prefer
     grid with ``step="prefer"``); without ``cands``, to the next multiple of the modulus (1 when
     ``aligned`` is False). With ``guard`` (per site, per serving shape, each candidate's predicted
-    ms over dense: :func:`_shape_deltas`), an up-step that would make any shape slower than dense
-    is not taken.
+    ms over dense, :func:`_shape_deltas`; and per shape the most the sum may reach, :func:`_limits`),
+    an up-step that would take any shape past its limit is not taken.
     """
     dims = dict(dims)
     if guard is not None:
-        over = np.sum([[g[dims[s.name]] for g in guard[s.name]] for s in sites], axis=0)
+        guard, limit = guard
+        over = np.sum([[g[dims[s.name]] for g in guard[s.name]] for s in sites], axis=0) - limit
     by_site = {s.name: c for s, c in zip(sites, cands, strict=True)} if cands is not None else {}
     used = sum(s.cost(dims[s.name]) for s in sites)
     while True:

@@ -81,6 +81,10 @@ def serving_line(s: dict) -> str:
         how = "not guarded: " + g["off"]
     elif g.get("allow_slower"):
         how = "not guarded (--allow-slower)"
+    elif g.get("margin"):
+        how = (
+            f"guarded (every shape predicted at least {1 + g['margin']:.3f}x dense: margin {g['margin']:.3f})"
+        )
     else:
         how = "guarded (none predicted slower than dense)"
     pred = ", ".join(f"{k} {v:.3f}x" for k, v in (s.get("predicted_serve") or {}).items())
@@ -168,6 +172,13 @@ def register(app: typer.Typer) -> None:
         console.print(
             f"profile: {prof.id} ({'measured' if prof.measured else 'NOT measured'}) - {prof.label}"
         )
+        if prof.measured:
+            from gac.allocation import resolve_margin
+
+            m, src = resolve_margin(prof)
+            console.print(
+                f"latency guard margin: {m:.3f} (--align gac needs {1 + m:.3f}x dense; {src})", markup=False
+            )
         lm = load_model(model, dtype=parse_dtype(dtype), trust_remote_code=trust_remote_code)
         an = analyze(lm.model, prof)
         render_analysis(an, Console())

@@ -165,6 +165,14 @@ AllowSlower = Annotated[
         rich_help_panel=ALLOCATION,
     ),
 ]
+GuardMargin = Annotated[
+    float | None,
+    typer.Option(
+        "--guard-margin",
+        help="The latency guard's safety margin in [0, 1): --align gac needs a predicted speedup of at least 1 + M x dense at every serving shape. Default: the latency model's worst optimistic error measured on this GPU (the profile's), else 0.08.",
+        rich_help_panel=ALLOCATION,
+    ),
+]
 Verify = Annotated[
     bool,
     typer.Option(
@@ -205,6 +213,7 @@ def compress_cmd(
     rows: Rows = None,
     serve: Serve = None,
     allow_slower: AllowSlower = False,
+    guard_margin: GuardMargin = None,
     verify: Verify = False,
     max_gpu_memory: MaxGpuMemory = None,
 ) -> None:

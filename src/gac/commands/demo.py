@@ -466,10 +466,19 @@ def _print_guard(variants: dict[str, Any], ppl: dict[str, Any]) -> None:
 
     g, none_ppl = ppl["gac"]["ppl"], ppl["none"]["ppl"]
     shapes = ", ".join(r["point"] for r in variants["gac"].allocation.get("serve") or [])
-    if UNGUARDED in variants:
+    guard = variants["gac"].allocation.get("guard") or {}
+    floor = f"{1 + guard['margin']:.3f}x dense" if guard.get("margin") else "dense"
+    if guard.get("allow_slower"):  # the guard refused the budget (the note above): gac is shown without it
+        console.print(
+            f"latency guard: refused this budget (the note above); 'gac' is shown without it, worst "
+            f"{variants['gac'].allocation.get('worst_serve_speedup') or 0:.3f}x ('worst x')",
+            markup=False,
+            soft_wrap=True,
+        )
+    elif UNGUARDED in variants:
         u = ppl[UNGUARDED]["ppl"]
         console.print(
-            f"latency guard: gac keeps every serving shape ({shapes}) at >= dense by the profile's "
+            f"latency guard: gac keeps every serving shape ({shapes}) at >= {floor} by the profile's "
             f"latency model; '{UNGUARDED}' is the same budget without it "
             f"(--allow-slower): gac / {UNGUARDED} perplexity = {g / u:.4f}, {UNGUARDED} / none = "
             f"{u / none_ppl:.4f} ('worst shape x': the slowest serving shape, predicted)",
@@ -479,7 +488,7 @@ def _print_guard(variants: dict[str, Any], ppl: dict[str, Any]) -> None:
     elif shapes:
         g_alloc = variants["gac"].allocation
         console.print(
-            f"latency guard: gac is predicted no slower than dense at every serving shape ({shapes}): "
+            f"latency guard: gac is predicted at >= {floor} at every serving shape ({shapes}): "
             f"worst {g_alloc.get('worst_serve_speedup') or 0:.3f}x ('worst x'); the guard changed nothing "
             "here",
             markup=False,

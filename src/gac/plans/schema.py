@@ -25,6 +25,7 @@ Plan format (every key is checked; unknown keys are refused)::
     seq_len = 128
     serve = "prefill:1x128,decode:16"   # the serving shapes gac is guarded at (default: the grid)
     allow_slower = false                # true: every gac cell without its latency guard
+    guard_margin = 0.08                 # the guard's margin (default: the profile's measured one)
 
     [compress.options.asvd]             # per-compressor options (constructor arguments)
     sensitivity_samples = 1
@@ -85,7 +86,7 @@ AXES_KEYS = {"models", "compressors", "ratios", "align"}
 COMPRESS_KEYS = {
     "profile", "calib", "n_samples", "seq_len", "batch_size", "tokens", "candidates",
     "objective", "window", "calib_seed", "latency_target", "quality_target", "options", "serve",
-    "allow_slower",
+    "allow_slower", "guard_margin",
 }  # fmt: skip
 #: align-axis entries beyond the strategies: ``gac`` without its latency guard (``--allow-slower``)
 ALIGN_VARIANTS = {"gac-allow-slower": ("gac", {"allow_slower": True})}
