@@ -778,7 +778,9 @@ def _guarded(
         r.sites, cands, costs, losses, r.budget, r.profile, serve, r.max_states, other_ms, margin
     )
     notes.extend(note)
-    dense_k = np.array([sum(site_ms(r.profile, s, s.max_dim, p.tokens, p.kv) for s in r.sites) for p in serve])
+    dense_k = np.array(
+        [sum(site_ms(r.profile, s, s.max_dim, p.tokens, p.kv) for s in r.sites) for p in serve]
+    )
     limit = _limits(dense_k, serve, other_ms, margin)
     return r.fill(dims, cands, guard=(_shape_deltas(r.sites, cands, r.profile, serve), limit))
 

@@ -27,6 +27,7 @@ Both kernels sit behind one ``torch.library`` custom op (``gac::latent_decode``)
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from typing import Any
 
@@ -538,7 +539,14 @@ def launch_config(ctas: int, t: int, k_group: int = 1, device: torch.device | No
     for max_group, bt, br, nw, ns, waves in LAUNCH_TABLE:
         if k_group <= max_group:
             sp = num_splits(ctas, t, bt, device, waves)
-            return {"block_t": bt, "block_r": br, "num_warps": nw, "num_stages": ns, "splits": sp}
+            return {
+                "block_t": bt,
+                "block_r": br,
+                "num_warps": nw,
+                "num_stages": ns,
+                "splits": sp,
+                "waves": waves,
+            }
     raise AssertionError("LAUNCH_TABLE must end with a catch-all row")
 
 
@@ -557,15 +565,81 @@ def num_splits(ctas: int, t: int, block_t: int, device: torch.device | None, wav
 #: the last launch (for benchmarks and reports): its parameters
 LAST_LAUNCH: dict[str, Any] = {}
 
+log = logging.getLogger(__name__)
+
+#: launches that asked for more shared memory than the GPU has, and the smaller one that fit
+#: (``{(device, constexprs..., block_t, num_warps, num_stages): (block_t, num_stages)}``)
+_FITTED: dict[tuple, tuple[int, int]] = {}
+
+
+def shrink(cfg: dict[str, int]) -> dict[str, int] | None:
+    """The next smaller launch after ``cfg`` ran out of shared memory: one pipeline stage fewer,
+    then half the token tile (down to 16); ``None`` past the smallest.
+
+    On an H100 (232,448 B per block) the G=4 row at key rank 512 and value rank 512 asks for
+    397,312 B with two stages and 135,168 B with one (compiled for sm_90 with Triton 3.6).
+    """
+    if cfg["num_stages"] > 1:
+        return {**cfg, "num_stages": cfg["num_stages"] - 1}
+    if cfg["block_t"] > 16:
+        return {**cfg, "block_t": cfg["block_t"] // 2}
+    return None
+
+
+def _resplit(cfg: dict[str, int], ctas: int, t: int, device: torch.device) -> dict[str, int]:
+    """``cfg`` with its splits recomputed for its token tile (a shrunk tile changes the tiles per split)."""
+    return {**cfg, "splits": num_splits(ctas, t, cfg["block_t"], device, cfg.get("waves", 2))}
+
 
 def _launch(
     q, zk, zv, uk, koff, kr, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps,
     rk_max, rv_max, kvh, k_group, v_shared, align=1, valign=1, cfg: dict[str, int] | None = None, poison=None,
 ) -> torch.Tensor:  # fmt: skip
+    """Launch the flash kernel and its combine; a launch that needs more shared memory than the GPU
+    has is retried smaller (:func:`shrink`), warned once per launch shape and recorded in
+    :data:`LAST_LAUNCH` (``shrunk_from``)."""
+    from triton.runtime.errors import OutOfResources
+
     b, h, hd = q.shape
     t = zk.shape[1]
+    ctas = b * (kvh // k_group)
+    cfg = dict(cfg or launch_config(ctas, t, k_group, q.device))
+    key = (q.device.index, q.dtype, h, hd, kvh, k_group, rk_max, rv_max, k_bias is not None,
+           k_norm is not None, bool(v_shared), align, valign, cfg["block_t"], cfg["block_r"],
+           cfg["num_warps"], cfg["num_stages"], cfg.get("unroll", 2))  # fmt: skip
+    asked = dict(cfg)
+    if key in _FITTED:
+        bt, ns = _FITTED[key]
+        cfg = _resplit({**cfg, "block_t": bt, "num_stages": ns}, ctas, t, q.device)
+    args = (q, zk, zv, uk, koff, kr, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps,
+            rk_max, rv_max, kvh, k_group, v_shared, align, valign, poison)  # fmt: skip
+    while True:
+        try:
+            out = _launch_once(*args, cfg)
+        except OutOfResources as e:
+            smaller = shrink(cfg)
+            if smaller is None:
+                raise
+            log.warning(
+                "latent decode kernel: block_t %d, %d stage(s) needs more shared memory than this GPU has "
+                "(%s); launching with block_t %d, %d stage(s)",
+                cfg["block_t"], cfg["num_stages"], e, smaller["block_t"], smaller["num_stages"],
+            )  # fmt: skip
+            cfg = _resplit(smaller, ctas, t, q.device) if smaller["block_t"] != cfg["block_t"] else smaller
+            _FITTED[key] = (cfg["block_t"], cfg["num_stages"])
+            continue
+        if (cfg["block_t"], cfg["num_stages"]) != (asked["block_t"], asked["num_stages"]):
+            LAST_LAUNCH["shrunk_from"] = {"block_t": asked["block_t"], "num_stages": asked["num_stages"]}
+        return out
+
+
+def _launch_once(
+    q, zk, zv, uk, koff, kr, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps,
+    rk_max, rv_max, kvh, k_group, v_shared, align, valign, poison, cfg: dict[str, int],
+) -> torch.Tensor:  # fmt: skip
+    b, h, hd = q.shape
     kgroups = kvh // k_group
-    cfg = dict(cfg or launch_config(b * kgroups, t, k_group, q.device))
+    cfg = dict(cfg)
     bt, br = cfg["block_t"], cfg["block_r"]
     rk = int(-(-rk_max // br) * br)
     if rk < br:

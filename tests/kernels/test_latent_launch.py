@@ -1,0 +1,160 @@
+"""The latent decode kernel's launch fits the GPU's shared memory at the ranks the real pipeline picks.
+
+PaLU at KV 0.5 on the Llama-3-8B shape (key group 4, head_dim 128) gives key ranks up to 512 and value
+ranks above 256 (a value tile of 512). There the launch table's G=4 row asks for more shared memory
+than an H100 has per block (232,448 B), and every decode step failed with ``OutOfResources``: the
+GPU tests drew ranks of 5-40 only. ``_launch`` now retries smaller (:func:`shrink`), warns once and
+records it; these tests pin the shrink on the CPU (a launch that raises as the GPU did), the shared
+memory of the compiled kernel for sm_90 (Triton compiles for a GPU target without one), and, on
+CUDA, the kernel at those ranks against float64.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from triton.runtime.errors import OutOfResources  # noqa: E402
+
+from gac.kernels import latent_attention as kl  # noqa: E402
+from gac.testing import latent_decode_inputs  # noqa: E402
+
+H100_SMEM = 232_448  # bytes per block (cudaDevAttrMaxSharedMemoryPerBlockOptin)
+
+
+def _args(q, zk, zv, pack, inv, n):
+    voff, vr, shared, valign = kl._per_kv_head(pack, q.device)
+    return (
+        q, zk, zv, pack["uk"], pack["koff"], pack["kr"], voff, vr, pack["k_bias"], pack["k_norm"], inv,
+        torch.tensor([n], device=q.device), q.shape[-1] ** -0.5, 1.0, 1e-6, pack["rk_max"],
+        max(pack["v_ranks"]), pack["kv_heads"], pack["k_group"], shared, pack["align"], valign,
+    )  # fmt: skip
+
+
+def test_shrink_drops_stages_then_halves_the_tile():
+    cfg = {"block_t": 128, "block_r": 64, "num_warps": 8, "num_stages": 2, "splits": 4}
+    seq = []
+    while cfg is not None:
+        seq.append((cfg["block_t"], cfg["num_stages"]))
+        cfg = kl.shrink(cfg)
+    assert seq == [(128, 2), (128, 1), (64, 1), (32, 1), (16, 1)]
+
+
+def test_a_launch_out_of_shared_memory_is_retried_smaller_warned_once_and_recorded(monkeypatch, caplog):
+    # the GPU's behaviour, as Triton raises it at the first launch of a kernel that does not fit
+    tried = []
+
+    def fake_once(*a):
+        cfg = a[-1]
+        tried.append((cfg["block_t"], cfg["num_stages"], cfg["splits"]))
+        need = cfg["block_t"] * cfg["num_stages"] * 1552  # 128 x 2 stages: 397,312 B, as the H100 reported
+        if need > H100_SMEM:
+            raise OutOfResources(need, H100_SMEM, "shared memory")
+        return torch.zeros(1)
+
+    monkeypatch.setattr(kl, "_launch_once", fake_once)
+    monkeypatch.setattr(kl, "_FITTED", {})
+    q, zk, zv, pack, inv = latent_decode_inputs(2, 32, 8, 128, 4096, 4, 4, [512, 512], [472, 472])
+    cfg = {"block_t": 128, "block_r": 64, "num_warps": 8, "num_stages": 2, "splits": 7, "waves": 2}
+    with caplog.at_level(logging.WARNING, logger="gac.kernels.latent_attention"):
+        kl._launch(*_args(q, zk, zv, pack, inv, 4000), cfg=cfg)
+    assert [t[:2] for t in tried] == [(128, 2), (128, 1)]
+    assert tried[-1][2] == 7  # same tile: same splits
+    assert kl.LAST_LAUNCH["shrunk_from"] == {"block_t": 128, "num_stages": 2}
+    warned = [r for r in caplog.records if "needs more shared memory" in r.getMessage()]
+    assert len(warned) == 1 and "block_t 128, 1 stage(s)" in warned[0].getMessage()
+    # the next launch of the same shape goes straight to the launch that fit, without a warning
+    tried.clear()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="gac.kernels.latent_attention"):
+        kl._launch(*_args(q, zk, zv, pack, inv, 4000), cfg=cfg)
+    assert [t[:2] for t in tried] == [(128, 1)] and not caplog.records
+    # a smaller tile re-splits the cache (the tiles per split changed)
+    monkeypatch.setattr(kl, "_FITTED", {})
+    tried.clear()
+    big = {**cfg, "num_stages": 1, "block_t": 256}
+    kl._launch(*_args(q, zk, zv, pack, inv, 4000), cfg=big)
+    assert [t[:2] for t in tried] == [(256, 1), (128, 1)]
+    assert tried[-1][2] == kl.num_splits(2 * 2, 4096, 128, q.device, 2)
+
+
+def test_a_launch_that_never_fits_raises(monkeypatch):
+    def never(*a):
+        raise OutOfResources(10**6, H100_SMEM, "shared memory")
+
+    monkeypatch.setattr(kl, "_launch_once", never)
+    monkeypatch.setattr(kl, "_FITTED", {})
+    q, zk, zv, pack, inv = latent_decode_inputs(1, 8, 2, 32, 64, 2, 2, [40], [40])
+    with pytest.raises(OutOfResources):
+        kl._launch(*_args(q, zk, zv, pack, inv, 60), cfg={"block_t": 32, "block_r": 32, "num_warps": 4,
+                                                          "num_stages": 1, "splits": 1})  # fmt: skip
+
+
+def _shared_bytes(g: int, rk: int, rvp: int, block_t: int, block_r: int, warps: int, stages: int) -> int:
+    """Shared memory of the flash kernel compiled for sm_90 (bf16, Llama-3-8B attention: 4 query heads
+    per KV head, head_dim 128, 16-byte aligned pointers as the GPU specializes them)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = kl._latent_flash_kernel
+    params = list(inspect.signature(fn.fn).parameters)
+    const = dict(NREP=4, G=g, HALF=64, RK=rk, RVP=rvp, MQ=kl._pow2(4 * g), BLOCK_T=block_t, BLOCK_R=block_r,
+                 HAS_BIAS=False, HAS_NORM=False, V_SHARED=True, STAGE_U=False, UNROLL=False, RA=8, RAV=8)  # fmt: skip
+    ptrs = {"q_ptr": "*bf16", "zk_ptr": "*bf16", "zv_ptr": "*bf16", "uk_ptr": "*bf16", "koff_ptr": "*i32",
+            "kr_ptr": "*i32", "voff_ptr": "*i32", "vr_ptr": "*i32", "kb_ptr": "*bf16", "kn_ptr": "*bf16",
+            "inv_ptr": "*fp32", "len_ptr": "*i32", "o_ptr": "*fp32", "ml_ptr": "*fp32"}  # fmt: skip
+    sig = {
+        p: "constexpr"
+        if p in const
+        else ptrs.get(p, "fp32" if p in ("qk_scale", "rope_scale", "eps") else "i32")
+        for p in params
+    }
+    src = ASTSource(
+        fn=fn,
+        signature=sig,
+        constexprs={(params.index(k),): v for k, v in const.items()},
+        attrs={(i,): [["tt.divisibility", 16]] for i, p in enumerate(params) if p in ptrs},
+    )
+    k = triton.compile(
+        src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages}
+    )
+    return int(k.metadata.shared)
+
+
+def test_the_g4_row_at_the_pipelines_ranks_fits_an_h100_within_one_shrink():
+    """Compiled for sm_90 on the CPU (about 10 s): the table's G=4 launch at key rank 512 and a 512-wide
+    value tile, which needed 397,312 B on the H100 (Triton 3.6), fits its shared memory after at most
+    one :func:`shrink` (one stage fewer: the token tile, and so the split count, stays)."""
+    row = next(r for r in kl.LAUNCH_TABLE if r[0] >= 4)
+    _, bt, br, nw, ns, _ = row
+    cfg = {"block_t": bt, "block_r": br, "num_warps": nw, "num_stages": ns}
+    needs = [_shared_bytes(4, 512, 512, bt, br, nw, ns)]
+    while needs[-1] > H100_SMEM:
+        cfg = kl.shrink(cfg)
+        assert cfg is not None, needs
+        needs.append(_shared_bytes(4, 512, 512, cfg["block_t"], br, nw, cfg["num_stages"]))
+    assert len(needs) <= 2 and cfg["block_t"] == bt, (needs, cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("g", [1, 2, 4])
+def test_default_launch_at_full_ranks_matches_float64_on_gpu(g):
+    """The launch table's own rows (no override) at the largest ranks a group can have: key rank
+    G·head_dim and a value rank just under it, Llama-3-8B attention, bf16."""
+    kl._ENV = None
+    kv, hd = 8, 128
+    kr, vr = [g * hd] * (kv // g), [g * hd - 8] * (kv // g)
+    q, zk, zv, pack, inv = latent_decode_inputs(3, 32, kv, hd, 1100, g, g, kr, vr, dtype=torch.bfloat16,
+                                                device="cuda", seed=g)  # fmt: skip
+    n = 1037
+    out = kl._launch(*_args(q, zk, zv, pack, inv, n))
+    ref = kl.reference_latent_decode(q, zk, zv, pack, n, inv, hd**-0.5, 1.0)
+    got = out[..., : ref.shape[-1]].double()
+    err = ((got - ref).norm() / ref.norm()).item()
+    assert err < 2e-2, (g, err, kl.LAST_LAUNCH)
