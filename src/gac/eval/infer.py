@@ -407,7 +407,8 @@ def capacity_point(
 ) -> dict[str, Any]:
     """The largest decode batch that fits ``plan``'s budget at its context, and its measured speed.
 
-    ``max batch = (budget - weights - workspace₀) // (KV bytes per token x context + workspace per sequence)``,
+    ``max batch = (budget - held - workspace₀) // (KV bytes per token x context + workspace per sequence)``
+    (``held``: what is allocated when the search begins, the weights at least),
     with the workspace (activations, logits, compile and graph pools) from the peak memory of decode
     steps at batch 1 and 2 beyond what was allocated when each began and the cache; then that batch is run (and, if it does
     not fit after all, or its measured peak passes the budget, the next smaller ones: each try is recorded).
@@ -416,6 +417,10 @@ def capacity_point(
     if dev.type != "cuda":
         raise GacError("capacity needs a GPU: its workspace and the batch that fits are measured")
     ctx, w, seq = plan["context"], plan["weights"], plan["kv_per_token"] * plan["context"]
+    _free(dev)
+    # what stays allocated between points: the weights, and anything the process keeps beyond them (a
+    # sweep's earlier points can leave more than the weights; each try's peak counts it too)
+    held = max(int(torch.cuda.memory_allocated(dev)), w)
     ws = []
     for b in (1, 2):
         r = decode_point(model, b, ctx, cfg, graphs, wbytes, copy_gbps, forward)
@@ -423,17 +428,18 @@ def capacity_point(
         _free(dev)
     per_seq = max(0.0, ws[1] - ws[0])
     fixed = max(0.0, ws[0] - per_seq)
-    predicted = int((plan["budget"] - w - fixed) // (seq + per_seq))
+    predicted = int((plan["budget"] - held - fixed) // (seq + per_seq))
     if predicted < 1:  # the measured workspace leaves no room for one sequence
         raise GacError(
-            f"memory budget {plan['budget'] / 2**30:.2f} GiB holds no sequence at context {ctx}: weights "
-            f"{w / 2**30:.2f} GiB + measured workspace {fixed / 2**30:.2f} GiB + one sequence "
-            f"{(seq + per_seq) / 2**30:.2f} GiB"
+            f"memory budget {plan['budget'] / 2**30:.2f} GiB holds no sequence at context {ctx}: held "
+            f"{held / 2**30:.2f} GiB (weights {w / 2**30:.2f}) + measured workspace {fixed / 2**30:.2f} GiB "
+            f"+ one sequence {(seq + per_seq) / 2**30:.2f} GiB"
         )
     out: dict[str, Any] = {
         "context": ctx,
         "budget_gib": plan["budget"] / 2**30,
         "weight_bytes": w,
+        "held_bytes": held,
         "kv_bytes_per_token": plan["kv_per_token"],
         "workspace_fixed_bytes": fixed,
         "workspace_per_seq_bytes": per_seq,
