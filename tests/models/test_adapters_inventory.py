@@ -87,3 +87,33 @@ def test_histogram_png(tmp_path) -> None:
     an = analyze(tiny_model("qwen3", head_dim=24), default_profile())
     out = plot_histogram(an, tmp_path / "sub" / "dims.png", title="t")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_find_layers_skips_lists_of_projections_and_nested_lists() -> None:
+    """A PaLU layer holds its per-group up-projections in an ``nn.ModuleList`` of bare projections, and an
+    MoE block its experts in a nested list: with more groups (or experts) than layers, either was taken
+    for the decoder layers by length alone."""
+    from gac.api import CompressConfig, compress_
+    from gac.models.adapters import find_layers
+
+    model = tiny_model(
+        "llama", layers=2, hidden=96, intermediate=160, heads=8, kv_heads=8, head_dim=12, vocab=128
+    )
+    ids = [torch.randint(3, 120, (2, 16), generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    cfg = CompressConfig(compressor="palu", param_ratio=0.5, align="none", options={"group_size": 1})
+    compress_(model, cfg, calib_batches=ids)
+    ups = [n for n, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m) == 8]
+    assert ups, "the latent projections' per-group lists"
+    assert find_layers(model) == "model.layers"
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.experts = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(4, 4)) for _ in range(5))
+
+    class Toy(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = torch.nn.ModuleList(Block() for _ in range(3))
+
+    assert find_layers(Toy()) == "layers"

@@ -284,11 +284,16 @@ SUPPORTED: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3", "phi3", "olm
 
 
 def find_layers(model: nn.Module) -> str:
-    best: tuple[int, str] | None = None
+    """The decoder layers: the longest outermost ``nn.ModuleList`` of identical blocks holding linear
+    projections. A list of bare projections (PaLU's per-group up-projections) is not a list of blocks,
+    and a list nested in another candidate's block is not the model's layers, however long."""
+    cands: list[tuple[int, str]] = []
     no_linear: tuple[int, str, set[str]] | None = None
     for name, mod in model.named_modules():
         if isinstance(mod, nn.ModuleList) and len({type(m) for m in mod}) <= 1:
             n = len(mod)
+            if n and _is_linear(mod[0]):
+                continue
             if n and not any(_is_linear(m) for m in mod[0].modules()):
                 if no_linear is None or n > no_linear[0]:
                     kinds = {type(m).__name__ for m in mod[0].modules() if not list(m.children())}
@@ -296,8 +301,9 @@ def find_layers(model: nn.Module) -> str:
                 continue
             if n == 0 and not name.endswith(("layers", ".h", "blocks")):
                 continue
-            if best is None or n > best[0]:
-                best = (n, name)
+            cands.append((n, name))
+    outer = [c for c in cands if not any(c[1].startswith(o[1] + ".") for o in cands if o is not c)]
+    best = max(outer, key=lambda c: c[0]) if outer else None
     if best is None and no_linear is not None:
         n, name, kinds = no_linear
         raise GacError(
