@@ -331,7 +331,7 @@ def test_the_class_is_measured_on_cuda_only_and_alone_into_a_profile(monkeypatch
     with pytest.raises(GacError, match="unknown latency field"):
         P.measure_latency_fields_(_prof(), torch.device("cpu"), torch.bfloat16, ["latent"])
     got = {"groups": {"1": _row()}, "rank_round": 32, "fit": {"source": "stub"}}
-    monkeypatch.setattr(P, "measure_latent_attention", lambda dev, dt: got)
+    monkeypatch.setattr(P, "measure_latent_attention", lambda dev, dt, budget_s=60.0: got)
     p = _prof()
     before = p.to_dict()
     P.measure_latency_fields_(p, torch.device("cpu"), torch.bfloat16, ["latent_attention"])

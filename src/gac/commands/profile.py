@@ -38,7 +38,11 @@ class RefineSettings:
 def profile_cmd(
     out: Annotated[Path, o.OUT()],
     dtype: Annotated[str, o.DTYPE()] = "bfloat16",
-    quick: bool = typer.Option(False, "--quick", help="smaller sweeps (< 60 s on an H100/H200)"),
+    quick: bool = typer.Option(
+        False,
+        "--quick",
+        help="smaller sweeps: the shape sweep under 60 s on an H100/H200, then the latency fields (the latent class cut to 20 s)",
+    ),
     device: Annotated[str, o.DEVICE()] = "auto",
     raw_dir: Path | None = typer.Option(
         None, "--raw-dir", help="raw points, timing and plot dir (default: <out stem>-raw/ beside --out)"

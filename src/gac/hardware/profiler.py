@@ -423,7 +423,7 @@ def build_profile(
     env["command"] = command
     prof = _measured_profile(env, dname, quick, ops)
     if dev.type == "cuda" and measure is None:
-        measure_latency_fields_(prof, dev, dt)
+        measure_latency_fields_(prof, dev, dt, latent_budget_s=20.0 if quick else 60.0)
     return prof
 
 
@@ -432,14 +432,19 @@ LATENCY_FIELDS: tuple[str, ...] = ("launch", "fused_lowrank", "latent_attention"
 
 
 def measure_latency_fields_(
-    prof: Profile, device: torch.device, dtype: torch.dtype, fields: Iterable[str] = LATENCY_FIELDS
+    prof: Profile,
+    device: torch.device,
+    dtype: torch.dtype,
+    fields: Iterable[str] = LATENCY_FIELDS,
+    latent_budget_s: float = 60.0,
 ) -> Profile:
     """Measure this GPU's latency fields into ``prof``, in place: the fields the latency model and the
     guard price with.
 
     ``fields`` (default: all of :data:`LATENCY_FIELDS`): ``launch`` (the launch constants,
     :func:`measure_launch_constants`), ``fused_lowrank`` (:func:`measure_fused_lowrank`),
-    ``latent_attention`` (:func:`measure_latent_attention`); the others are left as they are.
+    ``latent_attention`` (:func:`measure_latent_attention`, its calls cut off after ``latent_budget_s``
+    seconds: ``gac profile --quick`` gives it 20); the others are left as they are.
     """
     fields = list(fields)
     unknown = [f for f in fields if f not in LATENCY_FIELDS]
@@ -452,7 +457,7 @@ def measure_latency_fields_(
     if "fused_lowrank" in fields:
         prof.fused_lowrank = measure_fused_lowrank(device, dtype)
     if "latent_attention" in fields:
-        prof.latent_attention = measure_latent_attention(device, dtype)
+        prof.latent_attention = measure_latent_attention(device, dtype, budget_s=latent_budget_s)
     return prof
 
 
