@@ -259,6 +259,9 @@ class PaluCompressor(Compressor):
                                 "head_dim": hd,
                                 "group_kv": gs[r],
                                 "key_group": gs["k"],  # the decode kernel's launch row, values too
+                                # one down-projection GEMM per projection, shared by its groups
+                                "groups": kvh // gs[r],
+                                "folded": bool(self.fold_values) and r == "v",  # no value up-projection
                                 "params_per_dim": ad.hidden + gd,
                                 "dense_params": gd * ad.hidden,
                                 "cost_unit": "latent dims per token",
