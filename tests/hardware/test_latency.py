@@ -156,6 +156,10 @@ def test_skeleton_applies_dims():
     assert all(p.device.type == "meta" for p in m2.parameters())
     with pytest.raises(GacError, match="no config"):
         skeleton("no/such-model-anywhere")
+    # a recorded cell's dtype, as infer writes it or as torch prints it; an unknown one is refused, not read as bf16
+    assert next(skeleton("shape:llama3-8b:1", dtype="torch.float16").parameters()).dtype == torch.float16
+    with pytest.raises(GacError, match="unknown dtype 'int9'"):
+        skeleton("shape:llama3-8b:1", dtype="int9")
 
 
 def test_fit_recovers_intercept_and_bandwidth():

@@ -68,6 +68,7 @@ import numpy as np
 from gac.errors import GacError
 from gac.hardware.dispatch_table import choice
 from gac.hardware.profile import Profile, load_profile
+from gac.utils import parse_dtype
 
 # torch, gac.nn, gac.models and gac.runtime are imported inside the functions that walk a model: this
 # module stays torch-free to import (gac.allocation, pure numpy, prices with its Point)
@@ -841,7 +842,7 @@ def skeleton(
     from gac.nn import FactorizedLinear, replace_module
     from gac.nn.fused import fuse_projections_
 
-    dt = getattr(torch, dtype, torch.bfloat16)
+    dt = parse_dtype(str(dtype).removeprefix("torch."), device="cuda")  # a GPU's model: auto is bf16
     if spec.startswith("tiny:"):
         from transformers import AutoModelForCausalLM
 
