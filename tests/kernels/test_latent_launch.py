@@ -59,6 +59,7 @@ def test_a_launch_out_of_shared_memory_is_retried_smaller_warned_once_and_record
 
     monkeypatch.setattr(kl, "_launch_once", fake_once)
     monkeypatch.setattr(kl, "_FITTED", {})
+    monkeypatch.setattr(kl, "SHRUNK", [])
     q, zk, zv, pack, inv = latent_decode_inputs(2, 32, 8, 128, 4096, 4, 4, [512, 512], [472, 472])
     cfg = {"block_t": 128, "block_r": 64, "num_warps": 8, "num_stages": 2, "splits": 7, "waves": 2}
     with caplog.at_level(logging.WARNING, logger="gac.kernels.latent_attention"):
@@ -68,6 +69,18 @@ def test_a_launch_out_of_shared_memory_is_retried_smaller_warned_once_and_record
     assert kl.LAST_LAUNCH["shrunk_from"] == {"block_t": 128, "num_stages": 2}
     warned = [r for r in caplog.records if "needs more shared memory" in r.getMessage()]
     assert len(warned) == 1 and "block_t 128, 1 stage(s)" in warned[0].getMessage()
+    shrunk = {"key_group": 4, "rk_max": pack["rk_max"], "rv_max": 472, "asked": {"block_t": 128, "num_stages": 2},
+              "ran": {"block_t": 128, "num_stages": 1}}  # fmt: skip
+    assert [shrunk] == kl.SHRUNK
+    # ... and a latent model's path record (the infer JSON, gac generate --json) says so
+    from gac.api import CompressConfig, compress_
+    from gac.nn.latent import latent_attention_paths
+    from gac.testing import tiny_model
+
+    m = tiny_model("llama", layers=2)
+    ids = [torch.randint(3, 120, (2, 16), generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    compress_(m, CompressConfig(compressor="palu", param_ratio=0.5, align="none"), calib_batches=ids)
+    assert latent_attention_paths(m)["shrunk_launches"] == [shrunk]
     # the next launch of the same shape goes straight to the launch that fit, without a warning
     tried.clear()
     caplog.clear()

@@ -570,6 +570,9 @@ log = logging.getLogger(__name__)
 #: launches that asked for more shared memory than the GPU has, and the smaller one that fit
 #: (``{(device, constexprs..., block_t, num_warps, num_stages): (block_t, num_stages)}``)
 _FITTED: dict[tuple, tuple[int, int]] = {}
+#: each launch shape that was shrunk, once: ``{"key_group", "rk_max", "rv_max", "asked", "ran"}`` (read by
+#: :func:`gac.nn.latent.latent_attention_paths`, so the infer and generate records say so)
+SHRUNK: list[dict[str, Any]] = []
 
 
 def shrink(cfg: dict[str, int]) -> dict[str, int] | None:
@@ -629,7 +632,12 @@ def _launch(
             _FITTED[key] = (cfg["block_t"], cfg["num_stages"])
             continue
         if (cfg["block_t"], cfg["num_stages"]) != (asked["block_t"], asked["num_stages"]):
-            LAST_LAUNCH["shrunk_from"] = {"block_t": asked["block_t"], "num_stages": asked["num_stages"]}
+            was = {"block_t": asked["block_t"], "num_stages": asked["num_stages"]}
+            LAST_LAUNCH["shrunk_from"] = was
+            rec = {"key_group": k_group, "rk_max": int(rk_max), "rv_max": int(rv_max), "asked": was,
+                   "ran": {"block_t": cfg["block_t"], "num_stages": cfg["num_stages"]}}  # fmt: skip
+            if rec not in SHRUNK:
+                SHRUNK.append(rec)
         return out
 
 

@@ -705,8 +705,12 @@ def latent_attention_paths(model: nn.Module) -> dict[str, Any] | None:
     Returns:
         ``{"kernel": layers, "reference": layers, "unrecorded": layers, "reasons": [...]}``: the path
         recorded on each layer's last eager call with a cache (see :meth:`LatentAttention.forward`)
-        and every reason the kernel could not serve a layer.
+        and every reason the kernel could not serve a layer; ``"shrunk_launches"`` where a kernel
+        launch needed more shared memory than the GPU has and ran smaller
+        (:data:`gac.kernels.latent_attention.SHRUNK`).
     """
+    from gac.kernels.latent_attention import SHRUNK  # the allowed edge (as decode_refusals)
+
     mods = [m for _, m in latent_modules(model)]
     if not mods:
         return None
@@ -715,6 +719,8 @@ def latent_attention_paths(model: nn.Module) -> dict[str, Any] | None:
         path, reasons = m.__dict__.get("_decode_path", ("unrecorded", ()))
         out[path] += 1
         out["reasons"] += [r for r in reasons if r not in out["reasons"]]
+    if SHRUNK:
+        out["shrunk_launches"] = [dict(r) for r in SHRUNK]
     return out
 
 
