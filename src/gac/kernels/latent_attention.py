@@ -579,8 +579,9 @@ def shrink(cfg: dict[str, int]) -> dict[str, int] | None:
     """The next smaller launch after ``cfg`` ran out of shared memory: one pipeline stage fewer,
     then half the token tile (down to 16); ``None`` past the smallest.
 
-    On an H100 (232,448 B per block) the G=4 row at key rank 512 and value rank 512 asks for
-    397,312 B with two stages and 135,168 B with one (compiled for sm_90 with Triton 3.6).
+    On an H100 (232,448 B per block) the G=4 row at key rank 512 and a 512-wide value tile asks for
+    397,312 B with two stages and 151,552 B with one (compiled for sm_90 with Triton 3.6; Triton 3.9:
+    282,624 and 151,552).
     """
     if cfg["num_stages"] > 1:
         return {**cfg, "num_stages": cfg["num_stages"] - 1}
