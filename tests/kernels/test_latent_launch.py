@@ -11,7 +11,6 @@ CUDA, the kernel at those ranks against float64.
 
 from __future__ import annotations
 
-import inspect
 import logging
 
 import pytest
@@ -59,7 +58,6 @@ def test_a_launch_out_of_shared_memory_is_retried_smaller_warned_once_and_record
 
     monkeypatch.setattr(kl, "_launch_once", fake_once)
     monkeypatch.setattr(kl, "_FITTED", {})
-    monkeypatch.setattr(kl, "SHRUNK", [])
     q, zk, zv, pack, inv = latent_decode_inputs(2, 32, 8, 128, 4096, 4, 4, [512, 512], [472, 472])
     cfg = {"block_t": 128, "block_r": 64, "num_warps": 8, "num_stages": 2, "splits": 7, "waves": 2}
     with caplog.at_level(logging.WARNING, logger="gac.kernels.latent_attention"):
@@ -71,7 +69,7 @@ def test_a_launch_out_of_shared_memory_is_retried_smaller_warned_once_and_record
     assert len(warned) == 1 and "block_t 128, 1 stage(s)" in warned[0].getMessage()
     shrunk = {"key_group": 4, "rk_max": pack["rk_max"], "rv_max": 472, "asked": {"block_t": 128, "num_stages": 2},
               "ran": {"block_t": 128, "num_stages": 1}}  # fmt: skip
-    assert [shrunk] == kl.SHRUNK
+    assert [shrunk] == kl.shrunk_launches()
     # ... and a latent model's path record (the infer JSON, gac generate --json) says so
     from gac.api import CompressConfig, compress_
     from gac.nn.latent import latent_attention_paths
@@ -108,37 +106,6 @@ def test_a_launch_that_never_fits_raises(monkeypatch):
                                                           "num_stages": 1, "splits": 1})  # fmt: skip
 
 
-def _shared_bytes(g: int, rk: int, rvp: int, block_t: int, block_r: int, warps: int, stages: int) -> int:
-    """Shared memory of the flash kernel compiled for sm_90 (bf16, Llama-3-8B attention: 4 query heads
-    per KV head, head_dim 128, 16-byte aligned pointers as the GPU specializes them)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    fn = kl._latent_flash_kernel
-    params = list(inspect.signature(fn.fn).parameters)
-    const = dict(NREP=4, G=g, HALF=64, RK=rk, RVP=rvp, MQ=kl._pow2(4 * g), BLOCK_T=block_t, BLOCK_R=block_r,
-                 HAS_BIAS=False, HAS_NORM=False, V_SHARED=True, STAGE_U=False, UNROLL=False, RA=8, RAV=8)  # fmt: skip
-    ptrs = {"q_ptr": "*bf16", "zk_ptr": "*bf16", "zv_ptr": "*bf16", "uk_ptr": "*bf16", "koff_ptr": "*i32",
-            "kr_ptr": "*i32", "voff_ptr": "*i32", "vr_ptr": "*i32", "kb_ptr": "*bf16", "kn_ptr": "*bf16",
-            "inv_ptr": "*fp32", "len_ptr": "*i32", "o_ptr": "*fp32", "ml_ptr": "*fp32"}  # fmt: skip
-    sig = {
-        p: "constexpr"
-        if p in const
-        else ptrs.get(p, "fp32" if p in ("qk_scale", "rope_scale", "eps") else "i32")
-        for p in params
-    }
-    src = ASTSource(
-        fn=fn,
-        signature=sig,
-        constexprs={(params.index(k),): v for k, v in const.items()},
-        attrs={(i,): [["tt.divisibility", 16]] for i, p in enumerate(params) if p in ptrs},
-    )
-    k = triton.compile(
-        src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages}
-    )
-    return int(k.metadata.shared)
-
-
 def test_the_g4_row_at_the_pipelines_ranks_fits_an_h100_within_one_shrink():
     """Compiled for sm_90 on the CPU (about 10 s): the table's G=4 launch at key rank 512 and a 512-wide
     value tile, which needed 397,312 B on the H100 (Triton 3.6), fits its shared memory after at most
@@ -146,11 +113,11 @@ def test_the_g4_row_at_the_pipelines_ranks_fits_an_h100_within_one_shrink():
     row = next(r for r in kl.LAUNCH_TABLE if r[0] >= 4)
     _, bt, br, nw, ns, _ = row
     cfg = {"block_t": bt, "block_r": br, "num_warps": nw, "num_stages": ns}
-    needs = [_shared_bytes(4, 512, 512, bt, br, nw, ns)]
+    needs = [kl.compiled_shared_bytes(4, 512, 512, bt, br, nw, ns)]
     while needs[-1] > H100_SMEM:
         cfg = kl.shrink(cfg)
         assert cfg is not None, needs
-        needs.append(_shared_bytes(4, 512, 512, cfg["block_t"], br, nw, cfg["num_stages"]))
+        needs.append(kl.compiled_shared_bytes(4, 512, 512, cfg["block_t"], br, nw, cfg["num_stages"]))
     assert len(needs) <= 2 and cfg["block_t"] == bt, (needs, cfg)
 
 

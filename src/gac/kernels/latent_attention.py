@@ -567,12 +567,15 @@ LAST_LAUNCH: dict[str, Any] = {}
 
 log = logging.getLogger(__name__)
 
-#: launches that asked for more shared memory than the GPU has, and the smaller one that fit
-#: (``{(device, constexprs..., block_t, num_warps, num_stages): (block_t, num_stages)}``)
-_FITTED: dict[tuple, tuple[int, int]] = {}
-#: each launch shape that was shrunk, once: ``{"key_group", "rk_max", "rv_max", "asked", "ran"}`` (read by
-#: :func:`gac.nn.latent.latent_attention_paths`, so the infer and generate records say so)
-SHRUNK: list[dict[str, Any]] = []
+#: launches that asked for more shared memory than the GPU has, by launch shape (device, constexprs,
+#: asked launch), each with the smaller one that fit: ``{"key_group", "rk_max", "rv_max", "asked", "ran"}``
+_FITTED: dict[tuple, dict[str, Any]] = {}
+
+
+def shrunk_launches() -> list[dict[str, Any]]:
+    """Every launch shape that ran smaller than asked (:func:`shrink`), once each (read by
+    :func:`gac.nn.latent.latent_attention_paths`, so the infer and generate records say so)."""
+    return [dict(r) for r in _FITTED.values()]
 
 
 def shrink(cfg: dict[str, int]) -> dict[str, int] | None:
@@ -580,14 +583,49 @@ def shrink(cfg: dict[str, int]) -> dict[str, int] | None:
     then half the token tile (down to 16); ``None`` past the smallest.
 
     On an H100 (232,448 B per block) the G=4 row at key rank 512 and a 512-wide value tile asks for
-    397,312 B with two stages and 151,552 B with one (compiled for sm_90 with Triton 3.6; Triton 3.9:
-    282,624 and 151,552).
+    397,312 B with two stages and 151,552 B with one (:func:`compiled_shared_bytes` with Triton 3.6;
+    Triton 3.9: 282,624 and 151,552; ``benchmarks/results/cpu/latent_smem.json``).
     """
     if cfg["num_stages"] > 1:
         return {**cfg, "num_stages": cfg["num_stages"] - 1}
     if cfg["block_t"] > 16:
         return {**cfg, "block_t": cfg["block_t"] // 2}
     return None
+
+
+def compiled_shared_bytes(
+    key_group: int, rk: int, rvp: int, block_t: int, block_r: int, num_warps: int, num_stages: int,
+    n_rep: int = 4, head_dim: int = 128, arch: int = 90,
+) -> int:  # fmt: skip
+    """Shared memory (bytes per block) of the flash kernel compiled for ``sm_<arch>``, without a GPU.
+
+    bf16 operands with 16-byte aligned pointers (as Triton specializes them on the GPU: without that
+    hint the loads are not pipelined and the count is far lower), values shared by the key group, the
+    rebuild chunked by ``block_r``; ``rk`` the padded key rank, ``rvp`` the value tile.
+    """
+    import inspect
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = _latent_flash_kernel
+    params = list(inspect.signature(fn.fn).parameters)
+    const = dict(NREP=n_rep, G=key_group, HALF=head_dim // 2, RK=rk, RVP=rvp, MQ=_pow2(n_rep * key_group),
+                 BLOCK_T=block_t, BLOCK_R=block_r, HAS_BIAS=False, HAS_NORM=False, V_SHARED=True,
+                 STAGE_U=False, UNROLL=False, RA=8, RAV=8)  # fmt: skip
+    ptrs = {"q_ptr": "*bf16", "zk_ptr": "*bf16", "zv_ptr": "*bf16", "uk_ptr": "*bf16", "koff_ptr": "*i32",
+            "kr_ptr": "*i32", "voff_ptr": "*i32", "vr_ptr": "*i32", "kb_ptr": "*bf16", "kn_ptr": "*bf16",
+            "inv_ptr": "*fp32", "len_ptr": "*i32", "o_ptr": "*fp32", "ml_ptr": "*fp32"}  # fmt: skip
+    floats = ("qk_scale", "rope_scale", "eps")
+    sig = {p: "constexpr" if p in const else ptrs.get(p, "fp32" if p in floats else "i32") for p in params}
+    src = ASTSource(
+        fn=fn,
+        signature=sig,
+        constexprs={(params.index(k),): v for k, v in const.items()},
+        attrs={(i,): [["tt.divisibility", 16]] for i, p in enumerate(params) if p in ptrs},
+    )
+    opts = {"num_warps": num_warps, "num_stages": num_stages}
+    return int(triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts).metadata.shared)
 
 
 def _resplit(cfg: dict[str, int], ctas: int, t: int, device: torch.device) -> dict[str, int]:
@@ -613,8 +651,7 @@ def _launch(
            cfg["num_warps"], cfg["num_stages"], cfg.get("unroll", 2))  # fmt: skip
     asked = dict(cfg)
     if key in _FITTED:
-        bt, ns = _FITTED[key]
-        cfg = _resplit({**cfg, "block_t": bt, "num_stages": ns}, ctas, t, q.device)
+        cfg = _resplit({**cfg, **_FITTED[key]["ran"]}, ctas, t, q.device)
     args = (q, zk, zv, uk, koff, kr, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps,
             rk_max, rv_max, kvh, k_group, v_shared, align, valign, poison)  # fmt: skip
     while True:
@@ -630,15 +667,12 @@ def _launch(
                 cfg["block_t"], cfg["num_stages"], e, smaller["block_t"], smaller["num_stages"],
             )  # fmt: skip
             cfg = _resplit(smaller, ctas, t, q.device) if smaller["block_t"] != cfg["block_t"] else smaller
-            _FITTED[key] = (cfg["block_t"], cfg["num_stages"])
+            _FITTED[key] = {"key_group": k_group, "rk_max": int(rk_max), "rv_max": int(rv_max),
+                            "asked": {"block_t": asked["block_t"], "num_stages": asked["num_stages"]},
+                            "ran": {"block_t": cfg["block_t"], "num_stages": cfg["num_stages"]}}  # fmt: skip
             continue
-        if (cfg["block_t"], cfg["num_stages"]) != (asked["block_t"], asked["num_stages"]):
-            was = {"block_t": asked["block_t"], "num_stages": asked["num_stages"]}
-            LAST_LAUNCH["shrunk_from"] = was
-            rec = {"key_group": k_group, "rk_max": int(rk_max), "rv_max": int(rv_max), "asked": was,
-                   "ran": {"block_t": cfg["block_t"], "num_stages": cfg["num_stages"]}}  # fmt: skip
-            if rec not in SHRUNK:
-                SHRUNK.append(rec)
+        if key in _FITTED:
+            LAST_LAUNCH["shrunk_from"] = dict(_FITTED[key]["asked"])
         return out
 
 

@@ -707,9 +707,9 @@ def latent_attention_paths(model: nn.Module) -> dict[str, Any] | None:
         recorded on each layer's last eager call with a cache (see :meth:`LatentAttention.forward`)
         and every reason the kernel could not serve a layer; ``"shrunk_launches"`` where a kernel
         launch needed more shared memory than the GPU has and ran smaller
-        (:data:`gac.kernels.latent_attention.SHRUNK`).
+        (:func:`gac.kernels.latent_attention.shrunk_launches`).
     """
-    from gac.kernels.latent_attention import SHRUNK  # the allowed edge (as decode_refusals)
+    from gac.kernels.latent_attention import shrunk_launches  # the allowed edge (as decode_refusals)
 
     mods = [m for _, m in latent_modules(model)]
     if not mods:
@@ -719,8 +719,9 @@ def latent_attention_paths(model: nn.Module) -> dict[str, Any] | None:
         path, reasons = m.__dict__.get("_decode_path", ("unrecorded", ()))
         out[path] += 1
         out["reasons"] += [r for r in reasons if r not in out["reasons"]]
-    if SHRUNK:
-        out["shrunk_launches"] = [dict(r) for r in SHRUNK]
+    shrunk = shrunk_launches()
+    if shrunk:
+        out["shrunk_launches"] = shrunk
     return out
 
 
