@@ -200,7 +200,10 @@ def site_ms(profile: Profile, site: Site, d: int, tokens: int = DEFAULT_TOKENS, 
       cache dims) names its weight parameters per kept dim in ``meta["flops_per_dim"]``.
     * bytes: the weights (2 bytes per parameter) plus the activations in and out (and the rank-``d``
       intermediate of a factorized pair).
-    * launches: one GEMM per member weight (``site.members``), two for a factorized low-rank site.
+    * launches: one GEMM per member weight (``site.members``), two for a factorized low-rank site;
+      a site whose module runs otherwise declares its count in ``meta["gemm_launches"]``
+      (``{"dense", "prefill", "decode"}``: kept dense, compressed at a prefill, compressed at a decode
+      step; PaLU's groups share their projection's GEMM and rebuild keys inside the decode kernel).
       Where the profile knows a fused low-rank kernel at ``tokens`` rows (``Profile.fused_lowrank``:
       both factors in one launch, its own fixed time and bandwidth), a factorized site costs the
       cheaper of the two, as the inference path's dispatch picks the faster.
@@ -232,31 +235,15 @@ def site_ms(profile: Profile, site: Site, d: int, tokens: int = DEFAULT_TOKENS, 
         nbytes = (params + act + (2 * tokens * d * members if factorized else 0)) * elem
         launches = members * (2 if factorized else 1)
         fused = profile.fused_lowrank_at(tokens) if factorized else None
-    if "rebuild_flops_per_dim_per_cached_token" in site.meta:  # a PaLU group: launches as the layer runs
-        launches, fused = _latent_site_launches(site, d, kv), None
+    declared = site.meta.get("gemm_launches")  # the compressor's count, where its module runs otherwise
+    if declared is not None:
+        phase = "dense" if d >= site.max_dim else ("decode" if kv > 0 else "prefill")
+        launches, fused = float(declared[phase]), None
     byte_ms = nbytes / (profile.copy_gbps_or_default * 1e9) * 1e3
     ms = launches * profile.launch_us_or_default * 1e-3 + max(flop_ms, byte_ms)
     if fused is not None:  # one fused launch per member, where that beats two launches
         ms = min(ms, members * fused[0] * 1e-3 + max(flop_ms, nbytes / (fused[1] * 1e9) * 1e3))
     return ms + site_cache_ms(profile, site, d, tokens, kv)
-
-
-def _latent_site_launches(site: Site, d: int, kv: int) -> float:
-    """GEMM launches of one PaLU group (a key or value group of one layer), as
-    :class:`gac.nn.latent.LatentAttention` runs them: its projection's one GEMM (the dense projection,
-    or the latent down-projection) shared by the projection's ``groups``; a latent group adds its
-    up-projection, except at decode (``kv > 0``) for keys (the decode kernel rebuilds them) and for
-    values folded into ``o_proj``.
-
-    >>> s = Site("k_proj:g0", "lowrank_r", max_dim=256, unit_cost=1, dense_cost=256, meta={"kind": "k", "groups": 2})
-    >>> _latent_site_launches(s, 96, kv=512), _latent_site_launches(s, 96, kv=0), _latent_site_launches(s, 256, 512)
-    (0.5, 1.5, 0.5)
-    """
-    share = 1.0 / max(int(site.meta.get("groups") or 1), 1)
-    if d >= site.max_dim:
-        return share
-    rebuilt_in_kernel = kv > 0 and (site.meta.get("kind") == "k" or site.meta.get("folded"))
-    return share + (0.0 if rebuilt_in_kernel else 1.0)
 
 
 # --------------------------------------------------------------------------- latency guard

@@ -113,6 +113,17 @@ def round_reference(r: int, block: int = REF_ROUND) -> int:
     return max(1, round(r / block)) * block
 
 
+def _gemm_launches(groups: int, kind: str, fold_values: bool) -> dict[str, float]:
+    """One PaLU group's GEMM launches: kept dense, latent at a prefill, latent at a decode step.
+
+    >>> _gemm_launches(2, "k", False), _gemm_launches(2, "v", False)["decode"], _gemm_launches(2, "v", True)["decode"]
+    ({'dense': 0.5, 'prefill': 1.5, 'decode': 0.5}, 1.5, 0.5)
+    """
+    share = 1.0 / groups
+    rebuilt_in_kernel = kind == "k" or (kind == "v" and fold_values)
+    return {"dense": share, "prefill": share + 1.0, "decode": share + (0.0 if rebuilt_in_kernel else 1.0)}
+
+
 @register_compressor("palu")
 class PaluCompressor(Compressor):
     """Group-head low-rank K/V projections with a latent KV cache."""
@@ -259,9 +270,11 @@ class PaluCompressor(Compressor):
                                 "head_dim": hd,
                                 "group_kv": gs[r],
                                 "key_group": gs["k"],  # the decode kernel's launch row, values too
-                                # one down-projection GEMM per projection, shared by its groups
-                                "groups": kvh // gs[r],
-                                "folded": bool(self.fold_values) and r == "v",  # no value up-projection
+                                # GEMM launches as LatentAttention runs them (allocation.site_ms): the
+                                # projection's one GEMM (dense, or the latent down-projection) shared by its
+                                # groups, plus a latent group's up-projection; none at decode for keys
+                                # (the decode kernel rebuilds them) nor for values folded into o_proj
+                                "gemm_launches": _gemm_launches(kvh // gs[r], r, self.fold_values),
                                 "params_per_dim": ad.hidden + gd,
                                 "dense_params": gd * ad.hidden,
                                 "cost_unit": "latent dims per token",
