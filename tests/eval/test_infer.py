@@ -347,7 +347,10 @@ def test_capacity_on_gpu_runs_the_largest_batch_that_fits_the_budget():
     budget = torch.cuda.memory_allocated() + 50 * seq + 256 * 2**20
     cfg = SweepConfig(**{**cfg.to_dict(), "capacity_context": ctx, "capacity_budget_gib": budget / 2**30})
     out = infer.sweep_model(m, cfg)["capacity"]
-    assert out["max_batch"] >= 1 and out["tries"][-1] == {"batch": out["max_batch"], "status": "ok"}
+    assert out["max_batch"] >= 1 and out["tries"][-1] == {"batch": out["max_batch"], "status": "ok"}, (
+        budget,
+        out,
+    )
     assert out["peak_mem_gib"] * 2**30 <= budget * 1.02
     assert out["tokens_per_s"] > 0
     # a budget that holds the weights and one sequence but not the measured workspace: one line, no record

@@ -78,6 +78,10 @@ def test_a_launch_out_of_shared_memory_is_retried_smaller_warned_once_and_record
     m = tiny_model("llama", layers=2)
     ids = [torch.randint(3, 120, (2, 16), generator=torch.Generator().manual_seed(i)) for i in range(2)]
     compress_(m, CompressConfig(compressor="palu", param_ratio=0.5, align="none"), calib_batches=ids)
+    # the shrunk launch is another shape than this model's layers: not this model's record
+    assert "shrunk_launches" not in latent_attention_paths(m)
+    layer = next(mod for mod in m.modules() if hasattr(mod, "decode_pack"))
+    layer.__dict__["_pack"] = pack  # as if this layer had packed (and launched) that shape
     assert latent_attention_paths(m)["shrunk_launches"] == [shrunk]
     # the next launch of the same shape goes straight to the launch that fit, without a warning
     tried.clear()

@@ -296,8 +296,9 @@ if HAVE_TRITON:
         koff = tl.load(koff_ptr + kvh0) // RA * RA
         kr = tl.load(kr_ptr + kvh0) // RA * RA
         offs_v = tl.arange(0, RVP)
-        zk_b = zk_ptr + b * szkb
-        zv_b = zv_ptr + b * szvb
+        # int64: at a long context and a large batch (the capacity search) b·stride passes 2^31
+        zk_b = zk_ptr + b.to(tl.int64) * szkb
+        zv_b = zv_ptr + b.to(tl.int64) * szvb
         if STAGE_U:  # one rank chunk of at most two KV heads: their up-projections stay on chip for the split
             offs_r, rmask, u1a, u2a, u1b, u2b = _staged_up(
                 uk_ptr, kvh0, suh, sud, kr, offs_d, G, HALF, BLOCK_R

@@ -706,10 +706,11 @@ def latent_attention_paths(model: nn.Module) -> dict[str, Any] | None:
         ``{"kernel": layers, "reference": layers, "unrecorded": layers, "reasons": [...]}``: the path
         recorded on each layer's last eager call with a cache (see :meth:`LatentAttention.forward`)
         and every reason the kernel could not serve a layer; ``"shrunk_launches"`` where a kernel
-        launch needed more shared memory than the GPU has and ran smaller
-        (:func:`gac.kernels.latent_attention.shrunk_launches`).
+        launch of this model's layers (their key group, key rank and value rank) needed more shared
+        memory than the GPU has and ran smaller (:func:`gac.kernels.latent_attention.shrunk_launches`;
+        another model's launches in the same process are not this model's).
     """
-    from gac.kernels.latent_attention import shrunk_launches  # the allowed edge (as decode_refusals)
+    from gac.kernels.latent_attention import key_group, shrunk_launches  # the allowed edge (decode_refusals)
 
     mods = [m for _, m in latent_modules(model)]
     if not mods:
@@ -719,7 +720,12 @@ def latent_attention_paths(model: nn.Module) -> dict[str, Any] | None:
         path, reasons = m.__dict__.get("_decode_path", ("unrecorded", ()))
         out[path] += 1
         out["reasons"] += [r for r in reasons if r not in out["reasons"]]
-    shrunk = shrunk_launches()
+    shapes = {
+        (key_group(p), int(p["rk_max"]), int(max(p["v_ranks"])))
+        for p in (m.__dict__.get("_pack") for m in mods)
+        if p is not None
+    }
+    shrunk = [r for r in shrunk_launches() if (r["key_group"], r["rk_max"], r["rv_max"]) in shapes]
     if shrunk:
         out["shrunk_launches"] = shrunk
     return out
