@@ -49,3 +49,33 @@ def test_report_errors(tmp_path, capsys):
         report(tmp_path)
     assert main(["report", str(tmp_path / "missing")]) == 2
     assert "not a directory" in capsys.readouterr().err
+
+
+def test_report_marks_a_point_that_fell_back_from_the_default_path():
+    """A point timed eagerly (its compile or graph capture failed: ``fallback`` in the record) is not the
+    default path's speed: the measured table marks it and names why, and the worst serving shape says so."""
+    from types import SimpleNamespace
+
+    from gac.plans.report import _measured_lines, infer_speedups, worst_serving
+
+    def cell(comp, ms, fb=None):
+        pts = [{"phase": "decode", "batch": 64, "kv": 4096, "status": "ok", "median_ms": ms, "weight_bytes": 10,
+                "kv_bytes": 10, **({"fallback": fb} if fb else {})},
+               {"phase": "decode", "batch": 1, "kv": 512, "status": "ok", "median_ms": ms / 2, "weight_bytes": 10,
+                "kv_bytes": 1}]  # fmt: skip
+        c = SimpleNamespace(id=f"m/{comp}", model="m", compressor=comp, bench=None)
+        return c, {
+            "status": "ok",
+            "results": {"params": 1, "evals": {"infer": {"prefill": [], "decode": pts}}},
+        }
+
+    base, comp = cell("base", 5.0), cell("asvd", 11.0, "eager: AssertionError: Guard failed")
+    speed = infer_speedups([base, comp])
+    sp = speed["m/asvd"]
+    assert abs(sp["decode_b64_kv4096"] - 5 / 11) < 1e-9
+    assert sp["fallback_decode_b64_kv4096"].startswith("eager") and "fallback_decode_b1_kv512" not in sp
+    text = "\n".join(_measured_lines("m", [(base[0], speed["m/base"]), (comp[0], sp)], base[1]))
+    assert "0.455 † (" in text and "m/asvd at decode_b64_kv4096: eager: AssertionError" in text
+    assert "fallback_" not in text.split("†")[0]  # no column for the mark itself
+    cell_rec = {"results": {"predicted_serve": {"decode_b64_kv4096": 1.03, "decode_b1_kv512": 1.1}}}
+    assert worst_serving(cell_rec, sp)[2] == "measured († not the default path)"

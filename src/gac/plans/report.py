@@ -97,12 +97,17 @@ def infer_speedups(cells: list[tuple[Any, dict[str, Any] | None]]) -> dict[str, 
                 res["variants"][c.id] = json.loads(json.dumps(d["results"]["evals"]["infer"]))
         add_speedups(res, baseline=base[0].id)
         bparams = base[1]["results"].get("params")
+        base_fb = {point_key(r): r.get("fallback") for r in base[1]["results"]["evals"]["infer"]["prefill"]
+                   + base[1]["results"]["evals"]["infer"]["decode"] if r.get("fallback")}  # fmt: skip
         for c, d in rows:
             v = res["variants"][c.id]
             sp: dict[str, Any] = {}
             for r in v["prefill"] + v["decode"]:
                 k = point_key(r)
                 sp[k] = r.get("speedup")
+                fb = r.get("fallback") or base_fb.get(k)
+                if fb:  # this point did not run the default (compiled, graphed) path: the table says so
+                    sp[f"fallback_{k}"] = fb
                 ideal = r.get("bytes_ideal_speedup") or r.get("flop_ideal_speedup")
                 if ideal is None and r["phase"] == "prefill" and bparams and d["results"].get("params"):
                     ideal = bparams / d["results"]["params"]  # cells written before FLOPs were recorded
@@ -201,7 +206,7 @@ def speed_plot(
     cells = [(c, sp) for c, sp in mspeed if c.compressor != BASE]
     if not cells:
         return False
-    pts = [k for k in cells[0][1] if not k.startswith("ideal_")]
+    pts = [k for k in cells[0][1] if not k.startswith(("ideal_", "fallback_"))]
     n = len(cells)
     width = 0.8 / n
     fig, ax = plt.subplots(figsize=(max(6.4, 0.75 * len(pts) + 1.5), 4.2))
@@ -294,7 +299,11 @@ def worst_serving(cell: dict[str, Any], measured: dict[str, Any] | None) -> tupl
         return None
     if measured and all(measured.get(k) for k in pred):
         k = min(pred, key=lambda k: measured[k])
-        return float(measured[k]), k, "measured"
+        return (
+            float(measured[k]),
+            k,
+            "measured" + (" († not the default path)" if measured.get(f"fallback_{k}") else ""),
+        )
     k = min(pred, key=lambda k: pred[k])
     return float(pred[k]), k, "predicted"
 
@@ -476,16 +485,22 @@ def _measured_lines(
     model: str, mspeed: list[tuple[Any, dict[str, Any]]], base: dict[str, Any] | None
 ) -> list[str]:
     """The measured speedup table (ideal in brackets) and the dense base's bandwidth line."""
-    pts = [k for k in mspeed[0][1] if not k.startswith("ideal_")]
+    pts = [k for k in mspeed[0][1] if not k.startswith(("ideal_", "fallback_"))]
     head = ["cell", *(f"{k} (ideal)" for k in pts)]
     lines = [f"Measured speedup over the dense base ({model}, `infer` eval: the default "
              "`gac eval infer` path), ideal in brackets (prefill: FLOPs, or the parameter ratio where no "
              "FLOPs were recorded; decode: bytes moved):",
              "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
+    fell = []
     for c, sp in mspeed:
         lines.append("| " + " | ".join([c.id, *(
-            f"{_f(sp.get(k), '.3f')} ({_f(sp.get('ideal_' + k), '.3f')})" for k in pts)]) + " |")  # fmt: skip
+            f"{_f(sp.get(k), '.3f')}{' †' if sp.get('fallback_' + k) else ''} ({_f(sp.get('ideal_' + k), '.3f')})"
+            for k in pts)]) + " |")  # fmt: skip
+        fell += [f"{c.id} at {k}: {str(sp['fallback_' + k])[:160]}" for k in pts if sp.get("fallback_" + k)]
     lines.append("")
+    if fell:
+        lines += ["† Not the default path: the point (or its dense base) fell back; the speedup is not the "
+                  "default path's. " + "; ".join(fell), ""]  # fmt: skip
     bw = bandwidth_line(((base or {}).get("results") or {}).get("evals", {}).get("infer"))
     if bw:
         lines += [bw, ""]
