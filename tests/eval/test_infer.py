@@ -345,14 +345,16 @@ def test_capacity_on_gpu_runs_the_largest_batch_that_fits_the_budget():
     seq = plan["kv_per_token"] * ctx
     # a first search under a loose budget measures what the sweep holds when the search begins (its earlier
     # points' graph pools and workspaces: 236 MB beyond the 1 MB of weights on an H100) and the workspace
-    loose = torch.cuda.memory_allocated() + 200 * seq + 2**30
+    before = torch.cuda.memory_allocated()
+    loose = before + 200 * seq + 2**30
     cfg = SweepConfig(**{**cfg.to_dict(), "capacity_context": ctx, "capacity_budget_gib": loose / 2**30})
     first = infer.sweep_model(m, cfg)["capacity"]
     assert first["max_batch"] >= 1 and first["peak_mem_gib"] * 2**30 <= loose * 1.02, first
-    # then a budget of exactly 50 sequences beyond that: the search finds (about) 50, and stays under it
-    budget = int(
-        first["held_bytes"] + first["workspace_fixed_bytes"] + 50.5 * (seq + first["workspace_per_seq_bytes"])
-    )
+    # then a budget of 50 sequences beyond what the second sweep will hold: what is allocated now plus what
+    # the first sweep's points added (the same points again), the workspace, and 50.5 sequences
+    now = torch.cuda.memory_allocated()
+    per = seq + first["workspace_per_seq_bytes"]
+    budget = int(now + (first["held_bytes"] - before) + first["workspace_fixed_bytes"] + 50.5 * per)
     cfg = SweepConfig(**{**cfg.to_dict(), "capacity_budget_gib": budget / 2**30})
     out = infer.sweep_model(m, cfg)["capacity"]
     assert out["max_batch"] >= 1 and out["tries"][-1] == {"batch": out["max_batch"], "status": "ok"}, (
