@@ -102,6 +102,21 @@ def test_full_rank_is_exact(llama64, planned):
     assert torch.allclose(a, b, atol=1e-9, rtol=0)
 
 
+def test_a_group_wider_than_the_hidden_size_takes_any_rank_exactly():
+    """A group of 4 KV heads of 64 has rows W_g [256, 128] on a 128-wide model: at most 128 singular values.
+    The rank search may still give it more (it caps ranks at G·hd); the extra latents are zeros, exact."""
+    base = tiny_model("llama", hidden=128, layers=2, heads=8, kv_heads=4, head_dim=64).double()
+    p = plan(copy.deepcopy(base), CompressConfig(compressor="palu", param_ratio=0.5, align="none"),
+             calib_batches=_batches())  # fmt: skip
+    assert {s.max_dim for s in p.sites} == {256}  # one key and one value group of 4 heads per layer
+    dims = {s.name: 160 for s in p.sites}  # past the 128 singular values, below full rank
+    m = _applied(base, p, dims)
+    ids = _ids()
+    with torch.no_grad():
+        assert torch.allclose(m(ids).logits, base(ids).logits, atol=1e-9, rtol=0)
+    assert [lp.ranks for _, a in latent_modules(m) for lp in (a.k_proj, a.v_proj)] == [[160]] * 4
+
+
 def test_attention_takes_the_cache_under_either_name(llama64, planned):
     """transformers >= 5.24 passes the cache to attention as ``cache``, older 5.x as ``past_key_values``:
     both must fill the latent cache (under the new name it was once ignored, and decode attended only
