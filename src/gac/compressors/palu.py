@@ -488,9 +488,8 @@ class PaluCompressor(Compressor):
                 for s, r, up in zip(group, ranks, lp.ups, strict=True):
                     u, sv, vh, chol = self._factor_svd(model, s)
                     a, b = truncated_factors(u, sv, vh, r, scale_tril=chol)
-                    if (
-                        a.shape[1] < r
-                    ):  # a rank past the group's min(G·hd, hidden) singular values: zeros, exact
+                    # a rank past the group's min(G·hd, hidden) singular values: zero latents, exact
+                    if a.shape[1] < r:
                         a = torch.nn.functional.pad(a, (0, r - a.shape[1]))
                         b = torch.nn.functional.pad(b, (0, 0, 0, r - b.shape[0]))
                     up.weight.copy_(a.to(up.weight.dtype))
