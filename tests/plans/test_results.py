@@ -79,3 +79,16 @@ def test_report_marks_a_point_that_fell_back_from_the_default_path():
     assert "fallback_" not in text.split("†")[0]  # no column for the mark itself
     cell_rec = {"results": {"predicted_serve": {"decode_b64_kv4096": 1.03, "decode_b1_kv512": 1.1}}}
     assert worst_serving(cell_rec, sp)[2] == "measured († not the default path)"
+
+
+def test_report_names_cells_timed_on_another_card_than_their_base():
+    from gac.plans.report import other_card_lines
+
+    base = {"id": "m/base", "env": {"gpu": "NVIDIA H100 80GB HBM3", "gpu_uuid": "GPU-a"}}
+    same = {"id": "m/svd-r0.8-gac", "env": {"gpu_uuid": "GPU-a"}}
+    other = {"id": "m/palu-r0.5-gac", "env": {"gpu_uuid": "GPU-b"}}
+    old = {"id": "m/asvd-r0.8-gac", "env": {}}  # recorded before the uuid was kept: says nothing
+    assert other_card_lines(base, [same, old]) == []
+    line = other_card_lines(base, [same, other, old])[0]
+    assert "m/palu-r0.5-gac" in line and "m/svd" not in line and "NVIDIA H100" in line
+    assert other_card_lines({"id": "m/base", "env": {}}, [other]) == []

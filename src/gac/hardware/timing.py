@@ -260,6 +260,8 @@ def environment(
         props = torch.cuda.get_device_properties(dev)
         env.update(
             gpu=torch.cuda.get_device_name(dev),
+            # which card: a plan split over the GPUs of one host compares cells across cards
+            gpu_uuid=str(getattr(props, "uuid", "") or "") or None,
             sm_count=int(props.multi_processor_count),
             l2_bytes=l2_bytes(dev),
             memory_gib=round(props.total_memory / 2**30, 1),

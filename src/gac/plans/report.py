@@ -439,6 +439,7 @@ def model_lines(plt: Any, model: str, mcells: list[CellRecord], srcs: list[str],
     mspeed = [(c, speed[c.id]) for c, _ in mcells if c.id in speed]
     if mspeed:
         lines += _measured_lines(model, mspeed, base)
+        lines += other_card_lines(base, [d for c, d in mcells if c.id in speed and c.compressor != BASE])
     if pred is not None:
         lines += prediction_lines(model, pred)
     lines += _serving_lines(plt, model, mcells, srcs, speed, bppl, out)
@@ -451,6 +452,19 @@ def model_lines(plt: Any, model: str, mcells: list[CellRecord], srcs: list[str],
         frontier_plot(plt, model, prof, pts, ylabel, out / name)
         lines += [f"![{name}]({name})", ""]
     return lines
+
+
+def other_card_lines(base: dict[str, Any] | None, cells: list[dict[str, Any] | None]) -> list[str]:
+    """A note naming the cells timed on another GPU than their dense base (``env.gpu_uuid``; cells
+    recorded before the uuid was kept say nothing): their speedups compare two cards of one kind."""
+    ref = ((base or {}).get("env") or {}).get("gpu_uuid")
+    other = [
+        str(d.get("id")) for d in cells if d and ref and ((d.get("env") or {}).get("gpu_uuid") or ref) != ref
+    ]
+    if not other:
+        return []
+    return [f"Timed on another GPU than the dense base (same kind, {((base or {}).get('env') or {}).get('gpu')}): "
+            + ", ".join(other) + ". Their speedups include the difference between two cards.", ""]  # fmt: skip
 
 
 def _cell_table(model: str, mcells: list[CellRecord], srcs: list[str], bppl: dict[str, Any]
