@@ -417,3 +417,36 @@ def test_a_recorded_palu_cell_is_priced_with_latent_attention():
     )
     with pytest.raises(GacError, match="not k_proj and v_proj"):
         skeleton("shape:llama3-8b:2", {"model.layers.0.self_attn.k_proj:g0": 256})
+
+
+def test_gac_bench_latent_attention_writes_the_calls_and_refuses_the_cpu(tmp_path, capsys):
+    """``gac bench -e latent_attention``: one line on a CPU; on a GPU the calls ``gac profile`` times for its
+    class, written as JSON (fit rows, calls, each with the fit's time beside it), CSV and PNG."""
+    import csv
+    import json
+
+    from gac.cli import main
+    from gac.hardware.latency import fit_latent_attention
+    from gac.hardware.profiler import write_latent_bench
+
+    assert main(["bench", "-e", "latent_attention", "--device", "cpu", "--out", str(tmp_path / "cpu")]) == 2
+    assert "measured on CUDA only" in capsys.readouterr().err
+    assert not (tmp_path / "cpu").exists()
+    # bytes and FLOPs apart (ranks 32·g and 64·g with the rank tile at 64·g): us = 10 + bytes/2000 + flops/1e8
+    recs = [
+        {"key_group": g, "rank": r, "batch": b, "kv": kv, "block_r": 64, "launch": {"block_t": 64},
+         "bytes": b * kv * 4 * r, "flops": 2.0 * b * kv * 128 * 8 * 64 * g,
+         "us": 10.0 + b * kv * 4 * r / 2e3 + 2.0 * b * kv * 128 * 8 * 64 * g / 1e8, "gbps": 1.0,
+         "rebuild_tflops": 1.0}
+        for g in (1, 4) for r in (32 * g, 64 * g) for b, kv in ((1, 4096), (16, 16384))
+    ]  # fmt: skip
+    result = fit_latent_attention(recs, "test")
+    result["fit"]["calls"] = recs
+    path = write_latent_bench(result, tmp_path / "gpu", "bfloat16", {"gpu": "test GPU"})
+    doc = json.loads(path.read_text())
+    assert doc["experiment"] == "latent_attention" and len(doc["records"]) == 8
+    assert all(abs(r["fit_us"] - r["us"]) <= 1e-3 * r["us"] for r in doc["records"])  # the fit's own form
+    with open(path.with_suffix(".csv")) as f:
+        assert len(list(csv.DictReader(f))) == 8
+    assert path.with_suffix(".png").stat().st_size > 0
+    assert not list((tmp_path / "gpu").glob("*.tmp*"))

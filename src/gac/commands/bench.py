@@ -9,6 +9,7 @@ import typer
 
 from gac.commands import options as o
 from gac.errors import GacError
+from gac.utils import console
 
 
 def register(app: typer.Typer) -> None:
@@ -62,4 +63,23 @@ def register(app: typer.Typer) -> None:
                 setattr(cfg, attr, v)
         if dims is not None:
             cfg.dims = parse_dims(dims)
+        if experiment == "latent_attention":  # PaLU's decode kernel (the profile's latent_attention class)
+            latent_bench(dev, dtype, out)
+            return
         run_experiment(experiment, dtype=dtype, out=out, config=cfg, device=dev, resume=resume)
+        if experiment == "all" and dev.type == "cuda":
+            latent_bench(dev, dtype, out)
+
+
+def latent_bench(dev, dtype: str, out: Path | None) -> None:
+    """The latent attention kernel's calls, as ``gac profile`` times them for its class, written as
+    JSON, CSV and PNG (:func:`gac.hardware.profiler.write_latent_bench`)."""
+    from gac.hardware.profiler import measure_latent_attention, write_latent_bench
+    from gac.hardware.sweeps import default_out_dir
+    from gac.hardware.timing import dtype_name, environment, resolve_dtype
+
+    dt = resolve_dtype(dtype, dev)
+    result = measure_latent_attention(dev, dt, budget_s=600.0)
+    path = write_latent_bench(result, out or default_out_dir(dev), dtype_name(dt), environment(dev, dt))
+    console.print(f"latent attention: {len(result['fit']['calls'])} calls, fit within "
+                  f"{100 * result['fit']['max_abs_rel_err']:.0f}%: {path}")  # fmt: skip

@@ -133,7 +133,8 @@ JSON = _opt("--json", help="Print the result as JSON on stdout instead of text."
 EXPERIMENT = _opt(
     "--experiment",
     "-e",
-    help="sdpa_sweep, sdpa_backend, gemm_projection, gemv, lowrank, padding_rescue, repair_kernels or all.",
+    help="sdpa_sweep, sdpa_backend, gemm_projection, gemv, lowrank, padding_rescue, repair_kernels, "
+    "latent_attention (PaLU's decode kernel, CUDA) or all.",
 )
 HALF_WINDOW = _opt(
     "--half-window", help="Half-width H of a stride-1 sweep around each dim d: from d - H to d + H."

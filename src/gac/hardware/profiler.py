@@ -735,6 +735,56 @@ def measure_latent_attention(
     return fit
 
 
+def write_latent_bench(result: dict[str, Any], out_dir: Path, dtype: str, env: dict[str, Any]) -> Path:
+    """``gac bench -e latent_attention``'s files from :func:`measure_latent_attention`'s ``result``:
+    ``latent_attention-<dtype>.json`` (the fitted rows, every call, the environment and the command),
+    ``.csv`` (one row per call) and ``.png`` (achieved latent GB/s and key-rebuild TFLOP/s per call, by
+    key group, beside the fit's prediction); each written to a temporary sibling and renamed."""
+    import csv
+    import io
+
+    def fit_us(row: dict[str, Any], c: dict[str, Any]) -> float:
+        us = row["launch_us"] + c["bytes"] / row["gbps"] / 1e3
+        return us + (c["flops"] / row["tflops"] / 1e6 if row.get("tflops") else 0.0)
+
+    calls = result.get("fit", {}).get("calls", [])
+    if not calls:
+        raise GacError("the latent attention sweep timed no call (no Triton, or every call over its budget)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = out_dir / f"latent_attention-{dtype}"
+    rows = [{k: v for k, v in c.items() if k != "launch"} | {"launch": json.dumps(c["launch"], sort_keys=True),
+            "fit_us": round(fit_us(result["groups"][str(c["key_group"])], c), 3)} for c in calls]  # fmt: skip
+    doc = {"schema": "gac.bench/1", "experiment": "latent_attention", "dtype": dtype, "env": env,
+           "command": shlex.join(["gac", *sys.argv[1:]]), "latent_attention": result, "records": rows}  # fmt: skip
+    atomic_write_text(stem.with_suffix(".json"), json.dumps(doc, indent=1, default=float) + "\n")
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    w.writeheader()
+    w.writerows(rows)
+    atomic_write_text(stem.with_suffix(".csv"), buf.getvalue())
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for g in sorted({c["key_group"] for c in rows}):
+        mine = [c for c in rows if c["key_group"] == g]
+        xs = range(len(mine))
+        axes[0].plot(xs, [c["gbps"] for c in mine], "o-", label=f"key group {g}")
+        axes[1].plot(xs, [c["rebuild_tflops"] for c in mine], "o-", label=f"key group {g}")
+    axes[0].set(title="latent bytes / time", ylabel="GB/s", xlabel="call (rank, batch, KV)")
+    axes[1].set(title="useful key-rebuild FLOPs / time", ylabel="TFLOP/s", xlabel="call (rank, batch, KV)")
+    for ax in axes:
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"PaLU latent decode kernel, {env.get('gpu', '?')} {dtype}")
+    fig.tight_layout()
+    atomic_savefig(fig, stem.with_suffix(".png"))
+    plt.close(fig)
+    return stem.with_suffix(".json")
+
+
 def _free(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.empty_cache()

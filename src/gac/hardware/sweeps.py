@@ -12,6 +12,9 @@ name               what it measures
                    latency against memory overhead
 ``repair_kernels`` SDPA at logical head_dims {107,114,117,120,121,125}: original vs minimal
                    (multiple of 8) vs optimal (multiple of 16) repair; GEMM K=107 likewise
+``latent_attention`` PaLU's latent decode kernel (CUDA): latent GB/s and key-rebuild TFLOP/s per call,
+                   the profile's ``latent_attention`` class (run by ``gac bench`` through
+                   :func:`gac.hardware.profiler.measure_latent_attention`, not here)
 ``all``            all of the above
 =================  ===========================================================================
 
@@ -73,6 +76,8 @@ EXPERIMENTS: tuple[str, ...] = (
     "padding_rescue",
     "repair_kernels",
 )
+#: experiments ``gac bench`` runs outside this module (they time gac's own kernels, which sit above it)
+KERNEL_EXPERIMENTS: tuple[str, ...] = ("latent_attention",)
 SDPA_BACKENDS: tuple[str, ...] = ("flash", "efficient", "cudnn", "math")
 _BACKEND_ENUM = {
     "flash": "FLASH_ATTENTION",
@@ -363,7 +368,9 @@ def points_for(name: str, cfg: Config) -> list[dict[str, Any]]:
                 )
             )
     else:
-        raise GacError(f"unknown experiment {name!r}; choose one of: {', '.join((*EXPERIMENTS, 'all'))}")
+        raise GacError(
+            f"unknown experiment {name!r}; choose one of: {', '.join((*EXPERIMENTS, *KERNEL_EXPERIMENTS, 'all'))}"
+        )
     return pts
 
 
@@ -817,7 +824,9 @@ def run_experiment(
         The full record (for ``all``: ``{"experiments": {name: record}}``).
     """
     if name != "all" and name not in EXPERIMENTS:
-        raise GacError(f"unknown experiment {name!r}; choose one of: {', '.join((*EXPERIMENTS, 'all'))}")
+        raise GacError(
+            f"unknown experiment {name!r}; choose one of: {', '.join((*EXPERIMENTS, *KERNEL_EXPERIMENTS, 'all'))}"
+        )
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     cfg = config or Config.default_for(dev)
