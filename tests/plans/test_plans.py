@@ -285,3 +285,45 @@ def test_serving_frontier_in_the_report(tmp_path):
     md = (d / "report.md").read_text()
     assert "Worst serving-shape speedup" in md and "| tiny-llama/svd-r0.7-gac-allow-slower |" in md
     assert (d / "serving_tiny-llama.png").stat().st_size > 0
+
+
+TWO_MODELS = """
+[plan]
+name = "two"
+device = "cpu"
+[axes]
+models = ["tiny:llama", "tiny:qwen2"]
+compressors = ["svd"]
+ratios = [0.8]
+align = ["gac"]
+[compress]
+allow_slower = true
+[[evals]]
+kind = "predict"
+"""
+
+
+def test_run_on_several_gpus_keeps_each_models_cells_on_one(tmp_path, capsys):
+    """``gac run --gpus 0,1``: one process per GPU (its CUDA_VISIBLE_DEVICES), each model's groups (its dense
+    base with them) in one process; the cells land in one directory, a re-run skips them; bad --gpus refused."""
+    from gac.plans.executors import run_plan, share_models
+
+    plan_file = _plan(tmp_path, TWO_MODELS)
+    d = tmp_path / "out"
+    for bad in ("0,0", "x", "", "-1"):
+        with pytest.raises(GacError, match="--gpus takes distinct GPU indices"):
+            run_plan(plan_file, d, gpus=bad)
+    with pytest.raises(GacError, match="local executor"):
+        run_plan(plan_file, d, executor="slurm", gpus="0,1")
+    assert not d.exists()  # refused before any work
+    share = share_models(load_plan(plan_file).groups(), [0, 1, 2])
+    assert sorted(len(g) for g in share.values()) == [2, 2] and 2 not in share
+    res = run_plan(plan_file, d, gpus="0,1,2")
+    assert set(res.values()) == {"ok"} and len(res) == 4
+    assert "GPU(s) 2 idle" in capsys.readouterr().err
+    for gpu, gids in share.items():
+        log = (d / "gpus" / f"gpu{gpu}.log").read_text()
+        assert log.startswith(f"CUDA_VISIBLE_DEVICES={gpu} ")
+        assert all(f"--only {g}" in log.splitlines()[0] for g in gids)
+        assert {g.split("/")[0] for g in gids} == {gids[0].split("/")[0]}  # one model per process
+    assert set(run_plan(plan_file, d, gpus="0,1").values()) == {"done"}

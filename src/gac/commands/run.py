@@ -25,8 +25,14 @@ def register(app: typer.Typer) -> None:
             help="Run only the groups with a cell matching this shell pattern (repeatable), "
             "e.g. 'kernels/*' or 'shape-llama3-8b-8/*': split one plan over machines.",
         ),
+        gpus: str | None = typer.Option(
+            None,
+            "--gpus",
+            help="Local: one process per GPU of this host (e.g. 0,1,2,3), each model's cells on one GPU, "
+            "so compressed cells are timed on their dense base's card.",
+        ),
     ) -> None:
         """Run an experiment plan: every cell once, resumable, shared calibration per group."""
         from gac.plans.executors import run_plan
 
-        run_plan(plan_file, out, executor, dry_run, only or None)
+        run_plan(plan_file, out, executor, dry_run, only or None, gpus)

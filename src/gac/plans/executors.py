@@ -1,4 +1,10 @@
-"""Where the cells of an experiment plan run: ``local`` (in order, in this process) or ``slurm``.
+"""Where the cells of an experiment plan run: ``local`` (in order, in this process; or, with ``gpus``,
+one process per GPU of this host) or ``slurm``.
+
+With ``gpus`` the local executor gives each GPU a share of the plan's *models*, every group of a model
+on one GPU, so that each compressed cell is timed on the same card as its dense base; each share runs
+as ``gac run PLAN --out DIR --only GROUP ...`` under ``CUDA_VISIBLE_DEVICES``, its output in
+``PLAN_DIR/gpus/gpu<i>.log``. Cell files are written atomically, so the processes share the directory.
 
 The Slurm executor submits one job per *group* (the cells sharing one calibration) through
 ``submitit``; each job runs :func:`gac.plans.cells.run_group`, which writes its cells' JSON into the
@@ -8,6 +14,7 @@ failed or missing; they are reported with the job's log tail and re-submitted on
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 import time
@@ -27,6 +34,89 @@ def run_local(plan: ExperimentPlan, plan_dir: str | Path, only: list[str] | None
     out: dict[str, str] = {}
     for g in plan.groups(only):
         out.update(run_group(plan, plan_dir, g))
+    return out
+
+
+def parse_gpus(spec: str) -> list[int]:
+    """``"0,1,3"`` -> ``[0, 1, 3]``; anything else (empty, negative, repeated, not a number) is refused.
+
+    >>> parse_gpus("0, 2,1")
+    [0, 2, 1]
+    """
+    try:
+        ids = [int(x) for x in spec.split(",")]
+    except ValueError:
+        ids = []
+    if not ids or any(i < 0 for i in ids) or len(set(ids)) != len(ids):
+        raise GacError(f"--gpus takes distinct GPU indices separated by commas (e.g. 0,1,2,3), got {spec!r}")
+    return ids
+
+
+def share_models(groups: dict[str, list[Any]], gpus: list[int]) -> dict[int, list[str]]:
+    """Group ids per GPU: whole models (all their groups), the model with the most groups first, each to the
+    GPU with the fewest groups so far. GPUs beyond the number of models get nothing.
+
+    >>> share_models({"a/base": [0], "a/svd-r0.8": [0], "b/base": [0]}, [0, 1, 2])
+    {0: ['a/base', 'a/svd-r0.8'], 1: ['b/base']}
+    """
+    by_model: dict[str, list[str]] = {}
+    for gid in groups:
+        by_model.setdefault(gid.split("/", 1)[0], []).append(gid)
+    load = {g: 0 for g in gpus}
+    out: dict[int, list[str]] = {}
+    for model in sorted(by_model, key=lambda m: -len(by_model[m])):
+        gpu = min(gpus, key=lambda g: (load[g], gpus.index(g)))
+        out.setdefault(gpu, []).extend(by_model[model])
+        load[gpu] += len(by_model[model])
+    return dict(sorted(out.items(), key=lambda kv: gpus.index(kv[0])))
+
+
+def run_local_gpus(
+    plan_file: str | Path,
+    plan: ExperimentPlan,
+    plan_dir: str | Path,
+    gpus: list[int],
+    only: list[str] | None = None,
+) -> dict[str, str]:
+    """Run the (selected) groups in one ``gac run`` process per GPU (:func:`share_models`); returns cell
+    id -> ``ok`` (ran), ``done`` (was done) or ``failed`` (failed, or its process died first)."""
+    import os
+    import sys
+
+    from gac.utils import console
+
+    d = Path(plan_dir)
+    before = {cid: st for _, cid, st in status_table(plan, d, only)}
+    share = share_models(plan.groups(only), gpus)
+    idle = [g for g in gpus if g not in share]
+    if idle:
+        console.print(f"note: {len(share)} model(s) for {len(gpus)} GPUs; GPU(s) {', '.join(map(str, idle))} "
+                      "idle (a model's cells stay on one card)")  # fmt: skip
+    logs = d / "gpus"
+    logs.mkdir(parents=True, exist_ok=True)
+    procs: dict[int, tuple[subprocess.Popen, Path]] = {}
+    try:
+        for gpu, gids in share.items():
+            cmd = [sys.executable, "-m", "gac", "run", str(plan_file), "--out", str(d)]
+            for gid in gids:
+                cmd += ["--only", gid]
+            log = logs / f"gpu{gpu}.log"
+            env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
+            with open(log, "w") as f:
+                f.write(f"CUDA_VISIBLE_DEVICES={gpu} {shlex.join(cmd)}\n")
+                f.flush()
+                procs[gpu] = (subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT), log)
+            console.print(f"GPU {gpu}: {len(gids)} group(s) ({', '.join(gids)}); log {log}")
+        for gpu, (p, log) in procs.items():
+            rc = p.wait()
+            console.print(f"GPU {gpu}: exit {rc}" + ("" if rc == 0 else f"\n{_tail(_read(log))}"))
+    except KeyboardInterrupt:
+        for p, _ in procs.values():
+            p.terminate()
+        raise
+    out: dict[str, str] = {}
+    for _, cid, st in status_table(plan, d, only):
+        out[cid] = ("done" if before.get(cid) == "done" else "ok") if st == "done" else "failed"
     return out
 
 
@@ -141,9 +231,19 @@ def run_slurm(
 
 
 def execute(
-    plan: ExperimentPlan, plan_dir: str | Path, executor: str = "local", only: list[str] | None = None
+    plan: ExperimentPlan,
+    plan_dir: str | Path,
+    executor: str = "local",
+    only: list[str] | None = None,
+    gpus: list[int] | None = None,
+    plan_file: str | Path | None = None,
 ) -> dict[str, str]:
-    """Run ``plan``'s unfinished cells (of the groups ``only`` selects) with ``executor``."""
+    """Run ``plan``'s unfinished cells (of the groups ``only`` selects) with ``executor`` (``gpus``: the
+    local executor's one process per GPU, which re-reads ``plan_file``)."""
+    if executor == "local" and gpus:
+        if plan_file is None:
+            raise GacError("running on several GPUs needs the plan file (each GPU's process reads it)")
+        return run_local_gpus(plan_file, plan, plan_dir, gpus, only)
     if executor == "local":
         return run_local(plan, plan_dir, only)
     if executor == "slurm":
@@ -157,11 +257,12 @@ def run_plan(
     executor: str = "local",
     dry_run: bool = False,
     only: list[str] | None = None,
+    gpus: str | None = None,
 ) -> dict[str, str]:
     """Validate ``plan_file``, then run (or, ``dry_run``, list) its cells into ``out``.
 
-    Everything is checked before any work: the plan's keys and values, the executor, and that
-    ``out`` holds no other plan's results.
+    Everything is checked before any work: the plan's keys and values, the executor, ``gpus`` (local
+    only: ``"0,1,2,3"``, one process per GPU) and that ``out`` holds no other plan's results.
     """
     from rich.table import Table
 
@@ -171,6 +272,9 @@ def run_plan(
     if executor not in EXECUTORS:
         raise GacError(f"unknown executor {executor!r}; choose one of: {', '.join(EXECUTORS)}")
     check_only(plan, only)
+    gpu_ids = parse_gpus(gpus) if gpus is not None else None
+    if gpu_ids and executor != "local":
+        raise GacError("--gpus is for the local executor (Slurm gives each job its own GPU)")
     plan_dir = Path(out) if out else Path("runs") / plan.name
     if executor == "slurm" and not dry_run:
         check_slurm()
@@ -185,12 +289,14 @@ def run_plan(
         for g, cid, st in rows:
             t.add_row(g, cid, st)
         out_console.print(t)
+        for gpu, gids in share_models(plan.groups(only), gpu_ids).items() if gpu_ids else ():
+            out_console.print(f"GPU {gpu}: {', '.join(gids)}")
         return {cid: st for _, cid, st in rows}
     console.print(
         f"plan {plan.name} ({plan.hash}): {len(rows)} cells in {n_groups} groups; "
         f"{len(rows) - len(todo)} done, {len(todo)} to run; results in {d}"
     )
-    res = execute(plan, d, executor, only)
+    res = execute(plan, d, executor, only, gpus=gpu_ids, plan_file=plan_file)
     failed = [k for k, v in res.items() if v == "failed"]
     ran = sum(v == "ok" for v in res.values())
     console.print(f"ran {ran} cells, skipped {sum(v == 'done' for v in res.values())}, failed {len(failed)}")
