@@ -494,6 +494,10 @@ def _guard(point: Callable[[], dict[str, Any]], key: dict[str, Any], dev: torch.
         return {**key, "status": "error", "error": f"{type(e).__name__}: {msg}"}
 
 
+#: PyTorch's message for a guard that fails on the frame it was just compiled for (an internal bug)
+DYNAMO_GUARD_BUG = "Guard failed on the same frame it was created"
+
+
 def _fast_or_eager(
     point: Callable[[Callable[..., Any] | None, bool], dict[str, Any]],
     forward: Callable[..., Any] | None,
@@ -503,7 +507,9 @@ def _fast_or_eager(
 ) -> dict[str, Any]:
     """``point(forward, graphs)``; where the compiled or captured step fails (not for lack of
     memory), a one-line notice names the reason and the point is timed eager, labelled
-    ``fallback``."""
+    ``fallback``. A Dynamo guard that fails on the frame that created it (a PyTorch bug: it hit one
+    decode point of an ASVD cell on an H100, ``benchmarks/results/h100/speed-guarded-margin/``) is
+    retried once after ``torch._dynamo.reset()`` before that, and the record says ``retried``."""
     try:
         return point(forward, graphs)
     except GacError:
@@ -512,6 +518,22 @@ def _fast_or_eager(
         if _is_oom(e) or (forward is None and not graphs):
             raise
         reason = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+        if forward is not None and DYNAMO_GUARD_BUG in str(e):
+            _free(dev)
+            console.print(f"notice: {what}: {reason}; resetting Dynamo and compiling it once more",
+                          soft_wrap=True, markup=False)  # fmt: skip
+            torch._dynamo.reset()
+            try:
+                rec = point(forward, graphs)
+            except GacError:
+                raise
+            except Exception as e2:  # noqa: BLE001 - the second failure falls back as the first would
+                if _is_oom(e2):
+                    raise
+                reason = f"{type(e2).__name__}: {(str(e2).splitlines() or [''])[0][:200]} (after a retry)"
+            else:
+                rec["retried"] = reason
+                return rec
         _free(dev)
         console.print(
             f"notice: {what} could not be compiled/captured ({reason}); timing it eager (labelled fallback)",
