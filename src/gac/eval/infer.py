@@ -494,6 +494,11 @@ def _guard(point: Callable[[], dict[str, Any]], key: dict[str, Any], dev: torch.
         return {**key, "status": "error", "error": f"{type(e).__name__}: {msg}"}
 
 
+def _reason(e: BaseException) -> str:
+    """``Type: first line`` of an exception, for a notice and a record's ``fallback``."""
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+
+
 #: PyTorch's message for a guard that fails on the frame it was just compiled for (an internal bug)
 DYNAMO_GUARD_BUG = "Guard failed on the same frame it was created"
 
@@ -517,7 +522,7 @@ def _fast_or_eager(
     except Exception as e:  # noqa: BLE001 - any compile/capture failure falls back to eager
         if _is_oom(e) or (forward is None and not graphs):
             raise
-        reason = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+        reason = _reason(e)
         if forward is not None and DYNAMO_GUARD_BUG in str(e):
             _free(dev)
             console.print(f"notice: {what}: {reason}; resetting Dynamo and compiling it once more",
@@ -530,7 +535,7 @@ def _fast_or_eager(
             except Exception as e2:  # noqa: BLE001 - the second failure falls back as the first would
                 if _is_oom(e2):
                     raise
-                reason = f"{type(e2).__name__}: {(str(e2).splitlines() or [''])[0][:200]} (after a retry)"
+                reason = f"{_reason(e2)} (after a retry)"
             else:
                 rec["retried"] = reason
                 return rec

@@ -743,17 +743,19 @@ def write_latent_bench(result: dict[str, Any], out_dir: Path, dtype: str, env: d
     import csv
     import io
 
-    def fit_us(row: dict[str, Any], c: dict[str, Any]) -> float:
-        us = row["launch_us"] + c["bytes"] / row["gbps"] / 1e3
-        return us + (c["flops"] / row["tflops"] / 1e6 if row.get("tflops") else 0.0)
-
     calls = result.get("fit", {}).get("calls", [])
     if not calls:
         raise GacError("the latent attention sweep timed no call (no Triton, or every call over its budget)")
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = out_dir / f"latent_attention-{dtype}"
-    rows = [{k: v for k, v in c.items() if k != "launch"} | {"launch": json.dumps(c["launch"], sort_keys=True),
-            "fit_us": round(fit_us(result["groups"][str(c["key_group"])], c), 3)} for c in calls]  # fmt: skip
+    # the fit's time of each call, from the relative errors the fit kept per group (in the calls' order)
+    errs = {g: iter(row["rel_err"]) for g, row in result["groups"].items()}
+    rows = []
+    for c in calls:
+        e = next(errs[str(c["key_group"])], None) if str(c["key_group"]) in errs and c.get("us") else None
+        fit = round(c["us"] * (1 + e), 3) if e is not None else None
+        rows.append({k: v for k, v in c.items() if k != "launch"}
+                    | {"launch": json.dumps(c["launch"], sort_keys=True), "fit_us": fit})  # fmt: skip
     doc = {"schema": "gac.bench/1", "experiment": "latent_attention", "dtype": dtype, "env": env,
            "command": shlex.join(["gac", *sys.argv[1:]]), "latent_attention": result, "records": rows}  # fmt: skip
     atomic_write_text(stem.with_suffix(".json"), json.dumps(doc, indent=1, default=float) + "\n")
