@@ -105,7 +105,12 @@ def main() -> int:
     ap.add_argument("--table", action="store_true", help="time the launch table's choice only")
     ap.add_argument("--old", default=None, help="path to the earlier latent_attention module, timed beside")
     ap.add_argument("--budget-s", type=float, default=540.0)
+    ap.add_argument(
+        "--no-balance", action="store_true", help="the launch table's splits as they were before balanced_splits"
+    )
     args = ap.parse_args()
+    if args.no_balance:
+        kl.balanced_splits = lambda splits, *a, **k: splits
     t_start = time.time()
     dev = torch.device("cuda")
     dt = torch.bfloat16
@@ -244,7 +249,7 @@ def main() -> int:
                     if best is None:
                         res["points"].append(row)
                         continue
-                    if old is not None and not bias and n_rep <= 16:
+                    if old is not None:
                         ofns = [
                             functools.partial(
                                 old.latent_decode_attention, s[0], s[1], s[2], pack, n, inv, hd**-0.5

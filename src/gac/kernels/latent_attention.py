@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 from typing import Any
 
@@ -149,7 +150,7 @@ if HAVE_TRITON:
     def _head_values(pt, zv_b, offs_t, tmask, szvt, voff_ptr, vr_ptr, kvh0, j, offs_m, offs_v, NREP, RAV):
         """``P·Z_v`` over KV head ``kvh0 + j``'s value slice, on the rows of its query heads only."""
         voff = tl.load(voff_ptr + kvh0 + j) // RAV * RAV
-        vr = tl.load(vr_ptr + kvh0 + j)
+        vr = tl.load(vr_ptr + kvh0 + j) // RAV * RAV
         zv = tl.load(
             zv_b + offs_t[:, None] * szvt + (voff + offs_v)[None, :],
             mask=tmask[:, None] & (offs_v < vr)[None, :],
@@ -179,7 +180,7 @@ if HAVE_TRITON:
         """``acc`` plus the tile's ``P·Z_v``, each query head through its value group's latent slice."""
         if V_SHARED:  # every KV head of the key group reads one value slice
             voff = tl.load(voff_ptr + kvh0) // RAV * RAV
-            vr = tl.load(vr_ptr + kvh0)
+            vr = tl.load(vr_ptr + kvh0) // RAV * RAV
             zv = tl.load(
                 zv_b + offs_t[:, None] * szvt + (voff + offs_v)[None, :],
                 mask=tmask[:, None] & (offs_v < vr)[None, :],
@@ -405,7 +406,7 @@ def _per_kv_head(pack: dict[str, Any], device: torch.device) -> tuple[torch.Tens
         torch.tensor(off, dtype=torch.int32, device=device),
         torch.tensor(rk, dtype=torch.int32, device=device),
         shared,
-        vector_align(*voffs),
+        vector_align(*voffs, *vranks),
     )
     pack["_vhead"] = out
     return out
@@ -513,15 +514,17 @@ def _(q, zk, zv, uk, koff, kr, voff, vr, k_bias, k_norm, inv_freq, cache_len, sc
 latent_align = vector_align
 
 #: launch parameters by key group size: rows ``(max_key_group, block_t, block_r, num_warps, num_stages, waves)``,
-#: the first row that covers a launch applies (``block_r`` past the rank pads it: at key group 1, rank 64, the
-#: 128-wide tile ran 0.89-0.98x dense at B16 where the 64-wide one ran 0.62-0.70x); the cache is split so that the programs fill the GPU
-#: ``waves`` times. Chosen on an H100 from the configuration with the best geometric mean against dense
-#: over the grid (Llama-3-8B and Qwen2.5-7B shapes, B 1/16/64 x KV 4096/16384/32768:
-#: ``benchmarks/results/h100/palu-kernel/latent_kernel_v3.json``). The environment variable
+#: the first row that covers a launch applies; the cache is split so that the programs fill the GPU
+#: ``waves`` times, then (:func:`balanced_splits`) so that the last wave of programs is nearly full. Chosen on
+#: an H100 from the configuration with the best geometric mean against dense over the grid (Llama-3-8B and
+#: Qwen2.5-7B shapes, B 1/16/64 x KV 4096/16384/32768: ``benchmarks/results/h100/palu-kernel/latent_kernel_v3.json``);
+#: the key-group-1 row from the sweep after the value latents loaded as 16-byte vectors
+#: (``benchmarks/results/h100/palu-kernel/v4/``: its 64-wide rank tile ran 1.21-1.33x dense at B16 x 16384
+#: where the 128-wide one, padding rank 64, ran 1.04-1.08x). The environment variable
 #: ``GAC_LATENT_LAUNCH="block_t,block_r,num_warps,num_stages,splits[,unroll]"`` overrides every row
 #: (``splits`` 0: from ``waves`` 2; ``unroll``: the largest key group whose heads are unrolled, default 2).
 LAUNCH_TABLE: list[tuple[int, int, int, int, int, int]] = [
-    (1, 32, 128, 4, 3, 2),
+    (1, 32, 64, 4, 3, 2),
     (2, 32, 64, 4, 3, 4),
     (1 << 30, 128, 64, 8, 2, 2),
 ]
@@ -535,7 +538,9 @@ def launch_config(ctas: int, t: int, k_group: int = 1, device: torch.device | No
         cfg = dict(
             zip(("block_t", "block_r", "num_warps", "num_stages", "splits", "unroll"), vals, strict=False)
         )
-        cfg["splits"] = cfg.get("splits") or num_splits(ctas, t, cfg["block_t"], device)
+        if not cfg.get("splits"):
+            cfg["splits"] = num_splits(ctas, t, cfg["block_t"], device)
+            cfg["auto_splits"] = 1
         return cfg
     for max_group, bt, br, nw, ns, waves in LAUNCH_TABLE:
         if k_group <= max_group:
@@ -547,6 +552,7 @@ def launch_config(ctas: int, t: int, k_group: int = 1, device: torch.device | No
                 "num_stages": ns,
                 "splits": sp,
                 "waves": waves,
+                "auto_splits": 1,
             }
     raise AssertionError("LAUNCH_TABLE must end with a catch-all row")
 
@@ -561,6 +567,46 @@ def num_splits(ctas: int, t: int, block_t: int, device: torch.device | None, wav
     sms = _sm_count(device.index or 0) if device is not None and device.type == "cuda" else 4
     want = -(-waves * sms // max(ctas, 1))
     return max(1, min(want, -(-t // block_t), 256))
+
+
+def balanced_splits(splits: int, ctas: int, t: int, block_t: int, slots: int, min_fill: float = 0.9) -> int:
+    """``splits``, or more, so that the last of several waves of programs is nearly full.
+
+    ``slots``: programs the GPU runs at once (multiprocessors x resident programs each). Where
+    ``ctas x splits`` programs take more than one wave, the time is the number of waves (rounded up)
+    times one program's share of the cache; the smallest split count from ``splits`` to ``4 x splits``
+    whose waves are at least ``min_fill`` full is taken (e.g. 512 programs of 396 slots run as two
+    waves, the second 29% full: three splits run 1536 programs in 3.88 waves). One wave or less is
+    left alone (fewer, longer programs: no wave to fill).
+
+    >>> balanced_splits(1, 512, 16384, 32, 396), balanced_splits(3, 128, 16384, 32, 396)
+    (3, 3)
+    """
+    cap = min(-(-t // block_t), 256, 4 * splits)
+    if slots <= 0 or ctas * splits <= slots:
+        return splits
+    for s in range(splits, cap + 1):
+        w = ctas * s / slots
+        if w / math.ceil(w) >= min_fill:
+            return s
+    return splits
+
+
+#: resident programs per multiprocessor of each compiled launch (read off the kernel after its first launch)
+_RESIDENT: dict[tuple, int] = {}
+
+
+def resident_programs(n_regs: int, shared: int, num_warps: int, device: torch.device) -> int:
+    """Programs of ``num_warps`` warps, ``n_regs`` registers a thread and ``shared`` bytes one
+    multiprocessor holds at once (registers allocated per warp in 256s)."""
+    props = torch.cuda.get_device_properties(device)
+    regs = getattr(props, "regs_per_multiprocessor", 65536)
+    smem = getattr(props, "shared_memory_per_multiprocessor", 233472)
+    threads = getattr(props, "max_threads_per_multi_processor", 2048)
+    per_warp = -(-max(n_regs, 1) * 32 // 256) * 256
+    by_regs = regs // (per_warp * num_warps)
+    by_smem = smem // (shared + 1024) if shared else 32
+    return max(1, min(by_regs, by_smem, threads // (32 * num_warps), 32))
 
 
 #: the last launch (for benchmarks and reports): its parameters
@@ -653,6 +699,9 @@ def _launch(
     asked = dict(cfg)
     if key in _FITTED:
         cfg = _resplit({**cfg, **_FITTED[key]["ran"]}, ctas, t, q.device)
+    if cfg.get("auto_splits") and key in _RESIDENT:  # the last wave nearly full, once the occupancy is known
+        slots = _RESIDENT[key] * _sm_count(q.device.index or 0)
+        cfg["splits"] = balanced_splits(cfg["splits"], ctas, t, cfg["block_t"], slots)
     args = (q, zk, zv, uk, koff, kr, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps,
             rk_max, rv_max, kvh, k_group, v_shared, align, valign, poison)  # fmt: skip
     while True:
@@ -674,6 +723,8 @@ def _launch(
             continue
         if key in _FITTED:
             LAST_LAUNCH["shrunk_from"] = dict(_FITTED[key]["asked"])
+        if "resident" in LAST_LAUNCH:
+            _RESIDENT.setdefault(key, int(LAST_LAUNCH["resident"]))
         return out
 
 
@@ -703,7 +754,7 @@ def _launch_once(
             x.fill_(poison)
     ra = latent_align(align, zk.stride(0), zk.stride(1), uk.stride(0), uk.stride(1))
     rav = latent_align(valign, zv.stride(0), zv.stride(1))
-    _latent_flash_kernel[(b * kgroups, splits)](
+    kern = _latent_flash_kernel[(b * kgroups, splits)](
         q, zk, zv, uk, koff, kr, voff, vr,
         k_bias if k_bias is not None else uk,
         k_norm if k_norm is not None else uk,
@@ -722,6 +773,9 @@ def _launch_once(
         HAS_BIAS=k_bias is not None, HAS_NORM=k_norm is not None, V_SHARED=bool(v_shared), STAGE_U=k_group <= 2 and rk == br, UNROLL=k_group <= cfg.get("unroll", 2), RA=ra, RAV=rav,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
+    n_regs = getattr(kern, "n_regs", None)
+    if n_regs and q.device.type == "cuda":  # what the GPU holds at once: _launch balances the splits by it
+        LAST_LAUNCH["resident"] = resident_programs(n_regs, int(kern.metadata.shared), cfg["num_warps"], q.device)
     sp = _pow2(splits, 2)
     _latent_combine_kernel[(b * h,)](
         part, ml, out, h, NSPLIT=splits, SP=sp, BS=min(sp, 16), RVP=rvp, num_warps=4
