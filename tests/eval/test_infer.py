@@ -388,19 +388,24 @@ def test_capacity_on_gpu_runs_the_largest_batch_that_fits_the_budget():
     cfg = SweepConfig(**{**cfg.to_dict(), "capacity_context": ctx, "capacity_budget_gib": loose / 2**30})
     first = infer.sweep_model(m, cfg)["capacity"]
     assert first["max_batch"] >= 1 and first["peak_mem_gib"] * 2**30 <= loose * 1.02, first
-    # then a budget of 50 sequences beyond what the second sweep will hold: what is allocated now plus what
-    # the first sweep's points added (the same points again), the workspace, and 50.5 sequences
-    now = torch.cuda.memory_allocated()
+    # then a budget of about 50 sequences beyond what the first sweep held. What a second sweep holds when
+    # its search begins is not the first's (on an H100: 236 MB, then 1.03 GiB with a graph-capture stream per
+    # call; 101 MB with one warm-up stream per device), so the search is checked against its own record:
+    # the batch it ran is the largest whose sequences and measured workspace fit beside what it held, and
+    # that batch's peak stayed within the budget (the workspace model did not under-count).
     per = seq + first["workspace_per_seq_bytes"]
-    budget = int(now + (first["held_bytes"] - before) + first["workspace_fixed_bytes"] + 50.5 * per)
+    budget = int(first["held_bytes"] + first["workspace_fixed_bytes"] + 50.5 * per)
     cfg = SweepConfig(**{**cfg.to_dict(), "capacity_budget_gib": budget / 2**30})
     out = infer.sweep_model(m, cfg)["capacity"]
     assert out["max_batch"] >= 1 and out["tries"][-1] == {"batch": out["max_batch"], "status": "ok"}, (
         budget,
         out,
     )
-    assert 40 <= out["predicted_max_batch"] <= 60, out
-    assert out["peak_mem_gib"] * 2**30 <= budget * 1.02
+    per2 = seq + out["workspace_per_seq_bytes"]
+    room = budget - out["held_bytes"] - out["workspace_fixed_bytes"]
+    assert out["predicted_max_batch"] * per2 <= room < (out["predicted_max_batch"] + 1) * per2, out
+    assert out["max_batch"] <= out["predicted_max_batch"], out
+    assert out["peak_mem_gib"] * 2**30 <= budget * 1.02, (budget, out)
     assert out["tokens_per_s"] > 0
     # a budget that holds the weights and one sequence but not the measured workspace: one line, no record
     tight = (plan["weights"] + seq + 2**20) / 2**30
