@@ -146,3 +146,54 @@ def test_default_launch_at_full_ranks_matches_float64_on_gpu(g, bias, norm):
     got = out[..., : ref.shape[-1]].double()
     err = ((got - ref).norm() / ref.norm()).item()
     assert err < 2e-2, (g, err, kl.LAST_LAUNCH)
+
+
+def test_balanced_splits_fill_the_last_wave_and_leave_one_wave_alone():
+    # 512 programs on 396 slots: two waves, the second 29% full; 3 splits run 3.88 waves
+    assert kl.balanced_splits(1, 512, 16384, 32, 396) == 3
+    # one wave or less: left alone (fewer, longer programs)
+    assert kl.balanced_splits(3, 128, 16384, 32, 396) == 3
+    assert kl.balanced_splits(33, 8, 4096, 32, 396) == 33
+    # raised until the last wave is >= 90% full, from the asked splits, never past 4x them or the tiles
+    s = kl.balanced_splits(5, 64, 16384, 32, 264)
+    w = 64 * s / 264
+    assert 5 < s <= 20 and w / -(-w // 1) >= 0.9
+    assert kl.balanced_splits(2, 300, 64, 32, 264) == 2  # two tiles: no more splits to give
+    # no split count up to 4x fills a wave that well: the asked one stays
+    assert kl.balanced_splits(1, 133, 4096, 32, 132) == 1  # 1.01 / 2.02 / 3.02 / 4.03 waves: at most 81% full
+
+
+def test_a_launch_with_auto_splits_is_balanced_once_its_occupancy_is_known(monkeypatch):
+    seen = []
+
+    def fake_once(*a):
+        cfg = a[-1]
+        seen.append(cfg["splits"])
+        kl.LAST_LAUNCH.clear()
+        kl.LAST_LAUNCH.update(cfg, resident=3)  # what the compiled kernel's registers allow per multiprocessor
+        return torch.zeros(1)
+
+    monkeypatch.setattr(kl, "_launch_once", fake_once)
+    monkeypatch.setattr(kl, "_RESIDENT", {})
+    monkeypatch.setattr(kl, "_FITTED", {})
+    monkeypatch.setattr(kl, "_sm_count", lambda index: 132)
+    q, zk, zv, pack, inv = latent_decode_inputs(64, 8, 8, 32, 512, 1, 1, [16] * 8, [16] * 8)
+    auto = {"block_t": 32, "block_r": 16, "num_warps": 4, "num_stages": 3, "splits": 1, "auto_splits": 1}
+    kl._launch(*_args(q, zk, zv, pack, inv, 500), cfg=auto)  # 512 programs, occupancy not known yet
+    kl._launch(*_args(q, zk, zv, pack, inv, 500), cfg=auto)  # 396 slots known: the last wave filled
+    assert seen == [1, 3]
+    # splits the caller fixed are launched as asked
+    fixed = {k: v for k, v in auto.items() if k != "auto_splits"}
+    kl._launch(*_args(q, zk, zv, pack, inv, 500), cfg=fixed)
+    assert seen[-1] == 1
+
+
+def test_value_ranks_join_the_alignment_the_value_loads_rely_on():
+    # the kernel rounds each value rank down to the alignment to prove its mask 16-byte aligned: exact only
+    # where the alignment divides the ranks as well as the offsets
+    _, _, _, pack, _ = latent_decode_inputs(1, 8, 2, 32, 16, 1, 1, [16, 16], [16, 24])
+    assert kl._per_kv_head(pack, torch.device("cpu"))[3] == 8
+    _, _, _, pack, _ = latent_decode_inputs(1, 8, 2, 32, 16, 1, 1, [16, 16], [16, 20])
+    assert kl._per_kv_head(pack, torch.device("cpu"))[3] == 4
+    _, _, _, pack, _ = latent_decode_inputs(1, 8, 2, 32, 16, 1, 1, [16, 16], [16, 13])
+    assert kl._per_kv_head(pack, torch.device("cpu"))[3] == 1  # offsets 0 and 16, last rank 13
