@@ -100,7 +100,9 @@ def main() -> int:
     ap.add_argument("--batches", default="1,16,64")
     ap.add_argument("--lengths", default="4096,16384,32768")
     ap.add_argument(
-        "--configs", default=DEFAULT_CONFIGS, help="';'-separated block_t,block_r,warps,stages,waves"
+        "--configs",
+        default=DEFAULT_CONFIGS,
+        help="';'-separated block_t,block_r,warps,stages,waves[,unroll[,kloop]]",
     )
     ap.add_argument("--table", action="store_true", help="time the launch table's choice only")
     ap.add_argument("--old", default=None, help="path to the earlier latent_attention module, timed beside")
@@ -154,7 +156,7 @@ def main() -> int:
                 kl._ENV = (
                     None
                     if cfg is None
-                    else ",".join(map(str, cfg[:4])) + ",0," + str(cfg[5] if len(cfg) > 5 else 2)
+                    else ",".join(map(str, cfg[:4])) + ",0," + str(cfg[5] if len(cfg) > 5 else 2) + "," + str(cfg[6] if len(cfg) > 6 else 0)
                 )
                 try:
                     out = kl.latent_decode_attention(q, zk, zv, pack, n_small, inv, hd**-0.5)
@@ -223,7 +225,7 @@ def main() -> int:
                             kl._ENV = (
                                 ",".join(map(str, cfg[:4]))
                                 + f",{splits},"
-                                + str(cfg[5] if len(cfg) > 5 else 2)
+                                + str(cfg[5] if len(cfg) > 5 else 2) + "," + str(cfg[6] if len(cfg) > 6 else 0)
                             )
                         fns = [
                             functools.partial(

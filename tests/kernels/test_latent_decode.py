@@ -46,6 +46,10 @@ CASES = [
     (1, 4, 4, 32, 4, 1, 48, 40, False, True, "16,16,4,1,4"),  # k_norm, n_rep 1, values narrower than keys
     (1, 28, 4, 32, 4, 4, 40, 33, True, True, "16,16,4,1,1"),  # key group 4 with n_rep 7: 28 rows of 32
     (2, 8, 8, 32, 2, 4, 30, 20, True, False, "16,16,4,1,4"),  # more splits than tiles: empty splits
+    # the pipelined rank loop with per-position RoPE (launch field 7, kloop): key group 4 with bias and norm,
+    # then key group 2 with its heads unrolled
+    (1, 28, 4, 32, 4, 4, 40, 33, True, True, "16,16,4,2,2,2,1"),
+    (2, 8, 2, 32, 2, 2, 75, 70, False, False, "16,16,4,2,3,2,1"),
 ]
 
 KERNEL_SCRIPT = """
@@ -266,6 +270,8 @@ def test_flash_kernel_on_gpu_matches_float64(dtype):
     exec(KERNEL_SCRIPT, ns)
     big = [(3, 32, 8, 128, g, 4, 1100, 1037, False, False, "64,64,4,2,0") for g in (1, 2, 4)]
     big += [(2, 28, 4, 128, g, 2, 700, 689, True, g == 2, "32,64,4,2,0") for g in (1, 2, 4)]
+    big += [(3, 32, 8, 128, 4, 4, 1100, 1037, False, False, "64,128,8,3,0,2,1")]  # the pipelined rank loop
+    big += [(2, 28, 4, 128, 4, 2, 700, 689, True, True, "64,128,8,2,0,2,1")]
     # tf32 dots for fp32 inputs (three chained: key rebuild, scores, P·Z_v; an H100 gave 4.3e-3 at
     # key group 1 x 8 KV heads, hd 128, 1037 tokens); bf16 keys and probabilities for bf16
     try:

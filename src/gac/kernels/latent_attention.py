@@ -48,24 +48,38 @@ except ImportError:  # pragma: no cover - depends on the install
 if HAVE_TRITON:
 
     @triton.jit
-    def _chunked_keys(zk_b, offs_t, tmask, szkt, koff, kr, ub, sud, offs_d, HALF, RK, BLOCK_R, BLOCK_T):
-        """One KV head's keys ``[BLOCK_T, HALF]`` x2 from its group's latents, in ``BLOCK_R`` rank chunks."""
+    def _key_chunk(zk_b, offs_t, tmask, szkt, koff, kr, ub, sud, offs_d, r0, HALF, BLOCK_R):
+        """One rank chunk's share of one KV head's keys: ``X[:, r0:r0+BLOCK_R]·U`` for both halves."""
+        offs_r = r0 + tl.arange(0, BLOCK_R)
+        rmask = offs_r < kr
+        x = tl.load(
+            zk_b + offs_t[:, None] * szkt + (koff + offs_r)[None, :],
+            mask=tmask[:, None] & rmask[None, :],
+            other=0.0,
+        )
+        u1 = tl.load(ub + offs_r[:, None] + offs_d[None, :] * sud, mask=rmask[:, None], other=0.0)
+        u2 = tl.load(ub + offs_r[:, None] + (HALF + offs_d)[None, :] * sud, mask=rmask[:, None], other=0.0)
+        return tl.dot(x, u1), tl.dot(x, u2)
+
+    @triton.jit
+    def _chunked_keys(zk_b, offs_t, tmask, szkt, koff, kr, ub, sud, offs_d, HALF, RK, BLOCK_R, BLOCK_T, K_LOOP):
+        """One KV head's keys ``[BLOCK_T, HALF]`` x2 from its group's latents, in ``BLOCK_R`` rank chunks.
+
+        ``K_LOOP``: the chunks as a loop the compiler software-pipelines (each chunk's latents and
+        up-projection copied ahead into shared memory, as a GEMM's K loop), not unrolled.
+        """
         k1 = tl.zeros((BLOCK_T, HALF), tl.float32)
         k2 = tl.zeros((BLOCK_T, HALF), tl.float32)
-        for r0 in tl.static_range(0, RK, BLOCK_R):
-            offs_r = r0 + tl.arange(0, BLOCK_R)
-            rmask = offs_r < kr
-            x = tl.load(
-                zk_b + offs_t[:, None] * szkt + (koff + offs_r)[None, :],
-                mask=tmask[:, None] & rmask[None, :],
-                other=0.0,
-            )
-            u1 = tl.load(ub + offs_r[:, None] + offs_d[None, :] * sud, mask=rmask[:, None], other=0.0)
-            u2 = tl.load(
-                ub + offs_r[:, None] + (HALF + offs_d)[None, :] * sud, mask=rmask[:, None], other=0.0
-            )
-            k1 += tl.dot(x, u1)
-            k2 += tl.dot(x, u2)
+        if K_LOOP:
+            for r0 in range(0, RK, BLOCK_R):
+                d1, d2 = _key_chunk(zk_b, offs_t, tmask, szkt, koff, kr, ub, sud, offs_d, r0, HALF, BLOCK_R)
+                k1 += d1
+                k2 += d2
+        else:
+            for r0 in tl.static_range(0, RK, BLOCK_R):
+                d1, d2 = _key_chunk(zk_b, offs_t, tmask, szkt, koff, kr, ub, sud, offs_d, r0, HALF, BLOCK_R)
+                k1 += d1
+                k2 += d2
         return k1, k2
 
     @triton.jit
@@ -87,11 +101,11 @@ if HAVE_TRITON:
     @triton.jit
     def _chunked_head_scores(
         zk_b, offs_t, tmask, szkt, koff, kr, ub, sud, kvh, kb_ptr, kn_ptr, offs_d, c, sn, q1t, q2t, eps,
-        HALF, RK, BLOCK_R, BLOCK_T, HAS_BIAS, HAS_NORM,
+        HALF, RK, BLOCK_R, BLOCK_T, HAS_BIAS, HAS_NORM, K_LOOP,
     ):  # fmt: skip
         """KV head ``kvh``'s scores ``[BLOCK_T, MQ]``, its keys rebuilt chunk by chunk (up-projection at ``ub``)."""
         k1, k2 = _chunked_keys(
-            zk_b, offs_t, tmask, szkt, koff, kr, ub, sud, offs_d, HALF, RK, BLOCK_R, BLOCK_T
+            zk_b, offs_t, tmask, szkt, koff, kr, ub, sud, offs_d, HALF, RK, BLOCK_R, BLOCK_T, K_LOOP
         )
         return _head_scores(
             k1, k2, kvh, kb_ptr, kn_ptr, offs_d, c, sn, q1t, q2t, eps, HALF, HAS_BIAS, HAS_NORM
@@ -101,7 +115,7 @@ if HAVE_TRITON:
     def _group_scores(
         zk_b, offs_t, tmask, szkt, koff, kr, uk_ptr, kvh0, suh, sud, offs_r, rmask, u1a, u2a, u1b, u2b,
         kb_ptr, kn_ptr, offs_d, c, sn, q1t, q2t, col_head, eps,
-        G, HALF, RK, MQ, BLOCK_R, BLOCK_T, HAS_BIAS, HAS_NORM, STAGE_U, UNROLL,
+        G, HALF, RK, MQ, BLOCK_R, BLOCK_T, HAS_BIAS, HAS_NORM, STAGE_U, UNROLL, K_LOOP,
     ):  # fmt: skip
         """One tile's scores ``[BLOCK_T, MQ]``: each column against its KV head's rebuilt keys.
 
@@ -132,6 +146,7 @@ if HAVE_TRITON:
                     sj = _chunked_head_scores(
                         zk_b, offs_t, tmask, szkt, koff, kr, uk_ptr + (kvh0 + j) * suh, sud, kvh0 + j, kb_ptr,
                         kn_ptr, offs_d, c, sn, q1t, q2t, eps, HALF, RK, BLOCK_R, BLOCK_T, HAS_BIAS, HAS_NORM,
+                        K_LOOP,
                     )  # fmt: skip
                 if G == 1:
                     sc = sj
@@ -142,6 +157,7 @@ if HAVE_TRITON:
                 sj = _chunked_head_scores(
                     zk_b, offs_t, tmask, szkt, koff, kr, uk_ptr + (kvh0 + j) * suh, sud, kvh0 + j, kb_ptr,
                     kn_ptr, offs_d, c, sn, q1t, q2t, eps, HALF, RK, BLOCK_R, BLOCK_T, HAS_BIAS, HAS_NORM,
+                    K_LOOP,
                 )  # fmt: skip
                 sc += tl.where((col_head == j)[None, :], sj, 0.0)
         return sc
@@ -261,7 +277,7 @@ if HAVE_TRITON:
         NREP: tl.constexpr, G: tl.constexpr, HALF: tl.constexpr, RK: tl.constexpr, RVP: tl.constexpr,
         MQ: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr, HAS_BIAS: tl.constexpr,
         HAS_NORM: tl.constexpr, V_SHARED: tl.constexpr, STAGE_U: tl.constexpr, UNROLL: tl.constexpr,
-        RA: tl.constexpr, RAV: tl.constexpr,
+        RA: tl.constexpr, RAV: tl.constexpr, K_LOOP: tl.constexpr = False, ROPE_DIRECT: tl.constexpr = False,
     ):  # fmt: skip
         # the latent and up-projection strides arrive divided by RA (RAV for the values), and every
         # group's latent offset and rank is a multiple of it: multiplied back, the compiler can prove
@@ -288,11 +304,15 @@ if HAVE_TRITON:
         q1t = tl.load(qbase + offs_d[:, None], mask=mrow[None, :], other=0.0)
         q2t = tl.load(qbase + (HALF + offs_d)[:, None], mask=mrow[None, :], other=0.0)
         inv = tl.load(inv_ptr + offs_d)
-        # RoPE by angle addition: cos/sin of the offsets inside a tile once, of each tile's start per tile
+        # RoPE by angle addition: cos/sin of the offsets inside a tile once, of each tile's start per tile;
+        # ROPE_DIRECT: of each position, per tile (two registers a cos/sin element fewer held over the loop)
         offs_i = tl.arange(0, BLOCK_T)
-        ang_i = offs_i[:, None].to(tl.float32) * inv[None, :]
-        ci = tl.cos(ang_i)
-        si = tl.sin(ang_i)
+        if ROPE_DIRECT:
+            ci, si = None, None
+        else:
+            ang_i = offs_i[:, None].to(tl.float32) * inv[None, :]
+            ci = tl.cos(ang_i)
+            si = tl.sin(ang_i)
         kvh0 = kg * G
         koff = tl.load(koff_ptr + kvh0) // RA * RA
         kr = tl.load(kr_ptr + kvh0) // RA * RA
@@ -312,11 +332,16 @@ if HAVE_TRITON:
         for t0 in range(start, end, BLOCK_T):
             offs_t = t0 + offs_i
             tmask = offs_t < end
-            c, sn = _tile_rope(inv, t0, ci, si, rope_scale)
+            if ROPE_DIRECT:
+                ang = offs_t[:, None].to(tl.float32) * inv[None, :]
+                c = tl.cos(ang) * rope_scale
+                sn = tl.sin(ang) * rope_scale
+            else:
+                c, sn = _tile_rope(inv, t0, ci, si, rope_scale)
             sc = _group_scores(
                 zk_b, offs_t, tmask, szkt, koff, kr, uk_ptr, kvh0, suh, sud, offs_r, rmask, u1a, u2a, u1b, u2b,
                 kb_ptr, kn_ptr, offs_d, c, sn, q1t, q2t, col_head, eps,
-                G, HALF, RK, MQ, BLOCK_R, BLOCK_T, HAS_BIAS, HAS_NORM, STAGE_U, UNROLL,
+                G, HALF, RK, MQ, BLOCK_R, BLOCK_T, HAS_BIAS, HAS_NORM, STAGE_U, UNROLL, K_LOOP,
             )  # fmt: skip
             m_i, l_i, acc, p = _online_softmax(sc, tmask, qk_scale, m_i, l_i, acc)
             pt = tl.trans(p.to(dt))  # [MQ, BLOCK_T]
@@ -522,7 +547,9 @@ latent_align = vector_align
 #: (``benchmarks/results/h100/palu-kernel/v4/``: its 64-wide rank tile ran 1.21-1.33x dense at B16 x 16384
 #: where the 128-wide one, padding rank 64, ran 1.04-1.08x). The environment variable
 #: ``GAC_LATENT_LAUNCH="block_t,block_r,num_warps,num_stages,splits[,unroll]"`` overrides every row
-#: (``splits`` 0: from ``waves`` 2; ``unroll``: the largest key group whose heads are unrolled, default 2).
+#: (``splits`` 0: from ``waves`` 2; ``unroll``: the largest key group whose heads are unrolled, default 2;
+#: ``kloop`` 1: the rank chunks of a rebuilt key as a software-pipelined loop and RoPE's cos/sin computed per
+#: position each tile, which frees the registers the unrolled chunks and the held in-tile angles took).
 LAUNCH_TABLE: list[tuple[int, int, int, int, int, int]] = [
     (1, 32, 64, 4, 3, 2),
     (2, 32, 64, 4, 3, 4),
@@ -536,7 +563,7 @@ def launch_config(ctas: int, t: int, k_group: int = 1, device: torch.device | No
     if _ENV:
         vals = [int(x) for x in _ENV.split(",")]
         cfg = dict(
-            zip(("block_t", "block_r", "num_warps", "num_stages", "splits", "unroll"), vals, strict=False)
+            zip(("block_t", "block_r", "num_warps", "num_stages", "splits", "unroll", "kloop"), vals, strict=False)
         )
         if not cfg.get("splits"):
             cfg["splits"] = num_splits(ctas, t, cfg["block_t"], device)
@@ -695,7 +722,7 @@ def _launch(
     cfg = dict(cfg or launch_config(ctas, t, k_group, q.device))
     key = (q.device.index, q.dtype, h, hd, kvh, k_group, rk_max, rv_max, k_bias is not None,
            k_norm is not None, bool(v_shared), align, valign, cfg["block_t"], cfg["block_r"],
-           cfg["num_warps"], cfg["num_stages"], cfg.get("unroll", 2))  # fmt: skip
+           cfg["num_warps"], cfg["num_stages"], cfg.get("unroll", 2), cfg.get("kloop", 0))  # fmt: skip
     asked = dict(cfg)
     if key in _FITTED:
         cfg = _resplit({**cfg, **_FITTED[key]["ran"]}, ctas, t, q.device)
@@ -771,6 +798,7 @@ def _launch_once(
         float(eps),
         NREP=n_rep, G=k_group, HALF=hd // 2, RK=rk, RVP=rvp, MQ=mq, BLOCK_T=bt, BLOCK_R=br,
         HAS_BIAS=k_bias is not None, HAS_NORM=k_norm is not None, V_SHARED=bool(v_shared), STAGE_U=k_group <= 2 and rk == br, UNROLL=k_group <= cfg.get("unroll", 2), RA=ra, RAV=rav,
+        K_LOOP=bool(cfg.get("kloop", 0)), ROPE_DIRECT=bool(cfg.get("kloop", 0)),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     n_regs = getattr(kern, "n_regs", None)
