@@ -669,13 +669,14 @@ def shrink(cfg: dict[str, int]) -> dict[str, int] | None:
 
 def compiled_shared_bytes(
     key_group: int, rk: int, rvp: int, block_t: int, block_r: int, num_warps: int, num_stages: int,
-    n_rep: int = 4, head_dim: int = 128, arch: int = 90,
+    n_rep: int = 4, head_dim: int = 128, arch: int = 90, kloop: bool = False,
 ) -> int:  # fmt: skip
     """Shared memory (bytes per block) of the flash kernel compiled for ``sm_<arch>``, without a GPU.
 
     bf16 operands with 16-byte aligned pointers (as Triton specializes them on the GPU: without that
     hint the loads are not pipelined and the count is far lower), values shared by the key group, the
-    rebuild chunked by ``block_r``; ``rk`` the padded key rank, ``rvp`` the value tile.
+    rebuild chunked by ``block_r`` (``kloop``: as a pipelined loop, RoPE per position); ``rk`` the padded key
+    rank, ``rvp`` the value tile.
     """
     import inspect
 
@@ -686,7 +687,7 @@ def compiled_shared_bytes(
     params = list(inspect.signature(fn.fn).parameters)
     const = dict(NREP=n_rep, G=key_group, HALF=head_dim // 2, RK=rk, RVP=rvp, MQ=_pow2(n_rep * key_group),
                  BLOCK_T=block_t, BLOCK_R=block_r, HAS_BIAS=False, HAS_NORM=False, V_SHARED=True,
-                 STAGE_U=False, UNROLL=False, RA=8, RAV=8)  # fmt: skip
+                 STAGE_U=False, UNROLL=False, RA=8, RAV=8, K_LOOP=kloop, ROPE_DIRECT=kloop)  # fmt: skip
     ptrs = {"q_ptr": "*bf16", "zk_ptr": "*bf16", "zv_ptr": "*bf16", "uk_ptr": "*bf16", "koff_ptr": "*i32",
             "kr_ptr": "*i32", "voff_ptr": "*i32", "vr_ptr": "*i32", "kb_ptr": "*bf16", "kn_ptr": "*bf16",
             "inv_ptr": "*fp32", "len_ptr": "*i32", "o_ptr": "*fp32", "ml_ptr": "*fp32"}  # fmt: skip
