@@ -123,6 +123,10 @@ def test_the_g4_row_at_the_pipelines_ranks_fits_an_h100_within_one_shrink():
         assert cfg is not None, needs
         needs.append(kl.compiled_shared_bytes(4, 512, 512, cfg["block_t"], br, nw, cfg["num_stages"]))
     assert len(needs) <= 2 and cfg["block_t"] == bt, (needs, cfg)
+    # the one-sequence launch (the pipelined rank loop) fits as it is, at n_rep 4 and 7
+    _, bt, br, nw, ns, _ = kl.FEW_PROGRAMS
+    for n_rep in (4, 7):
+        assert kl.compiled_shared_bytes(4, 512, 512, bt, br, nw, ns, n_rep=n_rep, kloop=True) <= H100_SMEM
 
 
 @pytest.mark.gpu
@@ -197,3 +201,15 @@ def test_value_ranks_join_the_alignment_the_value_loads_rely_on():
     assert kl._per_kv_head(pack, torch.device("cpu"))[3] == 4
     _, _, _, pack, _ = latent_decode_inputs(1, 8, 2, 32, 16, 1, 1, [16, 16], [16, 13])
     assert kl._per_kv_head(pack, torch.device("cpu"))[3] == 1  # offsets 0 and 16, last rank 13
+
+
+def test_one_sequence_at_key_group_4_launches_the_pipelined_rank_loop():
+    # B=1 x 2 key groups (Llama-3-8B at G=4): few programs, the pipelined rank loop was faster on an H100
+    few = kl.launch_config(2, 16384, 4)
+    assert few["kloop"] == 1 and (few["block_t"], few["block_r"], few["num_warps"], few["num_stages"]) == kl.FEW_PROGRAMS[1:5]
+    # B=16: the table's G=4 row, as before (the pipelined loop was slower there past 4096 cached tokens)
+    many = kl.launch_config(32, 16384, 4)
+    row = next(r for r in kl.LAUNCH_TABLE if r[0] >= 4)
+    assert not many.get("kloop") and (many["block_t"], many["num_stages"]) == (row[1], row[4])
+    # key groups of at most 2 keep their rows whatever the batch
+    assert not kl.launch_config(2, 16384, 2).get("kloop")

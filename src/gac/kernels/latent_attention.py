@@ -555,6 +555,13 @@ LAUNCH_TABLE: list[tuple[int, int, int, int, int, int]] = [
     (2, 32, 64, 4, 3, 4),
     (1 << 30, 128, 64, 8, 2, 2),
 ]
+#: key groups past the unrolled ones (G > 2) with at most ``FEW_PROGRAMS[0]`` programs per split (one sequence:
+#: B x key groups <= 4) launch ``(block_t, block_r, num_warps, num_stages, waves)`` = ``FEW_PROGRAMS[1:]`` with
+#: ``kloop`` (the rank chunks as a pipelined loop, RoPE per position). On an H100 at key group 4, B=1, it took
+#: 0.72-0.94x the time of the table's G=4 row (Llama-3-8B and Qwen2.5-7B shapes, KV 4096-32768), and
+#: 1.01-1.26x the time at B=16 and 64 past KV 4096, where the row stays (0.76-0.87x at B=16 x 4096)
+#: (``benchmarks/results/h100/palu-kernel/v5/``).
+FEW_PROGRAMS = (4, 128, 64, 8, 3, 2)
 _ENV = os.environ.get("GAC_LATENT_LAUNCH")
 
 
@@ -569,6 +576,11 @@ def launch_config(ctas: int, t: int, k_group: int = 1, device: torch.device | No
             cfg["splits"] = num_splits(ctas, t, cfg["block_t"], device)
             cfg["auto_splits"] = 1
         return cfg
+    if k_group > 2 and ctas <= FEW_PROGRAMS[0]:
+        bt, br, nw, ns, waves = FEW_PROGRAMS[1:]
+        sp = num_splits(ctas, t, bt, device, waves)
+        return {"block_t": bt, "block_r": br, "num_warps": nw, "num_stages": ns, "splits": sp, "waves": waves,
+                "auto_splits": 1, "kloop": 1}  # fmt: skip
     for max_group, bt, br, nw, ns, waves in LAUNCH_TABLE:
         if k_group <= max_group:
             sp = num_splits(ctas, t, bt, device, waves)
