@@ -24,7 +24,9 @@ profile: ``latency_fit.guard_margin = {"value": most optimistic ratio - 1, round
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/tools/guard_margin.py \\
         benchmarks/results/h100/speed-guarded benchmarks/results/h100/speed-guarded-margin \\
-        benchmarks/results/h100/speed-guarded-margin/asvd-llama-0.787 benchmarks/results/h200/speed-final \\
+        benchmarks/results/h100/speed-guarded-margin/asvd-llama-0.787 \\
+        benchmarks/results/h100/speed-guarded-margin/asvd-qwen-0.846 benchmarks/results/h100/speed-guarded-pruner \\
+        benchmarks/results/h200/speed-final \\
         --write benchmarks/results/h100/speed-guarded=src/gac/profiles/h100-bfloat16.json \\
         --write benchmarks/results/h200/speed-final=src/gac/profiles/h200-bfloat16.json \\
         --write benchmarks/results/h200/speed-final=src/gac/profiles/h200-float16.json --wave 64x64,64x128,128x128 \\
