@@ -135,14 +135,15 @@ def test_the_g4_row_at_the_pipelines_ranks_fits_an_h100_within_one_shrink():
 @pytest.mark.parametrize(
     ("bias", "norm"), [(False, False), (True, False), (False, True)], ids=["llama", "qwen2", "qwen3"]
 )
-def test_default_launch_at_full_ranks_matches_float64_on_gpu(g, bias, norm):
+@pytest.mark.parametrize("batch", [3, 1])  # at G=4, B=1 launches the pipelined rank loop (FEW_PROGRAMS)
+def test_default_launch_at_full_ranks_matches_float64_on_gpu(g, bias, norm, batch):
     """The launch table's own rows (no override) at the largest ranks a group can have: key rank
     G·head_dim and a value rank just under it, Llama-3-8B attention, bf16; keys plain (Llama), with a
     bias (Qwen2) and RMS-normalized per head (Qwen3)."""
     kl._ENV = None
     kv, hd = 8, 128
     kr, vr = [g * hd] * (kv // g), [g * hd - 8] * (kv // g)
-    q, zk, zv, pack, inv = latent_decode_inputs(3, 32, kv, hd, 1100, g, g, kr, vr, bias=bias, norm=norm,
+    q, zk, zv, pack, inv = latent_decode_inputs(batch, 32, kv, hd, 1100, g, g, kr, vr, bias=bias, norm=norm,
                                                 dtype=torch.bfloat16, device="cuda", seed=g)  # fmt: skip
     n = 1037
     out = kl._launch(*_args(q, zk, zv, pack, inv, n))

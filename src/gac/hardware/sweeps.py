@@ -79,6 +79,12 @@ EXPERIMENTS: tuple[str, ...] = (
 #: experiments ``gac bench`` runs outside this module (they time gac's own kernels, which sit above it)
 KERNEL_EXPERIMENTS: tuple[str, ...] = ("latent_attention",)
 SDPA_BACKENDS: tuple[str, ...] = ("flash", "efficient", "cudnn", "math")
+
+
+def unknown_experiment(name: str) -> GacError:
+    """The one-line error for an experiment ``gac bench`` does not know."""
+    known = ", ".join((*EXPERIMENTS, *KERNEL_EXPERIMENTS, "all"))
+    return GacError(f"unknown experiment {name!r}; choose one of: {known}")
 _BACKEND_ENUM = {
     "flash": "FLASH_ATTENTION",
     "efficient": "EFFICIENT_ATTENTION",
@@ -368,9 +374,7 @@ def points_for(name: str, cfg: Config) -> list[dict[str, Any]]:
                 )
             )
     else:
-        raise GacError(
-            f"unknown experiment {name!r}; choose one of: {', '.join((*EXPERIMENTS, *KERNEL_EXPERIMENTS, 'all'))}"
-        )
+        raise unknown_experiment(name)
     return pts
 
 
@@ -824,9 +828,7 @@ def run_experiment(
         The full record (for ``all``: ``{"experiments": {name: record}}``).
     """
     if name != "all" and name not in EXPERIMENTS:
-        raise GacError(
-            f"unknown experiment {name!r}; choose one of: {', '.join((*EXPERIMENTS, *KERNEL_EXPERIMENTS, 'all'))}"
-        )
+        raise unknown_experiment(name)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     cfg = config or Config.default_for(dev)

@@ -277,7 +277,7 @@ if HAVE_TRITON:
         NREP: tl.constexpr, G: tl.constexpr, HALF: tl.constexpr, RK: tl.constexpr, RVP: tl.constexpr,
         MQ: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr, HAS_BIAS: tl.constexpr,
         HAS_NORM: tl.constexpr, V_SHARED: tl.constexpr, STAGE_U: tl.constexpr, UNROLL: tl.constexpr,
-        RA: tl.constexpr, RAV: tl.constexpr, K_LOOP: tl.constexpr = False, ROPE_DIRECT: tl.constexpr = False,
+        RA: tl.constexpr, RAV: tl.constexpr, K_LOOP: tl.constexpr = False,
     ):  # fmt: skip
         # the latent and up-projection strides arrive divided by RA (RAV for the values), and every
         # group's latent offset and rank is a multiple of it: multiplied back, the compiler can prove
@@ -305,9 +305,9 @@ if HAVE_TRITON:
         q2t = tl.load(qbase + (HALF + offs_d)[:, None], mask=mrow[None, :], other=0.0)
         inv = tl.load(inv_ptr + offs_d)
         # RoPE by angle addition: cos/sin of the offsets inside a tile once, of each tile's start per tile;
-        # ROPE_DIRECT: of each position, per tile (two registers a cos/sin element fewer held over the loop)
+        # with K_LOOP, of each position per tile (two registers a cos/sin element fewer held over the loop)
         offs_i = tl.arange(0, BLOCK_T)
-        if ROPE_DIRECT:
+        if K_LOOP:
             ci, si = None, None
         else:
             ang_i = offs_i[:, None].to(tl.float32) * inv[None, :]
@@ -332,7 +332,7 @@ if HAVE_TRITON:
         for t0 in range(start, end, BLOCK_T):
             offs_t = t0 + offs_i
             tmask = offs_t < end
-            if ROPE_DIRECT:
+            if K_LOOP:
                 ang = offs_t[:, None].to(tl.float32) * inv[None, :]
                 c = tl.cos(ang) * rope_scale
                 sn = tl.sin(ang) * rope_scale
@@ -635,6 +635,7 @@ def balanced_splits(splits: int, ctas: int, t: int, block_t: int, slots: int, mi
 _RESIDENT: dict[tuple, int] = {}
 
 
+@functools.cache  # every launch asks (each decode step of each layer, when not replayed from a graph)
 def resident_programs(n_regs: int, shared: int, num_warps: int, device: torch.device) -> int:
     """Programs of ``num_warps`` warps, ``n_regs`` registers a thread and ``shared`` bytes one
     multiprocessor holds at once (registers allocated per warp in 256s)."""
@@ -699,7 +700,7 @@ def compiled_shared_bytes(
     params = list(inspect.signature(fn.fn).parameters)
     const = dict(NREP=n_rep, G=key_group, HALF=head_dim // 2, RK=rk, RVP=rvp, MQ=_pow2(n_rep * key_group),
                  BLOCK_T=block_t, BLOCK_R=block_r, HAS_BIAS=False, HAS_NORM=False, V_SHARED=True,
-                 STAGE_U=False, UNROLL=False, RA=8, RAV=8, K_LOOP=kloop, ROPE_DIRECT=kloop)  # fmt: skip
+                 STAGE_U=False, UNROLL=False, RA=8, RAV=8, K_LOOP=kloop)  # fmt: skip
     ptrs = {"q_ptr": "*bf16", "zk_ptr": "*bf16", "zv_ptr": "*bf16", "uk_ptr": "*bf16", "koff_ptr": "*i32",
             "kr_ptr": "*i32", "voff_ptr": "*i32", "vr_ptr": "*i32", "kb_ptr": "*bf16", "kn_ptr": "*bf16",
             "inv_ptr": "*fp32", "len_ptr": "*i32", "o_ptr": "*fp32", "ml_ptr": "*fp32"}  # fmt: skip
@@ -811,7 +812,7 @@ def _launch_once(
         float(eps),
         NREP=n_rep, G=k_group, HALF=hd // 2, RK=rk, RVP=rvp, MQ=mq, BLOCK_T=bt, BLOCK_R=br,
         HAS_BIAS=k_bias is not None, HAS_NORM=k_norm is not None, V_SHARED=bool(v_shared), STAGE_U=k_group <= 2 and rk == br, UNROLL=k_group <= cfg.get("unroll", 2), RA=ra, RAV=rav,
-        K_LOOP=bool(cfg.get("kloop", 0)), ROPE_DIRECT=bool(cfg.get("kloop", 0)),
+        K_LOOP=bool(cfg.get("kloop", 0)),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     n_regs = getattr(kern, "n_regs", None)

@@ -206,7 +206,7 @@ def speed_plot(
     cells = [(c, sp) for c, sp in mspeed if c.compressor != BASE]
     if not cells:
         return False
-    pts = [k for k in cells[0][1] if not k.startswith(("ideal_", "fallback_"))]
+    pts = point_keys(cells[0][1])
     n = len(cells)
     width = 0.8 / n
     fig, ax = plt.subplots(figsize=(max(6.4, 0.75 * len(pts) + 1.5), 4.2))
@@ -454,6 +454,11 @@ def model_lines(plt: Any, model: str, mcells: list[CellRecord], srcs: list[str],
     return lines
 
 
+def point_keys(sp: dict[str, Any]) -> list[str]:
+    """The grid points of a cell's speedups (without their ``ideal_``/``fallback_`` companions)."""
+    return [k for k in sp if not k.startswith(("ideal_", "fallback_"))]
+
+
 def other_card_lines(base: dict[str, Any] | None, cells: list[dict[str, Any] | None]) -> list[str]:
     """A note naming the cells timed on another GPU than their dense base (``env.gpu_uuid``; cells
     recorded before the uuid was kept say nothing): their speedups compare two cards of one kind."""
@@ -499,7 +504,7 @@ def _measured_lines(
     model: str, mspeed: list[tuple[Any, dict[str, Any]]], base: dict[str, Any] | None
 ) -> list[str]:
     """The measured speedup table (ideal in brackets) and the dense base's bandwidth line."""
-    pts = [k for k in mspeed[0][1] if not k.startswith(("ideal_", "fallback_"))]
+    pts = point_keys(mspeed[0][1])
     head = ["cell", *(f"{k} (ideal)" for k in pts)]
     lines = [f"Measured speedup over the dense base ({model}, `infer` eval: the default "
              "`gac eval infer` path), ideal in brackets (prefill: FLOPs, or the parameter ratio where no "

@@ -143,8 +143,8 @@ def compile_step(
 #: one warm-up stream per device, not a new one per capture: cuBLAS keeps a workspace per (handle, stream)
 #: for the life of the process. On an H100 a tiny model's sweep left 236 MB allocated beyond its 1 MB of
 #: weights after its captured points, which the capacity search counts as held, and a second sweep in
-#: the same process held 1.03 GiB (benchmarks/results/h100/palu-default/run4/gpu-tests); a stream per
-#: capture is the likely cause (not yet confirmed on a GPU)
+#: the same process held 1.03 GiB (benchmarks/results/h100/palu-default/run4/gpu-tests); with this one
+#: stream a second sweep held 101 MB (run5/gpu-tests)
 _WARM_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
 
