@@ -41,7 +41,12 @@ def build(spec: str, dims: dict[str, int] | None, device: str = "cuda"):
     from gac.nn.fused import fuse_projections_
 
     m = load_model(spec, dtype=torch.bfloat16, device=device).model
-    if dims:
+    if dims and any(":g" in k for k in dims):  # PaLU's group ranks: latent attention at those ranks
+        from gac.hardware.latency import _latent_skeleton_
+
+        _latent_skeleton_(m, dims, device=device)
+        m.to(torch.bfloat16)
+    elif dims:
         for fqn, r in dims.items():
             try:
                 lin = m.get_submodule(fqn)

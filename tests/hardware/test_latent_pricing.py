@@ -403,7 +403,9 @@ def test_a_recorded_palu_cell_is_priced_with_latent_attention():
     m = skeleton("shape:llama3-8b:2", dims)
     attn = m.model.layers[1].self_attn
     assert isinstance(attn, LatentAttention) and attn.k_proj.ranks == [256, 256] and attn.group_kv_k == 4
-    assert attn.v_proj.ranks == [256, 256] and not attn.folded and attn.k_proj.down.weight.is_meta
+    assert attn.v_proj.ranks == [256, 256] and not attn.folded
+    # queries and both latent down-projections read one hidden state: one fused GEMM, as the infer eval runs it
+    assert attn.fused_q_k_v.weight.is_meta and attn.fused_q_k_v.splits == [4096, 512, 512]
     d = skeleton("shape:llama3-8b:2")
     pt = Point("decode", 16, kv=16384)
     call = next(x for x in launches(m, _prof(), pt) if x.name == "layer1.latent_attention")

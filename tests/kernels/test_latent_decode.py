@@ -278,3 +278,40 @@ def test_flash_kernel_on_gpu_matches_float64(dtype):
         ns["run"](CASES + big, "cuda", dtype, 1e-2 if dtype == torch.float32 else 2e-2, 7)
     finally:
         ns["kl"]._ENV = None
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_queries_and_latent_downs_fuse_exactly(family):
+    """The infer eval's fusion puts ``q_proj`` and both latent down-projections in one GEMM
+    (``fused_q_k_v``): prefill and a decode step against a static cache keep their logits, and the
+    way back restores stand-alone projections."""
+    from transformers import StaticCache
+
+    from gac.nn.fused import FusedSlice, fuse_projections_, unfuse_projections_
+    from gac.nn.latent import LatentProjection
+
+    m, g = _family_model(family, 2, 2, False, layers=2)
+    m = m.to("cpu", torch.float64)
+    ids = torch.randint(3, 240, (2, 30), generator=g)
+
+    def run():
+        cache = StaticCache(config=m.config, max_cache_len=40)
+        with torch.no_grad():
+            pre = m(ids[:, :29], **cache_arg(m, cache), use_cache=True).logits
+            return pre, m(ids[:, 29:], **cache_arg(m, cache), use_cache=True).logits
+
+    ref = run()
+    groups = fuse_projections_(m)
+    assert sum(g.endswith(":q_proj+k_proj.down+v_proj.down") for g in groups) == 2
+    attn = m.model.layers[0].self_attn
+    assert isinstance(attn.k_proj, LatentProjection) and isinstance(attn.k_proj.down, FusedSlice)
+    assert attn.fused_q_k_v.splits == [attn.q_proj.out_features, sum(attn.k_proj.ranks), sum(attn.v_proj.ranks)]
+    got = run()
+    for a, b in zip(got, ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    w = attn.k_proj.weight  # the dense equivalent still reads the fused rows
+    assert w.shape == (attn.kv_heads * attn.head_dim, attn.fused_q_k_v.in_features)
+    assert unfuse_projections_(m) == 2 * 2  # attention and MLP groups of both layers
+    assert isinstance(attn.k_proj.down, torch.nn.Linear) and not hasattr(attn, "fused_q_k_v")
+    for a, b in zip(run(), ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)

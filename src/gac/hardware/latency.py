@@ -914,9 +914,10 @@ def skeleton(
     return model
 
 
-def _latent_skeleton_(model: Any, dims: dict[str, int]) -> None:
+def _latent_skeleton_(model: Any, dims: dict[str, int], device: Any = "meta") -> None:
     """PaLU's kept dims (``<attention>.k_proj:g0``... one per key or value group) as
-    :class:`~gac.nn.latent.LatentAttention` layers on the meta device (values unfolded, the default)."""
+    :class:`~gac.nn.latent.LatentAttention` layers on the meta device (values unfolded, the default);
+    on another ``device`` the latent projections get ``nn.Linear``'s random init (speed runs)."""
     import torch
 
     from gac.models.adapters import model_rotary
@@ -947,7 +948,7 @@ def _latent_skeleton_(model: Any, dims: dict[str, int]) -> None:
         for role in ("k_proj", "v_proj"):
             ranks = [roles[role][g] for g in sorted(roles[role])]
             lin = getattr(a, role)
-            with torch.device("meta"):
+            with torch.device(device):
                 projs.append(LatentProjection(lin.in_features, ranks, kvh * hd // len(ranks),
                                               bias=lin.bias is not None, dtype=lin.weight.dtype))  # fmt: skip
         new = LatentAttention(a.q_proj, projs[0], projs[1], a.o_proj, heads, kvh, hd,

@@ -28,7 +28,13 @@ from torch import nn
 
 from gac.nn.factorized import FactorizedLinear
 
-DEFAULT_GROUPS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+#: sibling projections fused by default; a dotted name is a member's child (PaLU's latent attention:
+#: its queries and the down-projections of its key and value latents read the same hidden state)
+DEFAULT_GROUPS: tuple[tuple[str, ...], ...] = (
+    ("q_proj", "k_proj", "v_proj"),
+    ("q_proj", "k_proj.down", "v_proj.down"),
+    ("gate_proj", "up_proj"),
+)
 
 
 class FusedInputProjection(nn.Module):
@@ -196,13 +202,25 @@ class FusedSlice(nn.Module):
         return f"index={self.index}, in_features={self.in_features}, out_features={self.out_features}, factorized={self.u is not None}"
 
 
+def _member(parent: nn.Module, path: str) -> tuple[nn.Module | None, str, nn.Module | None]:
+    """``(owner, attribute, module)`` of the (dotted) child ``path`` of ``parent``; None where absent."""
+    owner: nn.Module | None = parent
+    *heads, last = path.split(".")
+    for h in heads:
+        owner = getattr(owner, h, None)
+        if not isinstance(owner, nn.Module):
+            return None, last, None
+    return owner, last, getattr(owner, last, None)
+
+
 def fuse_projections_(model: nn.Module, groups: tuple[tuple[str, ...], ...] = DEFAULT_GROUPS) -> list[str]:
     """Fuse every group of sibling projections of ``model`` in place.
 
     Args:
         model: any module tree (a Hugging Face causal LM, a decoder layer...).
         groups: child-name tuples to fuse when all are present on one parent and each is an
-            ``nn.Linear`` or ``FactorizedLinear`` of the same ``in_features``.
+            ``nn.Linear`` or ``FactorizedLinear`` of the same ``in_features``; a dotted name
+            (``k_proj.down``) is a child of a child, replaced where it sits.
 
     Returns:
         The qualified names of the fused groups (``model.layers.0.self_attn:q_proj+k_proj+v_proj``).
@@ -210,31 +228,32 @@ def fuse_projections_(model: nn.Module, groups: tuple[tuple[str, ...], ...] = DE
     done: list[str] = []
     for pname, parent in list(model.named_modules()):
         for names in groups:
-            members = [getattr(parent, n, None) for n in names]
+            found = [_member(parent, n) for n in names]
+            members = [m for _, _, m in found]
             if not all(isinstance(m, (nn.Linear, FactorizedLinear)) for m in members):
                 continue
             if len({m.in_features for m in members}) != 1:
                 continue
+            attr = "fused_" + "_".join(n.split(".")[0].removesuffix("_proj") for n in names)
+            if attr in parent._modules:
+                continue
             group = FusedInputProjection(members)
-            attr = "fused_" + "_".join(n.removesuffix("_proj") for n in names)
             setattr(parent, attr, group)
-            for i, (n, m) in enumerate(zip(names, members, strict=True)):
-                setattr(parent, n, FusedSlice(group, i, m))
+            for i, ((owner, name, _), m) in enumerate(zip(found, members, strict=True)):
+                setattr(owner, name, FusedSlice(group, i, m))
             done.append(f"{pname}:{'+'.join(names)}")
     return done
 
 
 def unfuse_projections_(model: nn.Module) -> int:
     """Undo :func:`fuse_projections_`: put stand-alone modules back. Returns the groups undone."""
-    n = 0
-    for _, parent in list(model.named_modules()):
-        fused_attrs = [k for k, v in parent._modules.items() if isinstance(v, FusedInputProjection)]
-        if not fused_attrs:
-            continue
-        for k, v in list(parent._modules.items()):
+    for owner in list(model.modules()):
+        for k, v in list(owner._modules.items()):
             if isinstance(v, FusedSlice):
-                setattr(parent, k, v.to_original())
-        for k in fused_attrs:
+                setattr(owner, k, v.to_original())
+    n = 0
+    for parent in list(model.modules()):
+        for k in [k for k, v in parent._modules.items() if isinstance(v, FusedInputProjection)]:
             delattr(parent, k)
             n += 1
     return n

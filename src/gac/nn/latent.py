@@ -109,8 +109,9 @@ class LatentProjection(nn.Module):
     @property
     def weight(self) -> torch.Tensor:
         """The dense equivalent ``[out, in]`` (computed; for inspection)."""
+        down = self.down if hasattr(self.down, "weight") else self.down.to_original()  # a fused slice
         return torch.cat(
-            [u.weight @ d for u, d in zip(self.ups, self.down.weight.split(self.ranks, 0), strict=True)]
+            [u.weight @ d for u, d in zip(self.ups, down.weight.split(self.ranks, 0), strict=True)]
         )
 
 
@@ -467,10 +468,12 @@ class LatentAttention(nn.Module):
             flat = torch.cat([o.reshape(b, -1) for o in outs], dim=1)
             return self.o_proj(flat).unsqueeze(1)
         # per-head latent outputs through their KV head's value up-projection, then o_proj
+        # (an einsum, a GEMM batched over the group's KV heads: a broadcast matmul would copy the
+        # up-projections once per sequence)
         n_rep = self.num_key_value_groups
         v = torch.cat(
             [
-                torch.matmul(o.view(b, self.group_kv_v, n_rep, -1), u)
+                torch.einsum("bgnr,grd->bgnd", o.view(b, self.group_kv_v, n_rep, -1), u)
                 for o, u in zip(outs, pack["uv"], strict=True)
             ],
             dim=1,
