@@ -108,7 +108,9 @@ def main() -> int:
     ap.add_argument("--old", default=None, help="path to the earlier latent_attention module, timed beside")
     ap.add_argument("--budget-s", type=float, default=540.0)
     ap.add_argument(
-        "--no-balance", action="store_true", help="the launch table's splits as they were before balanced_splits"
+        "--no-balance",
+        action="store_true",
+        help="the launch table's splits as they were before balanced_splits",
     )
     args = ap.parse_args()
     if args.no_balance:
@@ -156,7 +158,11 @@ def main() -> int:
                 kl._ENV = (
                     None
                     if cfg is None
-                    else ",".join(map(str, cfg[:4])) + ",0," + str(cfg[5] if len(cfg) > 5 else 2) + "," + str(cfg[6] if len(cfg) > 6 else 0)
+                    else ",".join(map(str, cfg[:4]))
+                    + ",0,"
+                    + str(cfg[5] if len(cfg) > 5 else 2)
+                    + ","
+                    + str(cfg[6] if len(cfg) > 6 else 0)
                 )
                 try:
                     out = kl.latent_decode_attention(q, zk, zv, pack, n_small, inv, hd**-0.5)
@@ -225,7 +231,9 @@ def main() -> int:
                             kl._ENV = (
                                 ",".join(map(str, cfg[:4]))
                                 + f",{splits},"
-                                + str(cfg[5] if len(cfg) > 5 else 2) + "," + str(cfg[6] if len(cfg) > 6 else 0)
+                                + str(cfg[5] if len(cfg) > 5 else 2)
+                                + ","
+                                + str(cfg[6] if len(cfg) > 6 else 0)
                             )
                         fns = [
                             functools.partial(

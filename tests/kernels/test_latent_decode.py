@@ -305,7 +305,11 @@ def test_queries_and_latent_downs_fuse_exactly(family):
     assert sum(g.endswith(":q_proj+k_proj.down+v_proj.down") for g in groups) == 2
     attn = m.model.layers[0].self_attn
     assert isinstance(attn.k_proj, LatentProjection) and isinstance(attn.k_proj.down, FusedSlice)
-    assert attn.fused_q_k_v.splits == [attn.q_proj.out_features, sum(attn.k_proj.ranks), sum(attn.v_proj.ranks)]
+    assert attn.fused_q_k_v.splits == [
+        attn.q_proj.out_features,
+        sum(attn.k_proj.ranks),
+        sum(attn.v_proj.ranks),
+    ]
     got = run()
     for a, b in zip(got, ref, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)

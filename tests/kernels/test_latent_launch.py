@@ -175,7 +175,9 @@ def test_a_launch_with_auto_splits_is_balanced_once_its_occupancy_is_known(monke
         cfg = a[-1]
         seen.append(cfg["splits"])
         kl.LAST_LAUNCH.clear()
-        kl.LAST_LAUNCH.update(cfg, resident=3)  # what the compiled kernel's registers allow per multiprocessor
+        kl.LAST_LAUNCH.update(
+            cfg, resident=3
+        )  # what the compiled kernel's registers allow per multiprocessor
         return torch.zeros(1)
 
     monkeypatch.setattr(kl, "_launch_once", fake_once)
@@ -207,7 +209,10 @@ def test_value_ranks_join_the_alignment_the_value_loads_rely_on():
 def test_one_sequence_at_key_group_4_launches_the_pipelined_rank_loop():
     # B=1 x 2 key groups (Llama-3-8B at G=4): few programs, the pipelined rank loop was faster on an H100
     few = kl.launch_config(2, 16384, 4)
-    assert few["kloop"] == 1 and (few["block_t"], few["block_r"], few["num_warps"], few["num_stages"]) == kl.FEW_PROGRAMS[1:5]
+    assert (
+        few["kloop"] == 1
+        and (few["block_t"], few["block_r"], few["num_warps"], few["num_stages"]) == kl.FEW_PROGRAMS[1:5]
+    )
     # B=16: the table's G=4 row, as before (the pipelined loop was slower there past 4096 cached tokens)
     many = kl.launch_config(32, 16384, 4)
     row = next(r for r in kl.LAUNCH_TABLE if r[0] >= 4)

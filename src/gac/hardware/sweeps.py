@@ -85,6 +85,8 @@ def unknown_experiment(name: str) -> GacError:
     """The one-line error for an experiment ``gac bench`` does not know."""
     known = ", ".join((*EXPERIMENTS, *KERNEL_EXPERIMENTS, "all"))
     return GacError(f"unknown experiment {name!r}; choose one of: {known}")
+
+
 _BACKEND_ENUM = {
     "flash": "FLASH_ATTENTION",
     "efficient": "EFFICIENT_ATTENTION",

@@ -62,7 +62,9 @@ if HAVE_TRITON:
         return tl.dot(x, u1), tl.dot(x, u2)
 
     @triton.jit
-    def _chunked_keys(zk_b, offs_t, tmask, szkt, koff, kr, ub, sud, offs_d, HALF, RK, BLOCK_R, BLOCK_T, K_LOOP):
+    def _chunked_keys(
+        zk_b, offs_t, tmask, szkt, koff, kr, ub, sud, offs_d, HALF, RK, BLOCK_R, BLOCK_T, K_LOOP
+    ):
         """One KV head's keys ``[BLOCK_T, HALF]`` x2 from its group's latents, in ``BLOCK_R`` rank chunks.
 
         ``K_LOOP``: the chunks as a loop the compiler software-pipelines (each chunk's latents and
@@ -570,7 +572,11 @@ def launch_config(ctas: int, t: int, k_group: int = 1, device: torch.device | No
     if _ENV:
         vals = [int(x) for x in _ENV.split(",")]
         cfg = dict(
-            zip(("block_t", "block_r", "num_warps", "num_stages", "splits", "unroll", "kloop"), vals, strict=False)
+            zip(
+                ("block_t", "block_r", "num_warps", "num_stages", "splits", "unroll", "kloop"),
+                vals,
+                strict=False,
+            )
         )
         if not cfg.get("splits"):
             cfg["splits"] = num_splits(ctas, t, cfg["block_t"], device)
@@ -817,7 +823,9 @@ def _launch_once(
     )  # fmt: skip
     n_regs = getattr(kern, "n_regs", None)
     if n_regs and q.device.type == "cuda":  # what the GPU holds at once: _launch balances the splits by it
-        LAST_LAUNCH["resident"] = resident_programs(n_regs, int(kern.metadata.shared), cfg["num_warps"], q.device)
+        LAST_LAUNCH["resident"] = resident_programs(
+            n_regs, int(kern.metadata.shared), cfg["num_warps"], q.device
+        )
     sp = _pow2(splits, 2)
     _latent_combine_kernel[(b * h,)](
         part, ml, out, h, NSPLIT=splits, SP=sp, BS=min(sp, 16), RVP=rvp, num_warps=4
