@@ -105,6 +105,10 @@ def main() -> int:
         help="';'-separated block_t,block_r,warps,stages,waves[,unroll[,kloop]]",
     )
     ap.add_argument("--table", action="store_true", help="time the launch table's choice only")
+    ap.add_argument(
+        "--rank-k", type=int, default=0, help="key rank per group (default: G*head_dim/2, KV 0.5)"
+    )
+    ap.add_argument("--rank-v", type=int, default=0, help="value rank per group (default: as the keys)")
     ap.add_argument("--old", default=None, help="path to the earlier latent_attention module, timed beside")
     ap.add_argument("--budget-s", type=float, default=540.0)
     ap.add_argument(
@@ -146,11 +150,12 @@ def main() -> int:
         h, kvh, hd, theta, bias = MODELS[model]
         n_rep = h // kvh
         for gk in (int(x) for x in args.groups.split(",")):
-            r = gk * hd // 2
+            r = args.rank_k or gk * hd // 2
+            rv = args.rank_v or r
             ng = kvh // gk
             # correctness of each launch on a small input (valid length not a tile multiple)
             q, zk, zv, pack, inv = latent_decode_inputs(
-                3, h, kvh, hd, 1100, gk, gk, [r] * ng, [r] * ng, bias=bias, dtype=dt, device=dev, theta=theta
+                3, h, kvh, hd, 1100, gk, gk, [r] * ng, [rv] * ng, bias=bias, dtype=dt, device=dev, theta=theta
             )
             ref = kl.reference_latent_decode(q, zk, zv, pack, 1037, inv, hd**-0.5)
             n_small = torch.tensor([1037], device=dev)
@@ -181,11 +186,11 @@ def main() -> int:
                         print("stopped: time budget", flush=True)
                         return 0
                     dense_bytes = b * t * kvh * hd * 2 * 2
-                    lat_bytes = b * t * ng * 2 * r * 2
+                    lat_bytes = b * t * ng * (r + rv) * 2
                     flops_rebuild = b * t * kvh * 2 * r * hd
-                    flops_attn = b * h * t * 2 * (hd + r)
+                    flops_attn = b * h * t * 2 * (hd + rv)
                     row = {
-                        "model": model, "group": gk, "batch": b, "kv": t, "rank_k": r, "rank_v": r,
+                        "model": model, "group": gk, "batch": b, "kv": t, "rank_k": r, "rank_v": rv,
                         "dense_bytes": dense_bytes, "latent_bytes": lat_bytes,
                         "rebuild_flops": flops_rebuild, "attn_flops": flops_attn,
                         "floor_dense_ms": dense_bytes / bw / 1e6,
@@ -215,7 +220,7 @@ def main() -> int:
                         (
                             torch.randn(b, h, hd, device=dev, dtype=dt),
                             torch.randn(b, t, ng * r, device=dev, dtype=dt),
-                            torch.randn(b, t, ng * r, device=dev, dtype=dt),
+                            torch.randn(b, t, ng * rv, device=dev, dtype=dt),
                         )
                         for _ in range(nl)
                     ]
