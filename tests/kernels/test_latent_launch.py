@@ -42,6 +42,11 @@ def test_shrink_drops_stages_then_halves_the_tile():
         seq.append((cfg["block_t"], cfg["num_stages"]))
         cfg = kl.shrink(cfg)
     assert seq == [(128, 2), (128, 1), (64, 1), (32, 1), (16, 1)]
+    # a key group past the unrolled ones first takes the pipelined rank loop (the one-sequence launch)
+    k4 = kl.shrink({"block_t": 128, "block_r": 64, "num_warps": 8, "num_stages": 2, "splits": 4}, 4)
+    _, bt, br, nw, ns, _ = kl.FEW_PROGRAMS
+    assert k4 == {"block_t": bt, "block_r": br, "num_warps": nw, "num_stages": ns, "splits": 4, "kloop": 1}
+    assert kl.shrink(k4, 4) == {**k4, "num_stages": ns - 1}  # then stages, as any launch
 
 
 def test_a_launch_out_of_shared_memory_is_retried_smaller_warned_once_and_recorded(monkeypatch, caplog):
@@ -50,8 +55,9 @@ def test_a_launch_out_of_shared_memory_is_retried_smaller_warned_once_and_record
 
     def fake_once(*a):
         cfg = a[-1]
-        tried.append((cfg["block_t"], cfg["num_stages"], cfg["splits"]))
-        need = cfg["block_t"] * cfg["num_stages"] * 1552  # 128 x 2 stages: 397,312 B, as the H100 reported
+        tried.append((cfg["block_t"], cfg["num_stages"], cfg["splits"], cfg.get("kloop", 0)))
+        # 128 x 2 stages: 397,312 B, as the H100 reported; the rank loop's stages hold one rank chunk each
+        need = cfg["block_t"] * cfg["num_stages"] * (300 if cfg.get("kloop") else 1552)
         if need > H100_SMEM:
             raise OutOfResources(need, H100_SMEM, "shared memory")
         return torch.zeros(1)
@@ -62,13 +68,16 @@ def test_a_launch_out_of_shared_memory_is_retried_smaller_warned_once_and_record
     cfg = {"block_t": 128, "block_r": 64, "num_warps": 8, "num_stages": 2, "splits": 7, "waves": 2}
     with caplog.at_level(logging.WARNING, logger="gac.kernels.latent_attention"):
         kl._launch(*_args(q, zk, zv, pack, inv, 4000), cfg=cfg)
-    assert [t[:2] for t in tried] == [(128, 2), (128, 1)]
+    # key group 4: the pipelined rank loop (FEW_PROGRAMS' launch) before any stage is dropped
+    _, bt, br, nw, ns, _ = kl.FEW_PROGRAMS
+    assert [(t[0], t[1], t[3]) for t in tried] == [(128, 2, 0), (bt, ns, 1)]
     assert tried[-1][2] == 7  # same tile: same splits
     assert kl.LAST_LAUNCH["shrunk_from"] == {"block_t": 128, "num_stages": 2}
     warned = [r for r in caplog.records if "needs more shared memory" in r.getMessage()]
-    assert len(warned) == 1 and "block_t 128, 1 stage(s)" in warned[0].getMessage()
+    assert len(warned) == 1 and f"block_t {bt}, {ns} stage(s), the rank chunks as a pipelined loop" in warned[0].getMessage()
+    ran = {"block_t": bt, "block_r": br, "num_warps": nw, "num_stages": ns, "kloop": 1}
     shrunk = {"key_group": 4, "rk_max": pack["rk_max"], "rv_max": 472, "asked": {"block_t": 128, "num_stages": 2},
-              "ran": {"block_t": 128, "num_stages": 1}}  # fmt: skip
+              "ran": ran}  # fmt: skip
     assert [shrunk] == kl.shrunk_launches()
     # ... and a latent model's path record (the infer JSON, gac generate --json) says so
     from gac.api import CompressConfig, compress_
@@ -88,14 +97,14 @@ def test_a_launch_out_of_shared_memory_is_retried_smaller_warned_once_and_record
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="gac.kernels.latent_attention"):
         kl._launch(*_args(q, zk, zv, pack, inv, 4000), cfg=cfg)
-    assert [t[:2] for t in tried] == [(128, 1)] and not caplog.records
+    assert [(t[0], t[1], t[3]) for t in tried] == [(bt, ns, 1)] and not caplog.records
     # a smaller tile re-splits the cache (the tiles per split changed)
     monkeypatch.setattr(kl, "_FITTED", {})
     tried.clear()
     big = {**cfg, "num_stages": 1, "block_t": 256}
     kl._launch(*_args(q, zk, zv, pack, inv, 4000), cfg=big)
-    assert [t[:2] for t in tried] == [(256, 1), (128, 1)]
-    assert tried[-1][2] == kl.num_splits(2 * 2, 4096, 128, q.device, 2)
+    assert [t[:2] for t in tried] == [(256, 1), (bt, ns)]
+    assert tried[-1][2] == kl.num_splits(2 * 2, 4096, bt, q.device, 2)
 
 
 def test_a_launch_that_never_fits_raises(monkeypatch):
@@ -113,16 +122,20 @@ def test_a_launch_that_never_fits_raises(monkeypatch):
 def test_the_g4_row_at_the_pipelines_ranks_fits_an_h100_within_one_shrink():
     """Compiled for sm_90 on the CPU (about 10 s): the table's G=4 launch at key rank 512 and a 512-wide
     value tile, which needed 397,312 B on the H100 (Triton 3.6), fits its shared memory after at most
-    one :func:`shrink` (one stage fewer: the token tile, and so the split count, stays)."""
+    one :func:`shrink` (the pipelined rank loop at the same token tile, so the split count stays); a
+    launch without the rank loop fits after one stage fewer."""
     row = next(r for r in kl.LAUNCH_TABLE if r[0] >= 4)
     _, bt, br, nw, ns, _ = row
-    cfg = {"block_t": bt, "block_r": br, "num_warps": nw, "num_stages": ns}
-    needs = [kl.compiled_shared_bytes(4, 512, 512, bt, br, nw, ns)]
-    while needs[-1] > H100_SMEM:
-        cfg = kl.shrink(cfg)
-        assert cfg is not None, needs
-        needs.append(kl.compiled_shared_bytes(4, 512, 512, cfg["block_t"], br, nw, cfg["num_stages"]))
-    assert len(needs) <= 2 and cfg["block_t"] == bt, (needs, cfg)
+    for k_group in (4, 1):
+        cfg = {"block_t": bt, "block_r": br, "num_warps": nw, "num_stages": ns}
+        needs = [kl.compiled_shared_bytes(4, 512, 512, bt, br, nw, ns)]
+        while needs[-1] > H100_SMEM:
+            cfg = kl.shrink(cfg, k_group)
+            assert cfg is not None, needs
+            needs.append(kl.compiled_shared_bytes(4, 512, 512, cfg["block_t"], cfg["block_r"], cfg["num_warps"],
+                                                  cfg["num_stages"], kloop=bool(cfg.get("kloop"))))  # fmt: skip
+        assert len(needs) <= 2 and cfg["block_t"] == bt, (needs, cfg)
+        assert bool(cfg.get("kloop")) == (k_group == 4)
     # the one-sequence launch (the pipelined rank loop) fits as it is, at n_rep 4 and 7
     _, bt, br, nw, ns, _ = kl.FEW_PROGRAMS
     for n_rep in (4, 7):

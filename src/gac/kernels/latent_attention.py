@@ -671,19 +671,32 @@ def shrunk_launches() -> list[dict[str, Any]]:
     return [dict(r) for r in _FITTED.values()]
 
 
-def shrink(cfg: dict[str, int]) -> dict[str, int] | None:
-    """The next smaller launch after ``cfg`` ran out of shared memory: one pipeline stage fewer,
-    then half the token tile (down to 16); ``None`` past the smallest.
+def shrink(cfg: dict[str, int], k_group: int = 1) -> dict[str, int] | None:
+    """The next smaller launch after ``cfg`` ran out of shared memory; ``None`` past the smallest.
+
+    A key group past the unrolled ones (G > 2) first takes the pipelined rank loop (``kloop``, the
+    :data:`FEW_PROGRAMS` launch: its stages hold one rank chunk each, not every chunk of a tile); then,
+    as for any launch, one pipeline stage fewer, then half the token tile (down to 16).
 
     On an H100 (232,448 B per block) the G=4 row at key rank 512 and a 512-wide value tile asks for
     397,312 B with two stages and 151,552 B with one (:func:`compiled_shared_bytes` with Triton 3.6;
-    Triton 3.9: 282,624 and 151,552; ``benchmarks/results/cpu/latent_smem.json``).
+    Triton 3.9: 282,624 and 151,552; ``benchmarks/results/cpu/latent_smem.json``). At key and value rank
+    496 (the first layer of the pipeline's Llama-3-8B and Qwen2.5-7B shapes) the rank loop took 0.74-0.85x
+    the one-stage row's time at every point timed (B 1/16/64 x KV 4096/32768;
+    ``benchmarks/results/h100/palu-kernel/v6/lk_r496.json``).
     """
+    if k_group > 2 and not cfg.get("kloop"):
+        bt, br, nw, ns, _ = FEW_PROGRAMS[1:]
+        return {**cfg, "block_t": bt, "block_r": br, "num_warps": nw, "num_stages": ns, "kloop": 1}
     if cfg["num_stages"] > 1:
         return {**cfg, "num_stages": cfg["num_stages"] - 1}
     if cfg["block_t"] > 16:
         return {**cfg, "block_t": cfg["block_t"] // 2}
     return None
+
+
+#: what a launch record keeps of the launch that ran (:func:`shrunk_launches`)
+_RAN_KEYS = ("block_t", "block_r", "num_warps", "num_stages", "kloop")
 
 
 def compiled_shared_bytes(
@@ -755,18 +768,19 @@ def _launch(
         try:
             out = _launch_once(*args, cfg)
         except OutOfResources as e:
-            smaller = shrink(cfg)
+            smaller = shrink(cfg, k_group)
             if smaller is None:
                 raise
             log.warning(
                 "latent decode kernel: block_t %d, %d stage(s) needs more shared memory than this GPU has "
-                "(%s); launching with block_t %d, %d stage(s)",
+                "(%s); launching with block_t %d, %d stage(s)%s",
                 cfg["block_t"], cfg["num_stages"], e, smaller["block_t"], smaller["num_stages"],
+                ", the rank chunks as a pipelined loop" if smaller.get("kloop") and not cfg.get("kloop") else "",
             )  # fmt: skip
             cfg = _resplit(smaller, ctas, t, q.device) if smaller["block_t"] != cfg["block_t"] else smaller
             _FITTED[key] = {"key_group": k_group, "rk_max": int(rk_max), "rv_max": int(rv_max),
                             "asked": {"block_t": asked["block_t"], "num_stages": asked["num_stages"]},
-                            "ran": {"block_t": cfg["block_t"], "num_stages": cfg["num_stages"]}}  # fmt: skip
+                            "ran": {k: cfg[k] for k in _RAN_KEYS if k in cfg}}  # fmt: skip
             continue
         if key in _FITTED:
             LAST_LAUNCH["shrunk_from"] = dict(_FITTED[key]["asked"])
