@@ -25,6 +25,7 @@ profile: ``latency_fit.guard_margin = {"value": most optimistic ratio - 1, round
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/tools/guard_margin.py \\
         benchmarks/results/h100/speed-guarded benchmarks/results/h100/speed-guarded-margin \\
         benchmarks/results/h100/speed-guarded-margin/asvd-llama-0.787 \\
+        benchmarks/results/h100/speed-guarded-margin/asvd-llama-0.787-rerun \\
         benchmarks/results/h100/speed-guarded-margin/asvd-qwen-0.846 benchmarks/results/h100/speed-guarded-pruner \\
         benchmarks/results/h200/speed-final \\
         --write benchmarks/results/h100/speed-guarded=src/gac/profiles/h100-bfloat16.json \\
