@@ -319,3 +319,48 @@ def test_queries_and_latent_downs_fuse_exactly(family):
     assert isinstance(attn.k_proj.down, torch.nn.Linear) and not hasattr(attn, "fused_q_k_v")
     for a, b in zip(run(), ref, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+COMPILED_STEP_SCRIPT = """
+import torch
+from torch._dynamo.utils import counters
+from transformers import StaticCache
+from gac.api import CompressConfig, compress_
+from gac.compat import cache_arg
+from gac.nn.fused import fuse_projections_
+from gac.nn.latent import LatentAttention, latent_attention_paths
+from gac.testing import tiny_model
+
+m = tiny_model(FAMILY, hidden=128, layers=3, heads=8, kv_heads=4, head_dim=32)
+g = torch.Generator().manual_seed(0)
+calib = [torch.randint(3, 240, (2, 32), generator=g) for _ in range(4)]
+opts = {"k_group_size": 2, "v_group_size": 2}
+compress_(m, CompressConfig(compressor="palu", param_ratio=0.5, align="none", options=opts), calib_batches=calib)
+LatentAttention.decode_refusals = lambda self, *a, **k: []  # the kernel path on the CPU (the interpreter)
+fuse_projections_(m)
+m.eval()
+ids = torch.randint(3, 240, (2, 1), generator=g)
+cache = StaticCache(config=m.config, max_cache_len=64)
+with torch.no_grad():
+    m(ids, **cache_arg(m, cache), use_cache=True, cache_position=torch.tensor([0]))  # eager: the cache, the packs
+    assert latent_attention_paths(m)["kernel"] == 3
+    f = torch.compile(m.forward)
+    got = [f(input_ids=ids, **cache_arg(m, cache), use_cache=True, cache_position=torch.tensor([p])).logits
+           for p in (1, 2, 3)]
+    graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+    cache2 = StaticCache(config=m.config, max_cache_len=64)
+    ref = [m(ids, **cache_arg(m, cache2), use_cache=True, cache_position=torch.tensor([p])).logits
+           for p in (0, 1, 2, 3)][1:]
+assert (graphs, breaks) == (1, 0), (graphs, dict(counters["graph_break"]))
+for a, b in zip(got, ref):
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_compiled_decode_step_on_the_kernel_path_is_one_graph(family):
+    """A PaLU decode step through ``torch.compile`` on the kernel path: one Dynamo graph, no break, eager's
+    logits. ``decode_pack``'s storage check (``data_ptr``) broke the graph at every layer, and on CUDA the
+    rest of each layer's step ran eager (``benchmarks/results/h100/palu-trace/breaks.log``)."""
+    run_interpreted(f"FAMILY = {family!r}\n{COMPILED_STEP_SCRIPT}")
