@@ -28,6 +28,7 @@ def main() -> int:
     ap.add_argument("--kv", type=int, default=256)
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the plumbing (no graphs)")
+    ap.add_argument("--models", default="dense,palu", help="which of dense, palu")
     args = ap.parse_args()
     from gac.api import CompressConfig, compress_
     from gac.eval.infer import SweepConfig, decode_point
@@ -45,6 +46,8 @@ def main() -> int:
     out: dict = {"command": " ".join([sys.executable, *sys.argv]), "models": {}}
     cfg = SweepConfig()
     for name, model in (("dense", base), ("palu", palu)):
+        if name not in args.models.split(","):
+            continue
         model = model.to(args.device, torch.bfloat16 if args.device == "cuda" else torch.float32).eval()
         fuse_projections_(model)  # as the infer eval runs it
         kernels = use_decode_kernels_(model)
