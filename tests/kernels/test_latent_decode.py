@@ -69,7 +69,7 @@ def run(cases, device, dtype, tol, seed):
         )
         kl._ENV = launch
         scale, rs = hd**-0.5, 1.25
-        voff, vrk, shared, valign = kl._per_kv_head(pack, q.device)
+        voff, vrk, shared, valign = kl.per_kv_head(pack, q.device)
         out = kl._launch(
             q, zk, zv, pack["uk"], pack["koff"], pack["kr"], voff, vrk, pack["k_bias"], pack["k_norm"], inv,
             torch.tensor([n], device=device), scale, rs, 1e-6, pack["rk_max"], max(vr), kvh, gk, shared,
@@ -339,18 +339,21 @@ compress_(m, CompressConfig(compressor="palu", param_ratio=0.5, align="none", op
 LatentAttention.decode_refusals = lambda self, *a, **k: []  # the kernel path on the CPU (the interpreter)
 fuse_projections_(m)
 m.eval()
+prompt = torch.randint(3, 240, (2, 5), generator=g)
 ids = torch.randint(3, 240, (2, 1), generator=g)
 cache = StaticCache(config=m.config, max_cache_len=64)
 with torch.no_grad():
-    m(ids, **cache_arg(m, cache), use_cache=True, cache_position=torch.tensor([0]))  # eager: the cache, the packs
-    assert latent_attention_paths(m)["kernel"] == 3
+    # an eager prefill (as gac generate's first): the cache, and the packs for the compiled decode steps
+    m(prompt, **cache_arg(m, cache), use_cache=True, cache_position=torch.arange(5))
     f = torch.compile(m.forward)
     got = [f(input_ids=ids, **cache_arg(m, cache), use_cache=True, cache_position=torch.tensor([p])).logits
-           for p in (1, 2, 3)]
+           for p in (5, 6, 7)]
+    assert latent_attention_paths(m)["kernel"] == 3
     graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
     cache2 = StaticCache(config=m.config, max_cache_len=64)
+    m(prompt, **cache_arg(m, cache2), use_cache=True, cache_position=torch.arange(5))
     ref = [m(ids, **cache_arg(m, cache2), use_cache=True, cache_position=torch.tensor([p])).logits
-           for p in (0, 1, 2, 3)][1:]
+           for p in (5, 6, 7)]
 assert (graphs, breaks) == (1, 0), (graphs, dict(counters["graph_break"]))
 for a, b in zip(got, ref):
     torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)

@@ -27,7 +27,7 @@ H100_SMEM = 232_448  # bytes per block (cudaDevAttrMaxSharedMemoryPerBlockOptin)
 
 
 def _args(q, zk, zv, pack, inv, n):
-    voff, vr, shared, valign = kl._per_kv_head(pack, q.device)
+    voff, vr, shared, valign = kl.per_kv_head(pack, q.device)
     return (
         q, zk, zv, pack["uk"], pack["koff"], pack["kr"], voff, vr, pack["k_bias"], pack["k_norm"], inv,
         torch.tensor([n], device=q.device), q.shape[-1] ** -0.5, 1.0, 1e-6, pack["rk_max"],
@@ -74,7 +74,10 @@ def test_a_launch_out_of_shared_memory_is_retried_smaller_warned_once_and_record
     assert tried[-1][2] == 7  # same tile: same splits
     assert kl.LAST_LAUNCH["shrunk_from"] == {"block_t": 128, "num_stages": 2}
     warned = [r for r in caplog.records if "needs more shared memory" in r.getMessage()]
-    assert len(warned) == 1 and f"block_t {bt}, {ns} stage(s), the rank chunks as a pipelined loop" in warned[0].getMessage()
+    assert (
+        len(warned) == 1
+        and f"block_t {bt}, {ns} stage(s), the rank chunks as a pipelined loop" in warned[0].getMessage()
+    )
     ran = {"block_t": bt, "block_r": br, "num_warps": nw, "num_stages": ns, "kloop": 1}
     shrunk = {"key_group": 4, "rk_max": pack["rk_max"], "rv_max": 472, "asked": {"block_t": 128, "num_stages": 2},
               "ran": ran}  # fmt: skip
@@ -212,11 +215,11 @@ def test_value_ranks_join_the_alignment_the_value_loads_rely_on():
     # the kernel rounds each value rank down to the alignment to prove its mask 16-byte aligned: exact only
     # where the alignment divides the ranks as well as the offsets
     _, _, _, pack, _ = latent_decode_inputs(1, 8, 2, 32, 16, 1, 1, [16, 16], [16, 24])
-    assert kl._per_kv_head(pack, torch.device("cpu"))[3] == 8
+    assert kl.per_kv_head(pack, torch.device("cpu"))[3] == 8
     _, _, _, pack, _ = latent_decode_inputs(1, 8, 2, 32, 16, 1, 1, [16, 16], [16, 20])
-    assert kl._per_kv_head(pack, torch.device("cpu"))[3] == 4
+    assert kl.per_kv_head(pack, torch.device("cpu"))[3] == 4
     _, _, _, pack, _ = latent_decode_inputs(1, 8, 2, 32, 16, 1, 1, [16, 16], [16, 13])
-    assert kl._per_kv_head(pack, torch.device("cpu"))[3] == 1  # offsets 0 and 16, last rank 13
+    assert kl.per_kv_head(pack, torch.device("cpu"))[3] == 1  # offsets 0 and 16, last rank 13
 
 
 def test_one_sequence_at_key_group_4_launches_the_pipelined_rank_loop():

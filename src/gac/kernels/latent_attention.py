@@ -414,7 +414,7 @@ def kernel_supported(head_dim: int, n_rep: int, key_group: int = 1) -> bool:
     )
 
 
-def _per_kv_head(pack: dict[str, Any], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, bool, int]:
+def per_kv_head(pack: dict[str, Any], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, bool, int]:
     """Each KV head's value latent offset and rank (device int32), whether a key group shares one, the alignment.
 
     Built from the pack's host lists once and kept in the pack (the first call runs before any
@@ -470,7 +470,7 @@ def latent_decode_attention(
         inv_freq: the rotary inverse frequencies ``[HD/2]`` (fp32).
         scale: softmax scale; rope_scale: the rotary ``attention_scaling``.
     """
-    voff, vr, shared, valign = _per_kv_head(pack, q.device)
+    voff, vr, shared, valign = per_kv_head(pack, q.device)
     out = torch.ops.gac.latent_decode(
         q,
         zk,

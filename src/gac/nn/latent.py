@@ -391,9 +391,9 @@ class LatentAttention(nn.Module):
         Under ``torch.compile`` the cached pack is returned while the weights keep its device and dtype:
         a storage check (``data_ptr``) breaks Dynamo's graph, and on CUDA each break sent the rest of the
         layer's step to eager (8 breaks and 12 compiled frames for a 3-layer model, 18-22 frames on the
-        8-layer grid shapes: ``benchmarks/results/h100/palu-trace/breaks.log``). The infer sweep and
-        ``gac generate`` run a step eagerly before compiling, which packs; a compiled step with no pack
-        yet builds it outside the graph.
+        8-layer grid shapes: ``benchmarks/results/h100/palu-trace/breaks.log``). Every eager call with a
+        cache the kernel can serve packs (the infer sweep's first decode step, ``gac generate``'s first
+        prefill); a compiled step with no pack yet builds it outside the graph (a graph break).
         """
         ups_k = self.k_proj.ups
         w = ups_k[0].weight
@@ -413,7 +413,10 @@ class LatentAttention(nn.Module):
         key = (ups_k[0].weight.device, ups_k[0].weight.dtype, tuple(t.data_ptr() for t in tensors))
         if self.__dict__.get("_pack_key") == key:
             return self.__dict__["_pack"]
-        from gac.kernels.latent_attention import latent_align  # the allowed edge (decode_refusals)
+        from gac.kernels.latent_attention import (  # the allowed edge (decode_refusals)
+            latent_align,
+            per_kv_head,
+        )
 
         hd, gk, gv = self.head_dim, self.group_kv_k, self.group_kv_v
         rk, rv = self.k_proj.ranks, self.v_proj.ranks
@@ -454,6 +457,7 @@ class LatentAttention(nn.Module):
             "uv": uv,
             "v_bias": vb,
         }
+        per_kv_head(pack, w.device)  # the kernel's per-KV-head value tables, kept in the pack now (eager)
         self.__dict__["_pack"], self.__dict__["_pack_key"] = pack, key
         return pack
 
@@ -583,6 +587,8 @@ class LatentAttention(nn.Module):
             reasons = self.decode_refusals(hidden_states, past_key_values, cache_position, position_ids)
             if not torch.compiler.is_compiling():
                 self._note_path(reasons)
+                if not reasons:  # packed eagerly (a prefill too): a compiled decode step reads it unbroken
+                    self.decode_pack()
             if not reasons and hidden_states.shape[1] == 1:
                 out = self._kernel_forward(
                     hidden_states, position_embeddings, past_key_values, cache_position, position_ids
