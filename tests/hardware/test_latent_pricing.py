@@ -452,3 +452,28 @@ def test_gac_bench_latent_attention_writes_the_calls_and_refuses_the_cpu(tmp_pat
         assert len(list(csv.DictReader(f))) == 8
     assert path.with_suffix(".png").stat().st_size > 0
     assert not list((tmp_path / "gpu").glob("*.tmp*"))
+
+
+def test_a_layer_past_the_classs_timed_ranks_is_named():
+    """The shipped H100 class was timed at key rank 256 per group of 4; a layer the pipeline gave rank 496
+    (run as 512) is priced by extrapolation, and the record (and ``gac report``'s note) says so."""
+    from gac.hardware.latency import latent_beyond_line, latent_note, skeleton
+    from gac.hardware.profile import load_profile
+
+    prof = load_profile("h100-bfloat16")
+    timed = {int(c["rank_run"]) for c in prof.latent_attention["fit"]["calls"] if c["key_group"] == 4}
+    assert max(timed) == 256
+
+    def dims(r0: int) -> dict:
+        return {f"model.layers.{i}.self_attn.{p}:g{g}": (r0 if i == 0 else 128) for i in range(2)
+                for p in ("k_proj", "v_proj") for g in range(2)}  # fmt: skip
+
+    note = latent_note(skeleton("shape:llama3-8b:2", dims(496)), prof)
+    assert note["beyond_timed_rank"] == {"key_group": 4, "timed_max_rank": 256, "layers": 1, "max_rank": 512}
+    assert "1 latent attention layer(s) run key rank up to 512, past the 256" in latent_beyond_line(
+        note["beyond_timed_rank"]
+    )
+    assert "beyond_timed_rank" not in latent_note(skeleton("shape:llama3-8b:2", dims(256)), prof)
+    # a class without recorded calls (or the roofline) names nothing
+    assert "beyond_timed_rank" not in latent_note(skeleton("shape:llama3-8b:2", dims(496)), _prof(
+        {"4": {"launch_us": 20.0, "gbps": 1500.0, "tflops": 300.0, "block_r": 64}}))  # fmt: skip

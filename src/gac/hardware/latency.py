@@ -716,12 +716,61 @@ def latent_note(model: Any, profile: Profile) -> dict[str, Any] | None:
     reasons = sorted({r for x in layers for r in x.reasons})
     out = {"pricing": src, "kernel": sum(x.path == "kernel" for x in layers),
            "reference": sum(x.path == "reference" for x in layers), "reasons": reasons}  # fmt: skip
+    beyond = latent_beyond_timed(layers, profile) if src == "measured" else None
+    if beyond:
+        out["beyond_timed_rank"] = beyond
     for why in ([f"profile {profile.id!r} has no latent_attention class: decode priced at its roofline"]
                 if src != "measured" else []) + [f"decode priced on the reference path: {r}" for r in reasons]:  # fmt: skip
         if why not in _LATENT_WARNED:
             _LATENT_WARNED.add(why)
             log.warning("latency model: latent attention %s", why)
     return out
+
+
+def latent_beyond_timed(layers: list[_LatentLayer], profile: Profile) -> dict[str, Any] | None:
+    """Kernel-path latent layers whose key rank (as the kernel runs it, :func:`latent_rank` of the layer's
+    widest group) is past every rank the profile's ``latent_attention`` class timed for their key group
+    size: ``{"key_group", "timed_max_rank", "layers", "max_rank"}`` of the first such key group, or None.
+
+    The class's rates are fitted at the ranks its calls ran (``gac profile``: ``G·head_dim/2``); a layer
+    past them is priced by extrapolation. On an H100 the pipeline's first layer of the Llama-3-8B shape
+    (key rank 496 of 512) took 2.5-4x the time of a rank-128 layer where the class predicts less
+    (``benchmarks/results/h100/palu-trace/``): the prediction there is optimistic.
+    """
+    calls = ((profile.latent_attention or {}).get("fit") or {}).get("calls") or []
+    by_group: dict[int, list[tuple[int, int]]] = {}
+    for x in layers:
+        if x.path != "kernel":
+            continue
+        g = int(x.attn.group_kv_k)
+        rates = profile.latent_rates(g)
+        by_group.setdefault(int(rates["key_group"]), []).append(
+            (latent_rank(rates, max(x.attn.k_proj.ranks)), g)
+        )
+    for row, runs in sorted(by_group.items()):
+        timed = [
+            int(c.get("rank_run") or c.get("rank") or 0) for c in calls if int(c.get("key_group", 0)) == row
+        ]
+        if not timed:
+            continue
+        past = [r for r, _ in runs if r > max(timed)]
+        if past:
+            return {
+                "key_group": row,
+                "timed_max_rank": max(timed),
+                "layers": len(past),
+                "max_rank": max(past),
+            }
+    return None
+
+
+def latent_beyond_line(beyond: dict[str, Any]) -> str:
+    """One report line for :func:`latent_beyond_timed`'s record."""
+    return (
+        f"{beyond['layers']} latent attention layer(s) run key rank up to {beyond['max_rank']}, past the "
+        f"{beyond['timed_max_rank']} the profile's latent_attention class timed for key group "
+        f"{beyond['key_group']}: their decode time is extrapolated from those ranks"
+    )
 
 
 def _one_launch_sites(model: Any, rows: int) -> dict[int, str]:

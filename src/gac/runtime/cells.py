@@ -13,7 +13,15 @@ from __future__ import annotations
 from typing import Any
 
 from gac.errors import GacError
-from gac.hardware.latency import infer_of, predict_pair, profile_of, skeleton, worst
+from gac.hardware.latency import (
+    infer_of,
+    latent_beyond_line,
+    latent_note,
+    predict_pair,
+    profile_of,
+    skeleton,
+    worst,
+)
 from gac.hardware.profile import Profile
 from gac.runtime.branches import BRANCHES
 from gac.runtime.lowrank_fused import LOWRANK_FUSED
@@ -52,13 +60,16 @@ def compare_cells(
         prof = profile_of(v, profile)
         try:
             bskel = bskel if bskel is not None else cell_skeleton(base)
-            rows = predict_pair(bskel, cell_skeleton(v), prof, binf, inf)
+            vskel = cell_skeleton(v)
+            rows = predict_pair(bskel, vskel, prof, binf, inf)
         except GacError as e:
             out[str(v.get("id"))] = {"profile": prof.id, "error": str(e), "rows": []}
             continue
+        beyond = (latent_note(vskel, prof) or {}).get("beyond_timed_rank")
+        notes = [n for n in (prof.latency_note(), latent_beyond_line(beyond) if beyond else None) if n]
         out[str(v.get("id"))] = {
             "profile": prof.id,
-            "note": prof.latency_note(),
+            "note": "; ".join(notes) or None,
             "rows": rows,
             "worst": worst(rows),
         }
