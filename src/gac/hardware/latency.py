@@ -724,6 +724,9 @@ def latent_note(model: Any, profile: Profile) -> dict[str, Any] | None:
         if why not in _LATENT_WARNED:
             _LATENT_WARNED.add(why)
             log.warning("latency model: latent attention %s", why)
+    if beyond and (line := latent_beyond_line(beyond)) not in _LATENT_WARNED:
+        _LATENT_WARNED.add(line)
+        log.warning("latency model: %s", line)
     return out
 
 
