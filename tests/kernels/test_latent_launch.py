@@ -235,3 +235,23 @@ def test_one_sequence_at_key_group_4_launches_the_pipelined_rank_loop():
     assert not many.get("kloop") and (many["block_t"], many["num_stages"]) == (row[1], row[4])
     # key groups of at most 2 keep their rows whatever the batch
     assert not kl.launch_config(2, 16384, 2).get("kloop")
+
+
+def test_a_forced_launch_keeps_its_form_when_shrunk(monkeypatch):
+    """``GAC_LATENT_LAUNCH`` (a benchmark's configuration) that runs out of shared memory drops a stage, as
+    asked, rather than switching to the pipelined rank loop the table's launches take."""
+    tried = []
+
+    def fake_once(*a):
+        cfg = a[-1]
+        tried.append((cfg["block_t"], cfg["num_stages"], cfg.get("kloop", 0)))
+        if cfg["num_stages"] > 1:
+            raise OutOfResources(397312, H100_SMEM, "shared memory")
+        return torch.zeros(1)
+
+    monkeypatch.setattr(kl, "_launch_once", fake_once)
+    monkeypatch.setattr(kl, "_FITTED", {})
+    monkeypatch.setattr(kl, "_ENV", "128,64,8,2,0,2,0")
+    q, zk, zv, pack, inv = latent_decode_inputs(2, 32, 8, 128, 4096, 4, 4, [512, 512], [472, 472])
+    kl._launch(*_args(q, zk, zv, pack, inv, 4000))
+    assert tried == [(128, 2, 0), (128, 1, 0)]

@@ -676,7 +676,8 @@ def shrink(cfg: dict[str, int], k_group: int = 1) -> dict[str, int] | None:
 
     A key group past the unrolled ones (G > 2) first takes the pipelined rank loop (``kloop``, the
     :data:`FEW_PROGRAMS` launch: its stages hold one rank chunk each, not every chunk of a tile); then,
-    as for any launch, one pipeline stage fewer, then half the token tile (down to 16).
+    as for any launch, one pipeline stage fewer, then half the token tile (down to 16). ``_launch``
+    passes ``k_group`` 1 for a launch forced by ``GAC_LATENT_LAUNCH``, which keeps its form.
 
     On an H100 (232,448 B per block) the G=4 row at key rank 512 and a 512-wide value tile asks for
     397,312 B with two stages and 151,552 B with one (:func:`compiled_shared_bytes` with Triton 3.6;
@@ -768,7 +769,8 @@ def _launch(
         try:
             out = _launch_once(*args, cfg)
         except OutOfResources as e:
-            smaller = shrink(cfg, k_group)
+            # a launch forced by GAC_LATENT_LAUNCH (benchmarks' sweeps) keeps its form: stages and tile only
+            smaller = shrink(cfg, 1 if _ENV else k_group)
             if smaller is None:
                 raise
             log.warning(
