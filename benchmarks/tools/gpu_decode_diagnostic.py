@@ -44,8 +44,7 @@ def build(spec: str, dims: dict[str, int] | None, device: str = "cuda"):
     if dims and any(":g" in k for k in dims):  # PaLU's group ranks: latent attention at those ranks
         from gac.hardware.latency import _latent_skeleton_
 
-        _latent_skeleton_(m, dims, device=device)
-        m.to(torch.bfloat16)
+        _latent_skeleton_(m, dims, device=device)  # the projections take the model's dtype
     elif dims:
         for fqn, r in dims.items():
             try:

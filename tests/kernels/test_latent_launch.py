@@ -43,10 +43,12 @@ def test_shrink_drops_stages_then_halves_the_tile():
         cfg = kl.shrink(cfg)
     assert seq == [(128, 2), (128, 1), (64, 1), (32, 1), (16, 1)]
     # a key group past the unrolled ones first takes the pipelined rank loop (the one-sequence launch)
-    k4 = kl.shrink({"block_t": 128, "block_r": 64, "num_warps": 8, "num_stages": 2, "splits": 4}, 4)
+    k4 = kl.shrink(
+        {"block_t": 128, "block_r": 64, "num_warps": 8, "num_stages": 2, "splits": 4}, rank_loop=True
+    )
     _, bt, br, nw, ns, _ = kl.FEW_PROGRAMS
     assert k4 == {"block_t": bt, "block_r": br, "num_warps": nw, "num_stages": ns, "splits": 4, "kloop": 1}
-    assert kl.shrink(k4, 4) == {**k4, "num_stages": ns - 1}  # then stages, as any launch
+    assert kl.shrink(k4, rank_loop=True) == {**k4, "num_stages": ns - 1}  # then stages, as any launch
 
 
 def test_a_launch_out_of_shared_memory_is_retried_smaller_warned_once_and_recorded(monkeypatch, caplog):
@@ -133,7 +135,7 @@ def test_the_g4_row_at_the_pipelines_ranks_fits_an_h100_within_one_shrink():
         cfg = {"block_t": bt, "block_r": br, "num_warps": nw, "num_stages": ns}
         needs = [kl.compiled_shared_bytes(4, 512, 512, bt, br, nw, ns)]
         while needs[-1] > H100_SMEM:
-            cfg = kl.shrink(cfg, k_group)
+            cfg = kl.shrink(cfg, rank_loop=k_group > 2)
             assert cfg is not None, needs
             needs.append(kl.compiled_shared_bytes(4, 512, 512, cfg["block_t"], cfg["block_r"], cfg["num_warps"],
                                                   cfg["num_stages"], kloop=bool(cfg.get("kloop"))))  # fmt: skip

@@ -741,22 +741,19 @@ def latent_beyond_timed(layers: list[_LatentLayer], profile: Profile) -> dict[st
     (``benchmarks/results/h100/palu-trace/``): the prediction there is optimistic.
     """
     calls = ((profile.latent_attention or {}).get("fit") or {}).get("calls") or []
-    by_group: dict[int, list[tuple[int, int]]] = {}
+    by_group: dict[int, list[int]] = {}  # the class's row (key group size) -> the ranks its layers run
     for x in layers:
         if x.path != "kernel":
             continue
-        g = int(x.attn.group_kv_k)
-        rates = profile.latent_rates(g)
-        by_group.setdefault(int(rates["key_group"]), []).append(
-            (latent_rank(rates, max(x.attn.k_proj.ranks)), g)
-        )
+        rates = profile.latent_rates(int(x.attn.group_kv_k))
+        by_group.setdefault(int(rates["key_group"]), []).append(latent_rank(rates, max(x.attn.k_proj.ranks)))
     for row, runs in sorted(by_group.items()):
         timed = [
             int(c.get("rank_run") or c.get("rank") or 0) for c in calls if int(c.get("key_group", 0)) == row
         ]
         if not timed:
             continue
-        past = [r for r, _ in runs if r > max(timed)]
+        past = [r for r in runs if r > max(timed)]
         if past:
             return {
                 "key_group": row,

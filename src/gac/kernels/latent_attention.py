@@ -671,13 +671,13 @@ def shrunk_launches() -> list[dict[str, Any]]:
     return [dict(r) for r in _FITTED.values()]
 
 
-def shrink(cfg: dict[str, int], k_group: int = 1) -> dict[str, int] | None:
+def shrink(cfg: dict[str, int], rank_loop: bool = False) -> dict[str, int] | None:
     """The next smaller launch after ``cfg`` ran out of shared memory; ``None`` past the smallest.
 
-    A key group past the unrolled ones (G > 2) first takes the pipelined rank loop (``kloop``, the
-    :data:`FEW_PROGRAMS` launch: its stages hold one rank chunk each, not every chunk of a tile); then,
-    as for any launch, one pipeline stage fewer, then half the token tile (down to 16). ``_launch``
-    passes ``k_group`` 1 for a launch forced by ``GAC_LATENT_LAUNCH``, which keeps its form.
+    With ``rank_loop`` (``_launch``: a table launch of a key group past the unrolled ones, G > 2; not one
+    forced by ``GAC_LATENT_LAUNCH``, which keeps its form) it first takes the pipelined rank loop
+    (``kloop``, the :data:`FEW_PROGRAMS` launch: its stages hold one rank chunk each, not every chunk of a
+    tile); then, as for any launch, one pipeline stage fewer, then half the token tile (down to 16).
 
     On an H100 (232,448 B per block) the G=4 row at key rank 512 and a 512-wide value tile asks for
     397,312 B with two stages and 151,552 B with one (:func:`compiled_shared_bytes` with Triton 3.6;
@@ -686,7 +686,7 @@ def shrink(cfg: dict[str, int], k_group: int = 1) -> dict[str, int] | None:
     the one-stage row's time at every point timed (B 1/16/64 x KV 4096/32768;
     ``benchmarks/results/h100/palu-kernel/v6/lk_r496.json``).
     """
-    if k_group > 2 and not cfg.get("kloop"):
+    if rank_loop and not cfg.get("kloop"):
         bt, br, nw, ns, _ = FEW_PROGRAMS[1:]
         return {**cfg, "block_t": bt, "block_r": br, "num_warps": nw, "num_stages": ns, "kloop": 1}
     if cfg["num_stages"] > 1:
@@ -769,8 +769,7 @@ def _launch(
         try:
             out = _launch_once(*args, cfg)
         except OutOfResources as e:
-            # a launch forced by GAC_LATENT_LAUNCH (benchmarks' sweeps) keeps its form: stages and tile only
-            smaller = shrink(cfg, 1 if _ENV else k_group)
+            smaller = shrink(cfg, rank_loop=k_group > 2 and not _ENV)
             if smaller is None:
                 raise
             log.warning(

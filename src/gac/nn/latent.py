@@ -587,8 +587,8 @@ class LatentAttention(nn.Module):
             reasons = self.decode_refusals(hidden_states, past_key_values, cache_position, position_ids)
             if not torch.compiler.is_compiling():
                 self._note_path(reasons)
-                if not reasons:  # packed eagerly (a prefill too): a compiled decode step reads it unbroken
-                    self.decode_pack()
+                if not reasons and hidden_states.shape[1] > 1:  # a prefill packs for the compiled steps
+                    self.decode_pack()  # after it (single-token steps pack in _kernel_forward)
             if not reasons and hidden_states.shape[1] == 1:
                 out = self._kernel_forward(
                     hidden_states, position_embeddings, past_key_values, cache_position, position_ids
