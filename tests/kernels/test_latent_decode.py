@@ -361,9 +361,9 @@ print("ok")
 """
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 def test_compiled_decode_step_on_the_kernel_path_is_one_graph(family):
     """A PaLU decode step through ``torch.compile`` on the kernel path: one Dynamo graph, no break, eager's
-    logits. ``decode_pack``'s storage check (``data_ptr``) broke the graph at every layer, and on CUDA the
+    logits, on Llama, Qwen2 (key bias) and Qwen3 (per-head key norm). ``decode_pack``'s storage check (``data_ptr``) broke the graph at every layer, and on CUDA the
     rest of each layer's step ran eager (``benchmarks/results/h100/palu-trace/breaks.log``)."""
     run_interpreted(f"FAMILY = {family!r}\n{COMPILED_STEP_SCRIPT}")
