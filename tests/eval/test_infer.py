@@ -371,6 +371,48 @@ def test_capacity_plan_counts_weights_and_kv_bytes_per_token():
         infer.capacity_point(m, cfg, False, 0, None, None, p)
 
 
+class _Memory:
+    """A device whose decode step at batch ``b`` peaks at ``held + b·seq + workspace(b)``, and which runs out of
+    memory past ``capacity`` bytes: what the capacity search sees of a GPU, without one."""
+
+    def __init__(self, held, seq, workspace, capacity):
+        self.held, self.seq, self.workspace, self.capacity = held, seq, workspace, capacity
+        self.tried: list[int] = []
+
+    def peak(self, b):
+        return self.held + b * self.seq + self.workspace(b)
+
+    def __call__(self, b, budget):
+        self.tried.append(b)
+        p = self.peak(b)
+        return None if p > self.capacity or p > budget else p
+
+
+def test_capacity_search_climbs_past_a_pessimistic_prediction_and_keeps_the_last_fit():
+    gib = 2**30
+    # the workspace grows by 300 MB from batch 1 to 2 (what the prediction extrapolates), then stays flat: the
+    # shape the H100 showed (palu-default run 8: 310 MB a sequence predicted, 70 MB in all at batch 56)
+    dev = _Memory(held=5 * gib, seq=gib, workspace=lambda b: 300 * 2**20 * min(b, 2), capacity=80 * gib)
+    budget = int(78.5 * gib)
+    predicted = int((budget - dev.held) // (dev.seq + 300 * 2**20))
+    b = infer.largest_fitting_batch(lambda n: dev(n, budget), predicted, budget, dev.held)
+    assert dev.tried[0] == predicted and b > predicted, (dev.tried, b)
+    assert dev.peak(b) <= budget < dev.peak(b + 1), (dev.tried, b)  # the largest that fits: 72 of 73.5
+    assert len(dev.tried) <= 1 + infer.CAPACITY_PROBES
+    # a prediction past what fits walks down first, then climbs again only where the fit leaves room
+    dev.tried.clear()
+    b = infer.largest_fitting_batch(lambda n: dev(n, budget), 90, budget, dev.held)
+    assert dev.tried[0] == 90 and dev.tried[1] == 85 and b == 72, (dev.tried, b)
+    # a device that runs out of memory before the budget: after a miss the climb halves the gap
+    dev = _Memory(held=5 * gib, seq=gib, workspace=lambda b: 0, capacity=60 * gib)
+    b = infer.largest_fitting_batch(lambda n: dev(n, budget), 40, budget, dev.held)
+    assert dev.tried == [40, 73, 56, 48] and b == 48, (dev.tried, b)
+    # nothing fits: 0, after trying down to 1
+    dev = _Memory(held=5 * gib, seq=100 * gib, workspace=lambda b: 0, capacity=80 * gib)
+    assert infer.largest_fitting_batch(lambda n: dev(n, budget), 3, budget, dev.held) == 0
+    assert dev.tried == [3, 2, 1]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_capacity_on_gpu_runs_the_largest_batch_that_fits_the_budget():
@@ -397,14 +439,12 @@ def test_capacity_on_gpu_runs_the_largest_batch_that_fits_the_budget():
     budget = int(first["held_bytes"] + first["workspace_fixed_bytes"] + 50.5 * per)
     cfg = SweepConfig(**{**cfg.to_dict(), "capacity_budget_gib": budget / 2**30})
     out = infer.sweep_model(m, cfg)["capacity"]
-    assert out["max_batch"] >= 1 and out["tries"][-1] == {"batch": out["max_batch"], "status": "ok"}, (
-        budget,
-        out,
-    )
+    ok = [t["batch"] for t in out["tries"] if t["status"] == "ok"]
+    assert out["max_batch"] >= 1 and out["max_batch"] == max(ok), (budget, out)
+    assert all(t["peak_gib"] * 2**30 > budget for t in out["tries"] if t["status"] == "over_budget"), out
     per2 = seq + out["workspace_per_seq_bytes"]
     room = budget - out["held_bytes"] - out["workspace_fixed_bytes"]
     assert out["predicted_max_batch"] * per2 <= room < (out["predicted_max_batch"] + 1) * per2, out
-    assert out["max_batch"] <= out["predicted_max_batch"], out
     assert out["peak_mem_gib"] * 2**30 <= budget * 1.02, (budget, out)
     assert out["tokens_per_s"] > 0
     # a budget that holds the weights and one sequence but not the measured workspace: one line, no record

@@ -396,6 +396,44 @@ def _capacity_budget(model: nn.Module, cfg: SweepConfig) -> dict[str, int]:
     return {"budget": budget, "weights": weights, "kv_per_token": kv_tok, "context": ctx}
 
 
+#: tries above the first batch that fits, each priced by the bytes a sequence took at the last that fit
+CAPACITY_PROBES = 3
+
+
+def largest_fitting_batch(
+    fits: Callable[[int], int | None], predicted: int, budget: int, held: int, probes: int = CAPACITY_PROBES
+) -> int:
+    """The largest batch the capacity search saw fit: ``fits(b)`` runs batch ``b`` and returns its peak bytes, or
+    ``None`` where it ran out of memory or past ``budget``. 0 where none down to 1 fits.
+
+    Down from ``predicted`` (5% steps, at least one) until a batch fits; then up, at most ``probes`` tries: the
+    bytes one sequence took at the last batch that fit (its peak beyond ``held``, divided by the batch; the
+    fixed workspace folded in, so an over-count) price the next, and after a batch that did not fit, the next
+    goes at most halfway to it. The workspace measured
+    at batch 1 and 2, which ``predicted`` extrapolates, need not grow linearly: on an H100 the Llama-3-8B shape's
+    predicted batch at 32k context peaked 17 GiB under a 78.6 GiB budget
+    (``benchmarks/results/h100/palu-default/run8/``).
+    """
+    b, best, peak = predicted, 0, None
+    while b >= 1 and peak is None:
+        peak = fits(b)
+        best = b if peak is not None else 0
+        b = min(b - 1, int(b * 0.95))
+    hi = None  # the smallest batch seen not to fit above the best
+    for _ in range(probes if best else 0):
+        guess = int((budget - held) // max(1.0, (peak - held) / best))
+        if hi is not None:  # after a miss, at most halfway to it
+            guess = min(guess, (best + hi) // 2)
+        if guess <= best:
+            break
+        p = fits(guess)
+        if p is None:
+            hi = guess
+        else:
+            best, peak = guess, p
+    return best
+
+
 def capacity_point(
     model: nn.Module,
     cfg: SweepConfig,
@@ -410,8 +448,9 @@ def capacity_point(
     ``max batch = (budget - held - workspace₀) // (KV bytes per token x context + workspace per sequence)``
     (``held``: what is allocated when the search begins, the weights at least),
     with the workspace (activations, logits, compile and graph pools) from the peak memory of decode
-    steps at batch 1 and 2 beyond what was allocated when each began and the cache; then that batch is run (and, if it does
-    not fit after all, or its measured peak passes the budget, the next smaller ones: each try is recorded).
+    steps at batch 1 and 2 beyond what was allocated when each began and the cache; from that batch
+    :func:`largest_fitting_batch` searches down until one fits, then up (each try recorded: batch, status,
+    direction, peak).
     """
     dev = model_device(model)
     if dev.type != "cuda":
@@ -446,33 +485,40 @@ def capacity_point(
         "predicted_max_batch": predicted,
         "tries": [],
     }
-    b = predicted
-    while b >= 1:
+    runs: dict[int, dict[str, Any]] = {}
+
+    def fits(b: int) -> int | None:
+        """Run batch ``b`` (each try recorded); its peak bytes where it ran within the budget."""
         try:
             r = decode_point(model, b, ctx, cfg, graphs, wbytes, copy_gbps, forward)
         except Exception as e:  # noqa: BLE001 - an OOM is a measured "does not fit"
             if not _is_oom(e):
                 raise
-            out["tries"].append({"batch": b, "status": "oom"})
-            _free(dev)
-            b = min(b - 1, int(b * 0.95))
-            continue
-        peak = r["peak_mem_gib"] * 2**30
-        if peak > plan["budget"]:  # ran, but past the budget: the workspace estimate was short
-            out["tries"].append({"batch": b, "status": "over_budget", "peak_gib": r["peak_mem_gib"]})
-            _free(dev)
-            b = min(b - 1, int(b * 0.95))
-            continue
-        out["tries"].append({"batch": b, "status": "ok"})
+            r = None
+        _free(dev)
+        try_ = {"batch": b, "status": "oom", "direction": "up" if runs else "down"}
+        out["tries"].append(try_)
+        if r is None:
+            return None
+        try_["peak_gib"] = r["peak_mem_gib"]
+        if r["peak_mem_gib"] * 2**30 > plan["budget"]:  # ran, but past the budget: the estimate was short
+            try_["status"] = "over_budget"
+            return None
+        try_["status"] = "ok"
+        runs[b] = r
+        return int(r["peak_mem_gib"] * 2**30)
+
+    b = largest_fitting_batch(fits, predicted, plan["budget"], held)
+    if not b:  # every batch down to 1 ran out of memory or past the budget: none fits, said so in the record
+        out.update(max_batch=0, tokens_per_s=None, ms_per_token=None, peak_mem_gib=None)
+    else:
+        r = runs[b]
         out.update(
             max_batch=b,
             tokens_per_s=r["tokens_per_s"],
             ms_per_token=r["ms_per_token"],
             peak_mem_gib=r["peak_mem_gib"],
         )
-        break
-    else:  # every batch down to 1 ran out of memory or past the budget: none fits, said so in the record
-        out.update(max_batch=0, tokens_per_s=None, ms_per_token=None, peak_mem_gib=None)
     _free(dev)
     return out
 
