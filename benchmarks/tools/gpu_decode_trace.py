@@ -90,7 +90,7 @@ def main() -> int:
 
     from gac.eval.infer import SweepConfig, _time_calls, copy_bandwidth, weight_bytes_per_step
     from gac.hardware.timing import environment
-    from gac.runtime.step import DecodeStep, capture_graph, use_decode_kernels_
+    from gac.runtime.step import DecodeStep, capture_graph, compile_step, use_decode_kernels_
 
     t0 = time.time()
     dev = torch.device(a.device)
@@ -117,7 +117,7 @@ def main() -> int:
         for knob in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit"):
             if hasattr(torch._dynamo.config, knob):
                 setattr(torch._dynamo.config, knob, max(256, getattr(torch._dynamo.config, knob)))
-        fwd = torch.compile(model.forward, dynamic=False)
+        fwd = compile_step(model.forward, None, cfg.combo_kernels, dynamic=False)  # as the sweep compiles
         rec = {"weight_bytes": weight_bytes_per_step(model), "kernels": kernels, "points": []}
         res["models"][name] = rec
         for prefill, b, n in pts:
