@@ -92,3 +92,30 @@ def test_report_names_cells_timed_on_another_card_than_their_base():
     line = other_card_lines(base, [same, other, old])[0]
     assert "m/palu-r0.5-gac" in line and "m/svd" not in line and "NVIDIA H100" in line
     assert other_card_lines({"id": "m/base", "env": {}}, [other]) == []
+
+
+def test_report_shows_peak_memory_per_decode_point_and_the_capacity_point():
+    """The report puts each decode point's peak memory beside the dense base's and the capacity point's
+    largest batch and tokens/s against the base's, with every try of the search."""
+    from types import SimpleNamespace
+
+    from gac.plans.report import memory_lines
+
+    def cell(comp, peaks, cap):
+        pts = [{"phase": "decode", "batch": b, "kv": 4096, "status": "ok", "median_ms": 1.0, "peak_mem_gib": p}
+               for b, p in peaks]  # fmt: skip
+        c = SimpleNamespace(id=f"m/{comp}", model="m", compressor=comp, bench=None)
+        inf = {"prefill": [], "decode": pts, "capacity": cap}
+        return c, {"status": "ok", "results": {"evals": {"infer": inf}}}
+
+    cap = {"context": 32768, "budget_gib": 78.6, "kv_bytes_per_token": 32768, "max_batch": 72,
+           "tokens_per_s": 2418.0, "ms_per_token": 29.8, "peak_mem_gib": 77.4,
+           "tries": [{"batch": 62, "status": "ok"}, {"batch": 72, "status": "ok"}, {"batch": 73, "status": "oom"}]}  # fmt: skip
+    base = cell("base", [(1, 5.49), (64, 69.37)], cap)
+    palu = cell("palu", [(1, 5.41), (64, 37.28)], {**cap, "max_batch": 137, "tokens_per_s": 1564.7, "tries": []})
+    failed = (SimpleNamespace(id="m/svd", model="m", compressor="svd", bench=None), {"status": "failed"})
+    text = "\n".join(memory_lines("m", [base, palu, failed]))
+    assert "| m/palu | 5.41 (5.49) | 37.28 (69.37) |" in text
+    assert "| m/base | 32768 | 78.6 | 32,768 | 72 | 2,418 |" in text and "62 ok, 72 ok, 73 oom" in text
+    assert "| 137 (1.90×) | 1,565 (0.65×) |" in text and "m/svd" not in text
+    assert memory_lines("m", [failed]) == []  # nothing recorded: no section

@@ -442,6 +442,7 @@ def model_lines(plt: Any, model: str, mcells: list[CellRecord], srcs: list[str],
         lines += other_card_lines(base, [d for c, d in mcells if c.id in speed and c.compressor != BASE])
     if pred is not None:
         lines += prediction_lines(model, pred)
+    lines += memory_lines(model, mcells)
     lines += _serving_lines(plt, model, mcells, srcs, speed, bppl, out)
     name = f"speedup_{slug(model)}.png"
     if mspeed and speed_plot(plt, model, mspeed, pred, out / name):
@@ -451,6 +452,58 @@ def model_lines(plt: Any, model: str, mcells: list[CellRecord], srcs: list[str],
         ylabel = f"perplexity ({srcs[0]}, log)" if srcs else "perplexity"
         frontier_plot(plt, model, prof, pts, ylabel, out / name)
         lines += [f"![{name}]({name})", ""]
+    return lines
+
+
+def _infer(d: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not d or d.get("status") != "ok":
+        return None
+    return ((d.get("results") or {}).get("evals") or {}).get("infer")
+
+
+def memory_lines(model: str, mcells: list[CellRecord]) -> list[str]:
+    """Markdown: each decode point's peak GPU memory beside the dense base's, and the capacity point (the largest
+    batch that fit the budget at its context, its tokens/s, each against the base's), where the ``infer`` eval
+    recorded them."""
+    base = next((_infer(d) for c, d in mcells if c.compressor == BASE and _infer(d)), None)
+    rows = [(c.id, inf) for c, d in mcells if (inf := _infer(d))]
+    lines: list[str] = []
+
+    def peaks(inf: dict[str, Any]) -> dict[str, float]:
+        return {point_key(r): r["peak_mem_gib"] for r in inf.get("decode") or [] if r.get("peak_mem_gib")}
+
+    bpk = peaks(base) if base else {}
+    pts = [k for k in bpk if any(k in peaks(inf) for cid, inf in rows if inf is not base)]
+    if pts:
+        lines += [f"Peak GPU memory per decode point, GiB ({model}; the dense base's in brackets):", "",
+                  "| cell | " + " | ".join(pts) + " |", "|" + "---|" * (len(pts) + 1)]  # fmt: skip
+        for cid, inf in rows:
+            pk = peaks(inf)
+            lines.append(f"| {cid} | " + " | ".join(
+                f"{_f(pk.get(k), '.2f')} ({bpk[k]:.2f})" if inf is not base else f"{bpk[k]:.2f}" for k in pts
+            ) + " |")  # fmt: skip
+        lines.append("")
+    caps = [(cid, inf["capacity"]) for cid, inf in rows if inf.get("capacity")]
+    if caps:
+        bcap = (base or {}).get("capacity") or {}
+        lines += [f"Capacity ({model}): the largest decode batch whose weights, KV cache and workspace fit the "
+                  "memory budget at the context, searched and run (`capacity_context`); the ratio to the dense "
+                  "base's in brackets:", "",
+                  "| cell | context | budget GiB | KV bytes/token | max batch | tokens/s | ms/step | peak GiB | tries |",
+                  "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for cid, cp in caps:
+            rel = cp is not bcap and bcap.get("max_batch") and bcap.get("tokens_per_s")
+
+            def vs(k: str, fmt: str, cp: dict[str, Any] = cp, rel: Any = rel) -> str:
+                v = _f(cp.get(k), fmt)
+                return f"{v} ({cp[k] / bcap[k]:.2f}×)" if rel and cp.get(k) else v
+
+            tries = ", ".join(f"{t['batch']} {t['status']}" for t in cp.get("tries") or [])
+            lines.append(f"| {cid} | {cp.get('context')} | {_f(cp.get('budget_gib'), '.1f')} | "
+                         f"{_f(cp.get('kv_bytes_per_token'), ',')} | {vs('max_batch', 'd')} | "
+                         f"{vs('tokens_per_s', ',.0f')} | {_f(cp.get('ms_per_token'), '.1f')} | "
+                         f"{_f(cp.get('peak_mem_gib'), '.1f')} | {tries} |")  # fmt: skip
+        lines.append("")
     return lines
 
 
