@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pickle
 import sys
 import time
@@ -67,6 +66,7 @@ def main() -> int:
 
     from gac.compat import with_cache
     from gac.eval.infer import SweepConfig, _free, _time_calls
+    from gac.guard import atomic_write_text
     from gac.hardware.timing import environment
     from gac.runtime.step import capture_graph, compile_step, use_decode_kernels_
 
@@ -78,9 +78,7 @@ def main() -> int:
     out = Path(a.out)
 
     def save() -> None:
-        tmp = out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(res, indent=1, default=str))
-        os.replace(tmp, out)
+        atomic_write_text(out, json.dumps(res, indent=1, default=str))
 
     cfg = SweepConfig()
     for name in a.models.split(","):

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -89,6 +88,7 @@ def main() -> int:
     from gpu_decode_diagnostic import build
 
     from gac.eval.infer import SweepConfig, _time_calls, copy_bandwidth, weight_bytes_per_step
+    from gac.guard import atomic_write_text
     from gac.hardware.timing import environment
     from gac.runtime.step import DecodeStep, capture_graph, compile_step, use_decode_kernels_
 
@@ -102,9 +102,7 @@ def main() -> int:
     out = Path(a.out)
 
     def save() -> None:
-        tmp = out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(res, indent=1, default=str))
-        os.replace(tmp, out)
+        atomic_write_text(out, json.dumps(res, indent=1, default=str))
 
     cfg = SweepConfig()
     pts = [(p[0] == "p", *(int(v) for v in p.lstrip("p").split("x"))) for p in a.points.split(",")]

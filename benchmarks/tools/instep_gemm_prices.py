@@ -57,6 +57,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
+    from gac.guard import atomic_write_text
     from gac.hardware.latency import Point, launches, profile_of
     from gac.runtime.cells import cell_skeleton
 
@@ -107,9 +108,7 @@ def main() -> int:
                 file=sys.stderr,
             )
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = a.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(res, indent=1))
-    tmp.replace(a.out)
+    atomic_write_text(a.out, json.dumps(res, indent=1))
     return 0
 
 
