@@ -409,10 +409,10 @@ def largest_fitting_batch(
     Down from ``predicted`` (5% steps, at least one) until a batch fits; then up, at most ``probes`` tries: the
     bytes one sequence took at the last batch that fit (its peak beyond ``held``, divided by the batch; the
     fixed workspace folded in, so an over-count) price the next, and after a batch that did not fit, the next
-    goes at most halfway to it. The workspace measured
-    at batch 1 and 2, which ``predicted`` extrapolates, need not grow linearly: on an H100 the Llama-3-8B shape's
-    predicted batch at 32k context peaked 17 GiB under a 78.6 GiB budget
-    (``benchmarks/results/h100/palu-default/run8/``).
+    goes at most halfway to it. The workspace measured at batch 1 and 2, which ``predicted`` extrapolates, need
+    not grow linearly: on an H100 the Llama-3-8B shape's predicted batch at 32k context peaked 17 GiB under a
+    78.6 GiB budget (``benchmarks/results/h100/palu-default/run8/``); climbing found 72 sequences where 56 were
+    predicted (``capacity-climb/``).
     """
     b, best, peak = predicted, 0, None
     while b >= 1 and peak is None:
