@@ -112,7 +112,9 @@ def test_report_shows_peak_memory_per_decode_point_and_the_capacity_point():
            "tokens_per_s": 2418.0, "ms_per_token": 29.8, "peak_mem_gib": 77.4,
            "tries": [{"batch": 62, "status": "ok"}, {"batch": 72, "status": "ok"}, {"batch": 73, "status": "oom"}]}  # fmt: skip
     base = cell("base", [(1, 5.49), (64, 69.37)], cap)
-    palu = cell("palu", [(1, 5.41), (64, 37.28)], {**cap, "max_batch": 137, "tokens_per_s": 1564.7, "tries": []})
+    palu = cell(
+        "palu", [(1, 5.41), (64, 37.28)], {**cap, "max_batch": 137, "tokens_per_s": 1564.7, "tries": []}
+    )
     failed = (SimpleNamespace(id="m/svd", model="m", compressor="svd", bench=None), {"status": "failed"})
     text = "\n".join(memory_lines("m", [base, palu, failed]))
     assert "| m/palu | 5.41 (5.49) | 37.28 (69.37) |" in text
