@@ -455,18 +455,15 @@ def model_lines(plt: Any, model: str, mcells: list[CellRecord], srcs: list[str],
     return lines
 
 
-def _infer(d: dict[str, Any] | None) -> dict[str, Any] | None:
-    if not d or d.get("status") != "ok":
-        return None
-    return ((d.get("results") or {}).get("evals") or {}).get("infer")
-
-
 def memory_lines(model: str, mcells: list[CellRecord]) -> list[str]:
     """Markdown: each decode point's peak GPU memory beside the dense base's, and the capacity point (the largest
     batch that fit the budget at its context, its tokens/s, each against the base's), where the ``infer`` eval
     recorded them."""
-    base = next((_infer(d) for c, d in mcells if c.compressor == BASE and _infer(d)), None)
-    rows = [(c.id, inf) for c, d in mcells if (inf := _infer(d))]
+    from gac.hardware.latency import infer_of
+
+    rows = [(c, inf) for c, d in mcells if (inf := infer_of(d))]
+    base = next((inf for c, inf in rows if c.compressor == BASE), None)
+    rows = [(c.id, inf) for c, inf in rows]
     lines: list[str] = []
 
     def peaks(inf: dict[str, Any]) -> dict[str, float]:
