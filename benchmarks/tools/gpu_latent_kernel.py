@@ -92,6 +92,13 @@ def sets_for(nbytes: int, l2: int) -> int:
     return max(1, min(8, math.ceil(3 * l2 / max(nbytes, 1))))
 
 
+def launch_env(cfg: tuple[int, ...], splits: int) -> str:
+    """``GAC_LATENT_LAUNCH`` for a ``--configs`` entry
+    (``block_t,block_r,warps,stages,waves[,unroll[,kloop[,sub]]]``) at ``splits`` (0: from 2 waves)."""
+    extra = [cfg[5] if len(cfg) > 5 else 2, cfg[6] if len(cfg) > 6 else 0, cfg[7] if len(cfg) > 7 else 0]
+    return ",".join(map(str, [*cfg[:4], splits, *extra]))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -102,7 +109,7 @@ def main() -> int:
     ap.add_argument(
         "--configs",
         default=DEFAULT_CONFIGS,
-        help="';'-separated block_t,block_r,warps,stages,waves[,unroll[,kloop]]",
+        help="';'-separated block_t,block_r,warps,stages,waves[,unroll[,kloop[,sub]]] (sub: KV heads per program)",
     )
     ap.add_argument("--table", action="store_true", help="time the launch table's choice only")
     ap.add_argument(
@@ -160,15 +167,7 @@ def main() -> int:
             ref = kl.reference_latent_decode(q, zk, zv, pack, 1037, inv, hd**-0.5)
             n_small = torch.tensor([1037], device=dev)
             for cfg in configs:
-                kl._ENV = (
-                    None
-                    if cfg is None
-                    else ",".join(map(str, cfg[:4]))
-                    + ",0,"
-                    + str(cfg[5] if len(cfg) > 5 else 2)
-                    + ","
-                    + str(cfg[6] if len(cfg) > 6 else 0)
-                )
+                kl._ENV = None if cfg is None else launch_env(cfg, 0)
                 try:
                     out = kl.latent_decode_attention(q, zk, zv, pack, n_small, inv, hd**-0.5)
                 except Exception as e:  # noqa: BLE001 - a launch that does not fit is recorded and skipped
@@ -232,14 +231,9 @@ def main() -> int:
                             splits = kl.launch_config(b * ng, t, gk, dev)["splits"]
                         else:
                             bt = cfg[0]
-                            splits = max(1, min(math.ceil(cfg[4] * sms / (b * ng)), t // bt, 256))
-                            kl._ENV = (
-                                ",".join(map(str, cfg[:4]))
-                                + f",{splits},"
-                                + str(cfg[5] if len(cfg) > 5 else 2)
-                                + ","
-                                + str(cfg[6] if len(cfg) > 6 else 0)
-                            )
+                            progs = b * kvh // kl.program_heads(gk, cfg[7] if len(cfg) > 7 else None)
+                            splits = max(1, min(math.ceil(cfg[4] * sms / progs), t // bt, 256))
+                            kl._ENV = launch_env(cfg, splits)
                         fns = [
                             functools.partial(
                                 kl.latent_decode_attention, s[0], s[1], s[2], pack, n, inv, hd**-0.5

@@ -50,6 +50,12 @@ CASES = [
     # then key group 2 with its heads unrolled
     (1, 28, 4, 32, 4, 4, 40, 33, True, True, "16,16,4,2,2,2,1"),
     (2, 8, 2, 32, 2, 2, 75, 70, False, False, "16,16,4,2,3,2,1"),
+    # a key group over several programs (launch field 8, sub: KV heads per program): key group 4 as two
+    # programs of 2 heads (rank chunks) and as four of 1 head with its whole up-projection staged (block_r
+    # covers the rank), with bias and norm and n_rep 7; key group 2 as two programs, values of group 4
+    (1, 28, 4, 32, 4, 4, 40, 33, True, True, "16,16,4,1,2,2,0,2"),
+    (2, 28, 4, 32, 4, 4, 40, 33, True, True, "16,64,4,1,2,2,0,1"),
+    (2, 8, 4, 32, 2, 4, 75, 70, False, False, "16,64,4,2,3,2,0,1"),
 ]
 
 KERNEL_SCRIPT = """
@@ -272,6 +278,10 @@ def test_flash_kernel_on_gpu_matches_float64(dtype):
     big += [(2, 28, 4, 128, g, 2, 700, 689, True, g == 2, "32,64,4,2,0") for g in (1, 2, 4)]
     big += [(3, 32, 8, 128, 4, 4, 1100, 1037, False, False, "64,128,8,3,0,2,1")]  # the pipelined rank loop
     big += [(2, 28, 4, 128, 4, 2, 700, 689, True, True, "64,128,8,2,0,2,1")]
+    # a key group of 4 over programs of 2 and 1 KV heads, the up-projection staged where block_r covers the rank
+    big += [(3, 32, 8, 128, 4, 4, 1100, 1037, False, False, f"32,{br},4,2,0,2,0,{sub}") for br, sub in
+            ((64, 2), (256, 1))]  # fmt: skip
+    big += [(1, 28, 4, 128, 4, 4, 700, 689, True, True, "32,64,4,3,0,2,0,1")]
     # tf32 dots for fp32 inputs (three chained: key rebuild, scores, P·Z_v; an H100 gave 4.3e-3 at
     # key group 1 x 8 KV heads, hd 128, 1037 tokens); bf16 keys and probabilities for bf16
     try:

@@ -237,6 +237,43 @@ def test_one_sequence_at_key_group_4_launches_the_pipelined_rank_loop():
     assert not many.get("kloop") and (many["block_t"], many["num_stages"]) == (row[1], row[4])
     # key groups of at most 2 keep their rows whatever the batch
     assert not kl.launch_config(2, 16384, 2).get("kloop")
+    assert not kl.launch_config(1, 16384, 2).get("sub")
+
+
+def test_one_program_per_split_spreads_the_key_group_over_a_program_per_kv_head():
+    # B=1 x one key group of 4 (Qwen2.5-7B at G=4): a program per KV head, splits for 4 programs
+    one = kl.launch_config(1, 16384, 4)
+    bt, br, nw, ns, waves, sub = kl.ONE_PROGRAM
+    assert (one["block_t"], one["block_r"], one["num_warps"], one["num_stages"], one["sub"]) == (
+        bt,
+        br,
+        nw,
+        ns,
+        sub,
+    )
+    assert not one.get("kloop") and kl.program_heads(4, one["sub"]) == 1
+    assert one["splits"] == kl.num_splits(4, 16384, bt, None, waves)
+    # a program's heads must divide the key group
+    with pytest.raises(ValueError, match="do not divide key group 4"):
+        kl.program_heads(4, 3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("rank", [144, 496])
+def test_one_program_launch_matches_float64_on_gpu(rank):
+    """The default launch at one sequence and one key group (Qwen2.5-7B attention: 28 query heads, 4 KV
+    heads, key bias, G=4): a program per KV head, against float64."""
+    kl._ENV = None
+    q, zk, zv, pack, inv = latent_decode_inputs(1, 28, 4, 128, 4200, 4, 4, [rank], [rank + 16], bias=True,
+                                                dtype=torch.bfloat16, device="cuda", seed=rank)  # fmt: skip
+    n = 4133
+    out = kl._launch(*_args(q, zk, zv, pack, inv, n))
+    assert kl.LAST_LAUNCH["sub"] == 1
+    ref = kl.reference_latent_decode(q, zk, zv, pack, n, inv, 128**-0.5, 1.0)
+    got = out[..., : ref.shape[-1]].double()
+    err = ((got - ref).norm() / ref.norm()).item()
+    assert err < 2e-2, (rank, err, kl.LAST_LAUNCH)
 
 
 def test_a_forced_launch_keeps_its_form_when_shrunk(monkeypatch):

@@ -564,7 +564,33 @@ LAUNCH_TABLE: list[tuple[int, int, int, int, int, int]] = [
 #: 1.01-1.26x the time at B=16 and 64 past KV 4096, where the row stays (0.76-0.87x at B=16 x 4096)
 #: (``benchmarks/results/h100/palu-kernel/v5/``).
 FEW_PROGRAMS = (4, 128, 64, 8, 3, 2)
+#: one program per split at a key group past the unrolled ones (one sequence, one key group: Qwen2.5-7B's 4 KV
+#: heads at G=4, B=1) launches ``(block_t, block_r, num_warps, num_stages, waves, sub)``: each KV head of the
+#: group its own program (``sub`` 1, :func:`program_heads`), four times the programs on the same cache. On an
+#: H100 (Qwen2.5-7B shape, key ranks 144/256/496, KV 4096-32768) it took 0.36-0.96x the time of the pipelined
+#: rank loop (:data:`FEW_PROGRAMS`); at two key groups (Llama-3-8B, B=1) it was no faster (0.87-1.14x), so
+#: the rank loop stays there (``benchmarks/results/h100/palu-kernel/v7/``).
+ONE_PROGRAM = (32, 64, 4, 3, 2, 1)
 _ENV = os.environ.get("GAC_LATENT_LAUNCH")
+
+
+def program_heads(k_group: int, sub: int | None) -> int:
+    """KV heads one program rebuilds keys for: ``sub`` (a launch's field), else the whole key group.
+
+    A key group's KV heads all read the group's latents with their own up-projection, so any ``sub``
+    dividing ``k_group`` computes the same thing: ``k_group / sub`` programs then share each latent tile
+    (through L2), and each holds the up-projections of fewer heads.
+
+    >>> program_heads(4, None), program_heads(4, 2), program_heads(2, 4)
+    (4, 2, 2)
+    """
+    if not sub or sub >= k_group:
+        return k_group
+    if k_group % sub:
+        raise ValueError(
+            f"latent decode launch: {sub} KV heads per program do not divide key group {k_group}"
+        )
+    return int(sub)
 
 
 def launch_config(ctas: int, t: int, k_group: int = 1, device: torch.device | None = None) -> dict[str, int]:
@@ -573,15 +599,21 @@ def launch_config(ctas: int, t: int, k_group: int = 1, device: torch.device | No
         vals = [int(x) for x in _ENV.split(",")]
         cfg = dict(
             zip(
-                ("block_t", "block_r", "num_warps", "num_stages", "splits", "unroll", "kloop"),
+                ("block_t", "block_r", "num_warps", "num_stages", "splits", "unroll", "kloop", "sub"),
                 vals,
                 strict=False,
             )
         )
+        sub = program_heads(k_group, cfg.get("sub"))
         if not cfg.get("splits"):
-            cfg["splits"] = num_splits(ctas, t, cfg["block_t"], device)
+            cfg["splits"] = num_splits(ctas * (k_group // sub), t, cfg["block_t"], device)
             cfg["auto_splits"] = 1
         return cfg
+    if k_group > 2 and ctas == 1:
+        bt, br, nw, ns, waves, sub = ONE_PROGRAM
+        sp = num_splits(k_group // program_heads(k_group, sub), t, bt, device, waves)
+        return {"block_t": bt, "block_r": br, "num_warps": nw, "num_stages": ns, "splits": sp, "waves": waves,
+                "auto_splits": 1, "sub": sub}  # fmt: skip
     if k_group > 2 and ctas <= FEW_PROGRAMS[0]:
         bt, br, nw, ns, waves = FEW_PROGRAMS[1:]
         sp = num_splits(ctas, t, bt, device, waves)
@@ -752,11 +784,12 @@ def _launch(
 
     b, h, hd = q.shape
     t = zk.shape[1]
-    ctas = b * (kvh // k_group)
-    cfg = dict(cfg or launch_config(ctas, t, k_group, q.device))
+    cfg = dict(cfg or launch_config(b * (kvh // k_group), t, k_group, q.device))
+    sub = program_heads(k_group, cfg.get("sub"))
+    ctas = b * (kvh // sub)
     key = (q.device.index, q.dtype, h, hd, kvh, k_group, rk_max, rv_max, k_bias is not None,
            k_norm is not None, bool(v_shared), align, valign, cfg["block_t"], cfg["block_r"],
-           cfg["num_warps"], cfg["num_stages"], cfg.get("unroll", 2), cfg.get("kloop", 0))  # fmt: skip
+           cfg["num_warps"], cfg["num_stages"], cfg.get("unroll", 2), cfg.get("kloop", 0), sub)  # fmt: skip
     asked = dict(cfg)
     if key in _FITTED:
         cfg = _resplit({**cfg, **_FITTED[key]["ran"]}, ctas, t, q.device)
@@ -769,7 +802,7 @@ def _launch(
         try:
             out = _launch_once(*args, cfg)
         except OutOfResources as e:
-            smaller = shrink(cfg, rank_loop=k_group > 2 and not _ENV)
+            smaller = shrink(cfg, rank_loop=sub > 2 and not _ENV)
             if smaller is None:
                 raise
             log.warning(
@@ -795,8 +828,9 @@ def _launch_once(
     rk_max, rv_max, kvh, k_group, v_shared, align, valign, poison, cfg: dict[str, int],
 ) -> torch.Tensor:  # fmt: skip
     b, h, hd = q.shape
-    kgroups = kvh // k_group
     cfg = dict(cfg)
+    g = program_heads(k_group, cfg.get("sub"))  # KV heads per program: the key group, or a part of it
+    kgroups = kvh // g
     bt, br = cfg["block_t"], cfg["block_r"]
     rk = int(-(-rk_max // br) * br)
     if rk < br:
@@ -807,7 +841,7 @@ def _launch_once(
     LAST_LAUNCH.update(cfg)
     rvp = _pow2(rv_max)
     n_rep = h // kvh
-    mq = _pow2(k_group * n_rep)
+    mq = _pow2(g * n_rep)
     part = torch.empty(b, h, splits, rvp, device=q.device, dtype=torch.float32)
     ml = torch.empty(b, h, splits, 2, device=q.device, dtype=torch.float32)
     out = torch.empty(b, h, rvp, device=q.device, dtype=q.dtype)
@@ -831,8 +865,8 @@ def _launch_once(
         float(scale) * 1.4426950408889634,
         float(rope_scale),
         float(eps),
-        NREP=n_rep, G=k_group, HALF=hd // 2, RK=rk, RVP=rvp, MQ=mq, BLOCK_T=bt, BLOCK_R=br,
-        HAS_BIAS=k_bias is not None, HAS_NORM=k_norm is not None, V_SHARED=bool(v_shared), STAGE_U=k_group <= 2 and rk == br, UNROLL=k_group <= cfg.get("unroll", 2), RA=ra, RAV=rav,
+        NREP=n_rep, G=g, HALF=hd // 2, RK=rk, RVP=rvp, MQ=mq, BLOCK_T=bt, BLOCK_R=br,
+        HAS_BIAS=k_bias is not None, HAS_NORM=k_norm is not None, V_SHARED=bool(v_shared), STAGE_U=g <= 2 and rk == br, UNROLL=g <= cfg.get("unroll", 2), RA=ra, RAV=rav,
         K_LOOP=bool(cfg.get("kloop", 0)),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
