@@ -121,20 +121,21 @@ def _assert_kernel_matches_reference(m, attn, g, b: int = 2, t0: int = 45) -> No
 
 @needs_device
 @pytest.mark.parametrize(
-    ("group_size", "ratio", "fold", "align"),
-    [(2, 0.45, True, "none"), (2, 0.45, False, "none"), (1, 0.7, False, "none"), (4, 0.3, True, "none"),
-     (2, 0.45, True, "round")],
+    ("group_size", "ratio", "fold", "align", "search"),
+    [(2, 0.45, True, "none", None), (2, 0.45, False, "none", None), (1, 0.7, False, "none", None),
+     (4, 0.3, True, "none", None), (2, 0.45, True, "round", None), (1, 0.5, False, "none", "fisher")],
 )  # fmt: skip
-def test_kernel_matches_reference(group_size, ratio, fold, align):
+def test_kernel_matches_reference(group_size, ratio, fold, align, search):
 
     base = tiny_model("llama", hidden=128, layers=1, heads=8, kv_heads=4, head_dim=64)
     g = torch.Generator().manual_seed(3)
     batches = [torch.randint(3, 240, (2, 32), generator=g) for _ in range(4)]
     p = plan(
         copy.deepcopy(base),
-        CompressConfig(compressor="palu", param_ratio=ratio, align=align, options={"group_size": group_size}),
+        CompressConfig(compressor="palu", param_ratio=ratio, align=align,
+                       options={"group_size": group_size, **({"search": search} if search else {})}),
         calib_batches=batches,
-    )
+    )  # fmt: skip
     m = copy.deepcopy(base)
     p.compressor.fold_values = fold
     p.compressor.apply(m, p.sites, p.native)
@@ -146,6 +147,11 @@ def test_kernel_matches_reference(group_size, ratio, fold, align):
     ranks = attn.k_proj.ranks + attn.v_proj.ranks
     if align == "none":
         assert any(r % 16 for r in ranks)  # odd ranks exercised
+    # value groups of one rank take one batched up-projection, of several ranks one per group
+    one_up = attn.decode_pack()["uv_all"] is not None
+    assert one_up == (len(set(attn.v_proj.ranks)) == 1)
+    if search == "fisher":  # a rank per group: the per-group up-projections
+        assert not one_up
     # the kernel takes the key latents' strides, offsets and ranks as multiples of their alignment
     koff, kr = attn.k_proj.offsets(), attn.k_proj.ranks
     assert (

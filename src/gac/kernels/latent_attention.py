@@ -455,8 +455,10 @@ def latent_decode_attention(
     inv_freq: torch.Tensor,
     scale: float,
     rope_scale: float = 1.0,
-) -> list[torch.Tensor]:
-    """Per-value-group latent attention outputs of one new token: ``[B, H_g, r_g]`` for each value group ``g``.
+    whole: bool = False,
+) -> list[torch.Tensor] | torch.Tensor:
+    """Per-value-group latent attention outputs of one new token: ``[B, H_g, r_g]`` for each value group ``g``
+    (``whole``: the kernel's output ``[B, H, R]`` itself, ``R`` >= every value rank, zero past a group's).
 
     Args:
         q: roped queries ``[B, H, HD]`` of the new token.
@@ -495,6 +497,8 @@ def latent_decode_attention(
         int(pack.get("align", 1)),
         int(valign),
     )
+    if whole:
+        return out
     hv = q.shape[1] // len(pack["v_ranks"])
     return [out[:, g * hv : (g + 1) * hv, :r] for g, r in enumerate(pack["v_ranks"])]
 

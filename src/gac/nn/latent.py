@@ -432,7 +432,11 @@ class LatentAttention(nn.Module):
                 koff.append(ko[g])
                 kr.append(rk[g])
             # each value group's up-projection per KV head, transposed: [G_v, r_g, hd]
-            uv = [u.weight.detach().view(gv, hd, -1).transpose(1, 2).contiguous() for u in self.v_proj.ups]
+            uv = [u.weight.detach().view(gv, hd, -1).transpose(1, 2) for u in self.v_proj.ups]
+            # value groups of one rank: one tensor over every KV head (one batched GEMM a step; the groups'
+            # entries are views of it)
+            uv_all = torch.cat(uv).contiguous() if len(set(rv)) == 1 else None
+            uv = list(uv_all.split(gv)) if uv_all is not None else [u.contiguous() for u in uv]
         kb = vb = None
         if ups_k[0].bias is not None:
             kb = torch.cat([u.bias.detach() for u in ups_k]).view(self.kv_heads, hd).contiguous()
@@ -455,6 +459,7 @@ class LatentAttention(nn.Module):
             "v_ranks": rv,
             "v_group_kv": gv,
             "uv": uv,
+            "uv_all": uv_all,
             "v_bias": vb,
         }
         per_kv_head(pack, w.device)  # the kernel's per-KV-head value tables, kept in the pack now (eager)
@@ -476,6 +481,7 @@ class LatentAttention(nn.Module):
         k4, v4 = cache.update(zk.unsqueeze(1), zv.unsqueeze(1), self.layer_idx, kw)
         pack = self.decode_pack()
         rot = self._rotary
+        one_up = pack["uv_all"] is not None and not self.folded
         outs = latent_decode_attention(
             q.contiguous(),
             k4[:, 0],
@@ -485,14 +491,22 @@ class LatentAttention(nn.Module):
             rot.inv_freq.float(),
             self.scaling,
             float(getattr(rot, "attention_scaling", 1.0)),
-        )  # per value group [B, H_g, r_g]
+            whole=one_up,
+        )  # per value group [B, H_g, r_g]; whole: [B, H, >= r]
+        n_rep = self.num_key_value_groups
+        if one_up:  # every value group at one rank: one GEMM batched over all KV heads
+            r = pack["v_ranks"][0]
+            lat = outs[..., :r].view(b, self.kv_heads, n_rep, r)
+            v = torch.einsum("bgnr,grd->bgnd", lat, pack["uv_all"])  # [B, KVH, n_rep, hd]
+            if pack["v_bias"] is not None:
+                v = v + pack["v_bias"]
+            return self.o_proj(v.reshape(b, 1, -1))
         if self.folded:
             flat = torch.cat([o.reshape(b, -1) for o in outs], dim=1)
             return self.o_proj(flat).unsqueeze(1)
         # per-head latent outputs through their KV head's value up-projection, then o_proj
         # (an einsum, a GEMM batched over the group's KV heads: a broadcast matmul would copy the
         # up-projections once per sequence)
-        n_rep = self.num_key_value_groups
         v = torch.cat(
             [
                 torch.einsum("bgnr,grd->bgnd", o.view(b, self.group_kv_v, n_rep, -1), u)
