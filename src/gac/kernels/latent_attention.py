@@ -552,10 +552,11 @@ latent_align = vector_align
 #: the key-group-1 row from the sweep after the value latents loaded as 16-byte vectors
 #: (``benchmarks/results/h100/palu-kernel/v4/``: its 64-wide rank tile ran 1.21-1.33x dense at B16 x 16384
 #: where the 128-wide one, padding rank 64, ran 1.04-1.08x). The environment variable
-#: ``GAC_LATENT_LAUNCH="block_t,block_r,num_warps,num_stages,splits[,unroll]"`` overrides every row
+#: ``GAC_LATENT_LAUNCH="block_t,block_r,num_warps,num_stages,splits[,unroll[,kloop[,sub]]]"`` overrides every row
 #: (``splits`` 0: from ``waves`` 2; ``unroll``: the largest key group whose heads are unrolled, default 2;
 #: ``kloop`` 1: the rank chunks of a rebuilt key as a software-pipelined loop and RoPE's cos/sin computed per
-#: position each tile, which frees the registers the unrolled chunks and the held in-tile angles took).
+#: position each tile, which frees the registers the unrolled chunks and the held in-tile angles took;
+#: ``sub``: KV heads per program, dividing the key group, 0 for the whole group: :func:`program_heads`).
 LAUNCH_TABLE: list[tuple[int, int, int, int, int, int]] = [
     (1, 32, 64, 4, 3, 2),
     (2, 32, 64, 4, 3, 4),
@@ -733,7 +734,7 @@ def shrink(cfg: dict[str, int], rank_loop: bool = False) -> dict[str, int] | Non
 
 
 #: what a launch record keeps of the launch that ran (:func:`shrunk_launches`)
-_RAN_KEYS = ("block_t", "block_r", "num_warps", "num_stages", "kloop")
+_RAN_KEYS = ("block_t", "block_r", "num_warps", "num_stages", "kloop", "sub")
 
 
 def compiled_shared_bytes(
