@@ -53,9 +53,8 @@ def build(spec: str, dims: dict[str, int] | None, device: str = "cuda"):
                 continue  # a smoke model with fewer layers
             r = min(r, lin.in_features, lin.out_features)  # a scaled-down smoke model
             i, o = lin.in_features, lin.out_features
-            if r >= (i * o) // (
-                i + o
-            ):  # at or past the break-even rank: kept dense, as gac's skeleton keeps it
+            # at or past the break-even rank: kept dense, as gac's skeleton keeps it
+            if r >= (i * o) // (i + o):
                 continue
             fl = FactorizedLinear(lin.in_features, r, lin.out_features, bias=lin.bias is not None,
                                   device=device, dtype=torch.bfloat16)  # fmt: skip
