@@ -42,9 +42,9 @@ def build(spec: str, dims: dict[str, int] | None, device: str = "cuda"):
 
     m = load_model(spec, dtype=torch.bfloat16, device=device).model
     if dims and any(":g" in k for k in dims):  # PaLU's group ranks: latent attention at those ranks
-        from gac.hardware.latency import _latent_skeleton_
+        from gac.hardware.latency import latent_skeleton_
 
-        _latent_skeleton_(m, dims, device=device)  # the projections take the model's dtype
+        latent_skeleton_(m, dims, device=device)  # the projections take the model's dtype
     elif dims:
         for fqn, r in dims.items():
             try:

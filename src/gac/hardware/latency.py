@@ -957,13 +957,13 @@ def skeleton(
                 resize(mod, "k", out_f=d * hd)
                 resize(mod, "v", out_f=d * hd)
                 resize(mod, "o", in_f=d * n_rep * hd)
-    _latent_skeleton_(model, dims or {})
+    latent_skeleton_(model, dims or {})
     if fused:
         fuse_projections_(model)
     return model
 
 
-def _latent_skeleton_(model: Any, dims: dict[str, int], device: Any = "meta") -> None:
+def latent_skeleton_(model: Any, dims: dict[str, int], device: Any = "meta") -> None:
     """PaLU's kept dims (``<attention>.k_proj:g0``... one per key or value group) as
     :class:`~gac.nn.latent.LatentAttention` layers on the meta device (values unfolded, the default);
     on another ``device`` the latent projections get ``nn.Linear``'s random init (speed runs)."""
