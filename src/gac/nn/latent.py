@@ -493,27 +493,24 @@ class LatentAttention(nn.Module):
             float(getattr(rot, "attention_scaling", 1.0)),
             whole=one_up,
         )  # per value group [B, H_g, r_g]; whole: [B, H, >= r]
-        n_rep = self.num_key_value_groups
-        if one_up:  # every value group at one rank: one GEMM batched over all KV heads
-            r = pack["v_ranks"][0]
-            lat = outs[..., :r].view(b, self.kv_heads, n_rep, r)
-            v = torch.einsum("bgnr,grd->bgnd", lat, pack["uv_all"])  # [B, KVH, n_rep, hd]
-            if pack["v_bias"] is not None:
-                v = v + pack["v_bias"]
-            return self.o_proj(v.reshape(b, 1, -1))
         if self.folded:
             flat = torch.cat([o.reshape(b, -1) for o in outs], dim=1)
             return self.o_proj(flat).unsqueeze(1)
         # per-head latent outputs through their KV head's value up-projection, then o_proj
-        # (an einsum, a GEMM batched over the group's KV heads: a broadcast matmul would copy the
-        # up-projections once per sequence)
-        v = torch.cat(
-            [
-                torch.einsum("bgnr,grd->bgnd", o.view(b, self.group_kv_v, n_rep, -1), u)
-                for o, u in zip(outs, pack["uv"], strict=True)
-            ],
-            dim=1,
-        )  # [B, KVH, n_rep, hd]
+        # (an einsum, a GEMM batched over KV heads: a broadcast matmul would copy the up-projections
+        # once per sequence); value groups of one rank take one GEMM over every KV head
+        n_rep = self.num_key_value_groups
+        if one_up:
+            r = pack["v_ranks"][0]
+            v = torch.einsum("bgnr,grd->bgnd", outs[..., :r].view(b, self.kv_heads, n_rep, r), pack["uv_all"])
+        else:
+            v = torch.cat(
+                [
+                    torch.einsum("bgnr,grd->bgnd", o.view(b, self.group_kv_v, n_rep, -1), u)
+                    for o, u in zip(outs, pack["uv"], strict=True)
+                ],
+                dim=1,
+            )  # [B, KVH, n_rep, hd]
         if pack["v_bias"] is not None:
             v = v + pack["v_bias"]
         return self.o_proj(v.reshape(b, 1, -1))
