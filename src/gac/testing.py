@@ -184,12 +184,14 @@ def latent_decode_inputs(
     device: str | torch.device = "cpu",
     theta: float = 10000.0,
     seed: int = 0,
+    rope: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict, torch.Tensor]:
     """Random inputs of :func:`gac.kernels.latent_attention.latent_decode_attention`.
 
     One key rank per key group (``kv_heads // key_group`` of them) and one value rank per value
-    group; each KV head's up-projection is zero past its group's rank, as the module packs it.
-    Returns ``(q, zk, zv, pack, inv_freq)``.
+    group; each KV head's up-projection is zero past its group's rank, as the module packs it; with
+    ``rope`` the pack carries the rotary table (:func:`gac.kernels.latent_attention.rope_table`), as the
+    module's does. Returns ``(q, zk, zv, pack, inv_freq)``.
     """
     g = torch.Generator().manual_seed(seed)
     nk, nv = kv_heads // key_group, kv_heads // value_group
@@ -222,4 +224,8 @@ def latent_decode_inputs(
     zk = torch.randn(batch, tokens, sum(key_ranks), generator=g).to(device, dtype)
     zv = torch.randn(batch, tokens, sum(value_ranks), generator=g).to(device, dtype)
     inv = (1.0 / (theta ** (torch.arange(0, head_dim, 2).float() / head_dim))).to(device)
+    if rope:
+        from gac.kernels.latent_attention import rope_table
+
+        pack["rope"] = rope_table(inv)
     return q, zk, zv, pack, inv

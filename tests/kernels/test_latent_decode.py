@@ -56,6 +56,9 @@ CASES = [
     (1, 28, 4, 32, 4, 4, 40, 33, True, True, "16,16,4,1,2,2,0,2"),
     (2, 28, 4, 32, 4, 4, 40, 33, True, True, "16,64,4,1,2,2,0,1"),
     (2, 8, 4, 32, 2, 4, 75, 70, False, False, "16,64,4,2,3,2,0,1"),
+    # one split over 41 tiles: each tile's RoPE start rotated from the last one's (with the table), 40 times
+    (1, 8, 2, 32, 2, 2, 700, 650, False, False, "16,16,4,1,1"),
+    (1, 8, 2, 32, 2, 2, 700, 650, True, False, "16,16,4,2,1,2,1"),
 ]
 
 KERNEL_SCRIPT = """
@@ -82,12 +85,15 @@ def run(cases, device, dtype, tol, seed):
             pack["align"], valign, poison=float("nan"),
         )
         assert kl.LAST_LAUNCH["splits"] == (int(launch.split(",")[4]) or kl.LAST_LAUNCH["splits"])
+        assert kl.LAST_LAUNCH["rope_table"] is False  # no table passed: the kernel evaluates cos/sin itself
         ref = kl.reference_latent_decode(q, zk, zv, pack, n, inv, scale, rs)
         got = out[..., : ref.shape[-1]].double()
         assert not got.isnan().any(), "unwritten output"
         err = ((got - ref).norm() / ref.norm()).item()
         assert err < tol, (b, h, kvh, gk, gv, bias, norm, err)
+        # the wrapper passes the pack's rotary table: in-tile cos/sin read, tile starts rotated by the step
         outs = kl.latent_decode_attention(q, zk, zv, pack, torch.tensor([n], device=device), inv, scale, rs)
+        assert kl.LAST_LAUNCH["rope_table"] is True
         hv = h // len(vr)
         for i, (o, r) in enumerate(zip(outs, vr)):
             assert o.shape == (b, hv, r)
@@ -288,6 +294,8 @@ def test_flash_kernel_on_gpu_matches_float64(dtype):
     big += [(3, 32, 8, 128, 4, 4, 1100, 1037, False, False, f"32,{br},4,2,0,2,0,{sub}") for br, sub in
             ((64, 2), (256, 1))]  # fmt: skip
     big += [(1, 28, 4, 128, 4, 4, 700, 689, True, True, "32,64,4,3,0,2,0,1")]
+    # 32k tokens in one split: 1024 tile starts, each rotated from the last (the table's step row)
+    big += [(1, 32, 8, 128, 1, 2, 32800, 32768, False, False, "32,64,4,3,1")]
     # tf32 dots for fp32 inputs (three chained: key rebuild, scores, P·Z_v; an H100 gave 4.3e-3 at
     # key group 1 x 8 KV heads, hd 128, 1037 tokens); bf16 keys and probabilities for bf16
     try:

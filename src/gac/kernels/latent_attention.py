@@ -242,12 +242,12 @@ if HAVE_TRITON:
         return offs_r, rmask, u1a, u2a, u1b, u2b
 
     @triton.jit
-    def _tile_rope(inv, t0, ci, si, rope_scale):
-        """The rotary ``cos``/``sin`` of the tile at ``t0`` by angle addition (``ci``/``si``: the in-tile offsets')."""
-        a0 = inv * t0
-        cb = tl.cos(a0)[None, :]
-        sb = tl.sin(a0)[None, :]
-        return (cb * ci - sb * si) * rope_scale, (sb * ci + cb * si) * rope_scale
+    def _tile_rope(cb, sb, ci, si, rope_scale):
+        """The rotary ``cos``/``sin`` of a tile by angle addition: ``cb``/``sb`` the tile start's ``[HALF]``,
+        ``ci``/``si`` the in-tile offsets' ``[BLOCK_T, HALF]``."""
+        c0 = cb[None, :]
+        s0 = sb[None, :]
+        return (c0 * ci - s0 * si) * rope_scale, (s0 * ci + c0 * si) * rope_scale
 
     @triton.jit
     def _online_softmax(sc, tmask, qk_scale, m_i, l_i, acc):
@@ -269,6 +269,7 @@ if HAVE_TRITON:
         kb_ptr,  # [KVH, HD] key bias (unused without HAS_BIAS)
         kn_ptr,  # [HD] key RMSNorm weight (unused without HAS_NORM)
         inv_ptr,  # [HD/2] fp32 rotary inverse frequencies
+        rope_ptr,  # [2, ROPE_ROWS, HD/2] fp32 cos and sin of offsets 0.. (rope_table; unused without ROPE_TAB)
         len_ptr,  # [1] valid cached tokens
         o_ptr,  # [B, H, NSPLIT, RVP] fp32 partial outputs
         ml_ptr,  # [B, H, NSPLIT, 2] fp32 running max (log2 units) and sum of each split
@@ -279,7 +280,8 @@ if HAVE_TRITON:
         NREP: tl.constexpr, G: tl.constexpr, HALF: tl.constexpr, RK: tl.constexpr, RVP: tl.constexpr,
         MQ: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr, HAS_BIAS: tl.constexpr,
         HAS_NORM: tl.constexpr, V_SHARED: tl.constexpr, STAGE_U: tl.constexpr, UNROLL: tl.constexpr,
-        RA: tl.constexpr, RAV: tl.constexpr, K_LOOP: tl.constexpr = False,
+        RA: tl.constexpr, RAV: tl.constexpr, K_LOOP: tl.constexpr = False, ROPE_TAB: tl.constexpr = False,
+        ROPE_ROWS: tl.constexpr = 129,
     ):  # fmt: skip
         # the latent and up-projection strides arrive divided by RA (RAV for the values), and every
         # group's latent offset and rank is a multiple of it: multiplied back, the compiler can prove
@@ -306,15 +308,32 @@ if HAVE_TRITON:
         q1t = tl.load(qbase + offs_d[:, None], mask=mrow[None, :], other=0.0)
         q2t = tl.load(qbase + (HALF + offs_d)[:, None], mask=mrow[None, :], other=0.0)
         inv = tl.load(inv_ptr + offs_d)
-        # RoPE by angle addition: cos/sin of the offsets inside a tile once, of each tile's start per tile;
-        # with K_LOOP, of each position per tile (two registers a cos/sin element fewer held over the loop)
+        # RoPE by angle addition, cos(a + b) = cos a cos b - sin a sin b: the in-tile offsets' cos/sin (the
+        # ROPE_TAB table, else computed) held over the loop, or with K_LOOP read from the table every tile
+        # (two registers a cos/sin element fewer held; without the table, each position's computed per tile);
+        # the tile start's by rotating the split start's one tile step per tile, so no sine or cosine is
+        # evaluated in the loop (the step, BLOCK_T x inv, is exact in fp32: BLOCK_T is a power of two)
         offs_i = tl.arange(0, BLOCK_T)
+        tab = rope_ptr + offs_i[:, None] * HALF + offs_d[None, :]
         if K_LOOP:
             ci, si = None, None
+        elif ROPE_TAB:
+            ci = tl.load(tab)
+            si = tl.load(tab + ROPE_ROWS * HALF)
         else:
             ang_i = offs_i[:, None].to(tl.float32) * inv[None, :]
             ci = tl.cos(ang_i)
             si = tl.sin(ang_i)
+        a_s = inv * start.to(tl.float32)
+        cb = tl.cos(a_s)
+        sb = tl.sin(a_s)
+        if ROPE_TAB:  # the table's row BLOCK_T: the tile step's
+            cstep = tl.load(rope_ptr + BLOCK_T * HALF + offs_d)
+            sstep = tl.load(rope_ptr + (ROPE_ROWS + BLOCK_T) * HALF + offs_d)
+        else:
+            a_step = inv * BLOCK_T
+            cstep = tl.cos(a_step)
+            sstep = tl.sin(a_step)
         kvh0 = kg * G
         koff = tl.load(koff_ptr + kvh0) // RA * RA
         kr = tl.load(kr_ptr + kvh0) // RA * RA
@@ -335,11 +354,15 @@ if HAVE_TRITON:
             offs_t = t0 + offs_i
             tmask = offs_t < end
             if K_LOOP:
-                ang = offs_t[:, None].to(tl.float32) * inv[None, :]
-                c = tl.cos(ang) * rope_scale
-                sn = tl.sin(ang) * rope_scale
+                if ROPE_TAB:
+                    c, sn = _tile_rope(cb, sb, tl.load(tab), tl.load(tab + ROPE_ROWS * HALF), rope_scale)
+                else:
+                    ang = offs_t[:, None].to(tl.float32) * inv[None, :]
+                    c = tl.cos(ang) * rope_scale
+                    sn = tl.sin(ang) * rope_scale
             else:
-                c, sn = _tile_rope(inv, t0, ci, si, rope_scale)
+                c, sn = _tile_rope(cb, sb, ci, si, rope_scale)
+            cb, sb = cb * cstep - sb * sstep, sb * cstep + cb * sstep
             sc = _group_scores(
                 zk_b, offs_t, tmask, szkt, koff, kr, uk_ptr, kvh0, suh, sud, offs_r, rmask, u1a, u2a, u1b, u2b,
                 kb_ptr, kn_ptr, offs_d, c, sn, q1t, q2t, col_head, eps,
@@ -496,6 +519,7 @@ def latent_decode_attention(
         bool(shared),
         int(pack.get("align", 1)),
         int(valign),
+        pack.get("rope"),
     )
     if whole:
         return out
@@ -527,16 +551,17 @@ def _latent_decode_op(
     v_shared: bool,
     align: int,
     valign: int,
+    rope: torch.Tensor | None,
 ) -> torch.Tensor:
     return _launch(
         q, zk, zv, uk, koff, kr, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps,
-        rk_max, rv_max, kv_heads, k_group, v_shared, align, valign,
+        rk_max, rv_max, kv_heads, k_group, v_shared, align, valign, rope=rope,
     )  # fmt: skip
 
 
 @_latent_decode_op.register_fake
 def _(q, zk, zv, uk, koff, kr, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps,
-      rk_max, rv_max, kv_heads, k_group, v_shared, align, valign):  # fmt: skip
+      rk_max, rv_max, kv_heads, k_group, v_shared, align, valign, rope):  # fmt: skip
     b, h, _ = q.shape
     return q.new_empty(b, h, _pow2(rv_max))
 
@@ -577,6 +602,25 @@ FEW_PROGRAMS = (4, 128, 64, 8, 3, 2)
 #: the rank loop stays there (``benchmarks/results/h100/palu-kernel/v7/``).
 ONE_PROGRAM = (32, 64, 4, 3, 2, 1)
 _ENV = os.environ.get("GAC_LATENT_LAUNCH")
+
+#: rows of :func:`rope_table`: the offsets 0..128, so every token tile up to 128 finds its in-tile offsets
+#: and its tile step (row ``BLOCK_T``) in it; a larger tile evaluates them in the kernel
+ROPE_ROWS = 129
+
+
+def rope_table(inv_freq: torch.Tensor) -> torch.Tensor:
+    """``[2, ROPE_ROWS, HD/2]`` fp32: cos and sin of ``o · inv_freq`` for the offsets ``o = 0..ROPE_ROWS-1``.
+
+    Computed in float64 once (the decode pack keeps it, ``pack["rope"]``). With it the kernel reads each
+    tile's in-tile cos/sin and the tile step instead of evaluating a sine and cosine per element: only the
+    split's start angle is evaluated, and each later tile's start is the previous one rotated by the step.
+    Without it (``pack`` has no ``"rope"``) the kernel evaluates the same values itself.
+
+    >>> rope_table(torch.tensor([1.0, 0.5])).shape
+    torch.Size([2, 129, 2])
+    """
+    ang = torch.arange(ROPE_ROWS, device=inv_freq.device, dtype=torch.float64)[:, None] * inv_freq.double()
+    return torch.stack([ang.cos(), ang.sin()]).float().contiguous()
 
 
 def program_heads(k_group: int, sub: int | None) -> int:
@@ -739,7 +783,7 @@ _RAN_KEYS = ("block_t", "block_r", "num_warps", "num_stages", "kloop", "sub")
 
 def compiled_shared_bytes(
     key_group: int, rk: int, rvp: int, block_t: int, block_r: int, num_warps: int, num_stages: int,
-    n_rep: int = 4, head_dim: int = 128, arch: int = 90, kloop: bool = False,
+    n_rep: int = 4, head_dim: int = 128, arch: int = 90, kloop: bool = False, rope_tab: bool = True,
 ) -> int:  # fmt: skip
     """Shared memory (bytes per block) of the flash kernel compiled for ``sm_<arch>``, without a GPU.
 
@@ -757,10 +801,10 @@ def compiled_shared_bytes(
     params = list(inspect.signature(fn.fn).parameters)
     const = dict(NREP=n_rep, G=key_group, HALF=head_dim // 2, RK=rk, RVP=rvp, MQ=_pow2(n_rep * key_group),
                  BLOCK_T=block_t, BLOCK_R=block_r, HAS_BIAS=False, HAS_NORM=False, V_SHARED=True,
-                 STAGE_U=False, UNROLL=False, RA=8, RAV=8, K_LOOP=kloop)  # fmt: skip
+                 STAGE_U=False, UNROLL=False, RA=8, RAV=8, K_LOOP=kloop, ROPE_TAB=rope_tab)  # fmt: skip
     ptrs = {"q_ptr": "*bf16", "zk_ptr": "*bf16", "zv_ptr": "*bf16", "uk_ptr": "*bf16", "koff_ptr": "*i32",
             "kr_ptr": "*i32", "voff_ptr": "*i32", "vr_ptr": "*i32", "kb_ptr": "*bf16", "kn_ptr": "*bf16",
-            "inv_ptr": "*fp32", "len_ptr": "*i32", "o_ptr": "*fp32", "ml_ptr": "*fp32"}  # fmt: skip
+            "inv_ptr": "*fp32", "rope_ptr": "*fp32", "len_ptr": "*i32", "o_ptr": "*fp32", "ml_ptr": "*fp32"}  # fmt: skip
     floats = ("qk_scale", "rope_scale", "eps")
     sig = {p: "constexpr" if p in const else ptrs.get(p, "fp32" if p in floats else "i32") for p in params}
     src = ASTSource(
@@ -781,6 +825,7 @@ def _resplit(cfg: dict[str, int], ctas: int, t: int, device: torch.device) -> di
 def _launch(
     q, zk, zv, uk, koff, kr, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps,
     rk_max, rv_max, kvh, k_group, v_shared, align=1, valign=1, cfg: dict[str, int] | None = None, poison=None,
+    rope: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """Launch the flash kernel and its combine; a launch that needs more shared memory than the GPU
     has is retried smaller (:func:`shrink`), warned once per launch shape and recorded in
@@ -802,7 +847,7 @@ def _launch(
         slots = _RESIDENT[key] * _sm_count(q.device.index or 0)
         cfg["splits"] = balanced_splits(cfg["splits"], ctas, t, cfg["block_t"], slots)
     args = (q, zk, zv, uk, koff, kr, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps,
-            rk_max, rv_max, kvh, k_group, v_shared, align, valign, poison)  # fmt: skip
+            rk_max, rv_max, kvh, k_group, v_shared, align, valign, poison, rope)  # fmt: skip
     while True:
         try:
             out = _launch_once(*args, cfg)
@@ -830,7 +875,7 @@ def _launch(
 
 def _launch_once(
     q, zk, zv, uk, koff, kr, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps,
-    rk_max, rv_max, kvh, k_group, v_shared, align, valign, poison, cfg: dict[str, int],
+    rk_max, rv_max, kvh, k_group, v_shared, align, valign, poison, rope, cfg: dict[str, int],
 ) -> torch.Tensor:  # fmt: skip
     b, h, hd = q.shape
     cfg = dict(cfg)
@@ -853,13 +898,15 @@ def _launch_once(
     if poison is not None:  # tests: every element the kernels must write starts as this
         for x in (part, ml, out):
             x.fill_(poison)
+    tab = rope if rope is not None and bt < rope.shape[1] else None
+    LAST_LAUNCH["rope_table"] = tab is not None
     ra = latent_align(align, zk.stride(0), zk.stride(1), uk.stride(0), uk.stride(1))
     rav = latent_align(valign, zv.stride(0), zv.stride(1))
     kern = _latent_flash_kernel[(b * kgroups, splits)](
         q, zk, zv, uk, koff, kr, voff, vr,
         k_bias if k_bias is not None else uk,
         k_norm if k_norm is not None else uk,
-        inv_freq, cache_len, part, ml,
+        inv_freq, tab if tab is not None else inv_freq, cache_len, part, ml,
         q.stride(0), q.stride(1),
         zk.stride(0) // ra, zk.stride(1) // ra, zv.stride(0) // rav, zv.stride(1) // rav,
         uk.stride(0) // ra, uk.stride(1) // ra,
@@ -872,7 +919,7 @@ def _launch_once(
         float(eps),
         NREP=n_rep, G=g, HALF=hd // 2, RK=rk, RVP=rvp, MQ=mq, BLOCK_T=bt, BLOCK_R=br,
         HAS_BIAS=k_bias is not None, HAS_NORM=k_norm is not None, V_SHARED=bool(v_shared), STAGE_U=g <= 2 and rk == br, UNROLL=g <= cfg.get("unroll", 2), RA=ra, RAV=rav,
-        K_LOOP=bool(cfg.get("kloop", 0)),
+        K_LOOP=bool(cfg.get("kloop", 0)), ROPE_TAB=tab is not None, ROPE_ROWS=ROPE_ROWS,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     n_regs = getattr(kern, "n_regs", None)

@@ -133,6 +133,12 @@ def _warn_once(reason: str) -> None:
     )
 
 
+def _static_rope(rotary: nn.Module) -> bool:
+    """Whether ``rotary``'s ``inv_freq`` stays as built (not a RoPE that rescales it with the length)."""
+    kind = str(getattr(rotary, "rope_type", "default"))
+    return "dynamic" not in kind and kind != "longrope"
+
+
 def _norm_weight_eps(norm: nn.Module, dim: int) -> tuple[torch.Tensor, float]:
     """An RMSNorm's effective scale ``[dim]`` (fp32) and epsilon: ``norm(x) = x·rsqrt(mean x² + eps)·w``.
 
@@ -410,12 +416,15 @@ class LatentAttention(nn.Module):
         tensors = [u.weight for u in ups_k] + [u.bias for u in ups_k if u.bias is not None]
         if self.k_norm is not None:
             tensors += list(self.k_norm.parameters())
-        key = (ups_k[0].weight.device, ups_k[0].weight.dtype, tuple(t.data_ptr() for t in tensors))
+        inv = getattr(self._rotary, "inv_freq", None)
+        rope_key = None if inv is None else (inv.data_ptr(), inv._version)
+        key = (ups_k[0].weight.device, ups_k[0].weight.dtype, tuple(t.data_ptr() for t in tensors), rope_key)
         if self.__dict__.get("_pack_key") == key:
             return self.__dict__["_pack"]
         from gac.kernels.latent_attention import (  # the allowed edge (decode_refusals)
             latent_align,
             per_kv_head,
+            rope_table,
         )
 
         hd, gk, gv = self.head_dim, self.group_kv_k, self.group_kv_v
@@ -461,6 +470,9 @@ class LatentAttention(nn.Module):
             "uv": uv,
             "uv_all": uv_all,
             "v_bias": vb,
+            # the rotary cos/sin of the kernel's in-tile offsets; not for a RoPE whose frequencies change
+            # with the length (dynamic, longrope): under torch.compile the pack is not rebuilt when they do
+            "rope": rope_table(inv.to(w.device)) if inv is not None and _static_rope(self._rotary) else None,
         }
         per_kv_head(pack, w.device)  # the kernel's per-KV-head value tables, kept in the pack now (eager)
         self.__dict__["_pack"], self.__dict__["_pack_key"] = pack, key
