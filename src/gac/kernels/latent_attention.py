@@ -308,16 +308,19 @@ if HAVE_TRITON:
         q1t = tl.load(qbase + offs_d[:, None], mask=mrow[None, :], other=0.0)
         q2t = tl.load(qbase + (HALF + offs_d)[:, None], mask=mrow[None, :], other=0.0)
         inv = tl.load(inv_ptr + offs_d)
-        # RoPE by angle addition, cos(a + b) = cos a cos b - sin a sin b: the in-tile offsets' cos/sin (the
-        # ROPE_TAB table, else computed) held over the loop, or with K_LOOP read from the table every tile
-        # (two registers a cos/sin element fewer held; without the table, each position's computed per tile);
-        # the tile start's by rotating the split start's one tile step per tile, so no sine or cosine is
-        # evaluated in the loop (the step, BLOCK_T x inv, is exact in fp32: BLOCK_T is a power of two)
+        # RoPE by angle addition, cos(a + b) = cos a cos b - sin a sin b. The in-tile offsets' cos/sin are
+        # held over the loop: read from the ROPE_TAB table past two KV heads a program, computed here at one
+        # or two (there the loaded tile took more registers, 236 against 167 a thread at key group 1 compiled
+        # for sm_90 by Triton 3.9, and an H100 held two programs a multiprocessor instead of three: 1.05-1.13x
+        # the time at B >= 16). With K_LOOP they are read from the table every tile
+        # (two registers a cos/sin element fewer held; without the table, each position's computed per
+        # tile). The tile start's by rotating the split start's one tile step per tile, so no sine or cosine
+        # is evaluated in the loop (the step, BLOCK_T x inv, is exact in fp32: BLOCK_T is a power of two).
         offs_i = tl.arange(0, BLOCK_T)
         tab = rope_ptr + offs_i[:, None] * HALF + offs_d[None, :]
         if K_LOOP:
             ci, si = None, None
-        elif ROPE_TAB:
+        elif ROPE_TAB and G > 2:
             ci = tl.load(tab)
             si = tl.load(tab + ROPE_ROWS * HALF)
         else:
