@@ -9,8 +9,9 @@ walks its share of the valid cached tokens in ``BLOCK_T`` tiles and, per tile,
    with tensor-core dots, ``K_j = X·U_jᵀ`` (``BLOCK_R``-wide rank chunks, fp32 accumulation);
 2. adds the key bias (``k_proj`` with a bias: the Qwen2 layout), RMS-normalizes each key row
    (``k_norm``: Qwen3, Gemma-3, OLMo-2), then applies RoPE at each cached token's position (slot
-   ``t`` holds position ``t``) with ``cos``/``sin`` computed from the rotary ``inv_freq`` in
-   registers;
+   ``t`` holds position ``t``) by angle addition: the split start's ``cos``/``sin`` from the rotary
+   ``inv_freq``, rotated by one tile step per tile, times the in-tile offsets' (:func:`rope_table`,
+   the decode pack's ``rope``), so no sine or cosine is evaluated in the loop;
 3. scores every query head of the group against its KV head's keys (the group's query heads are
    the rows of one ``[MQ, BLOCK_T]`` tile) and updates an online softmax;
 4. accumulates ``P·Z_v`` on tensor cores over the value latents (each query head through its
