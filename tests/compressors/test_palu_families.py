@@ -180,6 +180,32 @@ def test_decode_pack_carries_key_bias_and_key_norm():
             assert pack["k_norm_eps"] == orig.k_norm.variance_epsilon
 
 
+def test_decode_pack_carries_the_rotary_table_unless_the_rope_rescales():
+    from gac.kernels.latent_attention import ROPE_ROWS
+
+    base = tiny_model("qwen2", **GEOM).double()
+    p = _plan(base, "qwen2")
+    m = _applied(base, p, p.native, fold=False)
+    attn = latent_modules(m)[0][1]
+    rot = attn._rotary
+    tab = attn.decode_pack()["rope"]
+    assert tab.shape == (2, ROPE_ROWS, rot.inv_freq.numel()) and tab.dtype == torch.float32
+    ang = 5.0 * rot.inv_freq.double()  # row 5: offset 5
+    assert torch.allclose(tab[0, 5].double(), ang.cos(), atol=1e-7)
+    assert torch.allclose(tab[1, 5].double(), ang.sin(), atol=1e-7)
+    # frequencies changed in place: the pack is rebuilt with them
+    with torch.no_grad():
+        rot.inv_freq.mul_(0.5)
+    assert torch.allclose(
+        attn.decode_pack()["rope"][1, 5].double(), (5.0 * rot.inv_freq.double()).sin(), atol=1e-7
+    )
+    # a RoPE that rescales its frequencies with the length gets no table (the kernel evaluates cos/sin)
+    rot.rope_type = "dynamic"
+    with torch.no_grad():
+        rot.inv_freq.mul_(2.0)
+    assert attn.decode_pack()["rope"] is None
+
+
 def test_infer_sweep_records_the_latent_path():
     from gac.eval.infer import SweepConfig, Variant, run_sweep
 
