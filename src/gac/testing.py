@@ -190,7 +190,7 @@ def latent_decode_inputs(
 
     One key rank per key group (``kv_heads // key_group`` of them) and one value rank per value
     group; each KV head's up-projection is zero past its group's rank, as the module packs it; with
-    ``rope`` the pack carries the rotary table (:func:`gac.kernels.latent_attention.rope_table`), as the
+    ``rope`` the pack carries the rotary table (:func:`gac.nn.latent.rope_table`), as the
     module's does. Returns ``(q, zk, zv, pack, inv_freq)``.
     """
     g = torch.Generator().manual_seed(seed)
@@ -225,7 +225,7 @@ def latent_decode_inputs(
     zv = torch.randn(batch, tokens, sum(value_ranks), generator=g).to(device, dtype)
     inv = (1.0 / (theta ** (torch.arange(0, head_dim, 2).float() / head_dim))).to(device)
     if rope:
-        from gac.kernels.latent_attention import rope_table
+        from gac.nn.latent import rope_table
 
         pack["rope"] = rope_table(inv)
     return q, zk, zv, pack, inv

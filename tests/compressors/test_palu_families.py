@@ -181,7 +181,7 @@ def test_decode_pack_carries_key_bias_and_key_norm():
 
 
 def test_decode_pack_carries_the_rotary_table_unless_the_rope_rescales():
-    from gac.kernels.latent_attention import ROPE_ROWS
+    from gac.nn.latent import ROPE_ROWS
 
     base = tiny_model("qwen2", **GEOM).double()
     p = _plan(base, "qwen2")

@@ -10,7 +10,7 @@ walks its share of the valid cached tokens in ``BLOCK_T`` tiles and, per tile,
 2. adds the key bias (``k_proj`` with a bias: the Qwen2 layout), RMS-normalizes each key row
    (``k_norm``: Qwen3, Gemma-3, OLMo-2), then applies RoPE at each cached token's position (slot
    ``t`` holds position ``t``) by angle addition: the split start's ``cos``/``sin`` from the rotary
-   ``inv_freq``, rotated by one tile step per tile, times the in-tile offsets' (:func:`rope_table`,
+   ``inv_freq``, rotated by one tile step per tile, times the in-tile offsets' (:func:`gac.nn.latent.rope_table`,
    the decode pack's ``rope``), so no sine or cosine is evaluated in the loop;
 3. scores every query head of the group against its KV head's keys (the group's query heads are
    the rows of one ``[MQ, BLOCK_T]`` tile) and updates an online softmax;
@@ -270,7 +270,7 @@ if HAVE_TRITON:
         kb_ptr,  # [KVH, HD] key bias (unused without HAS_BIAS)
         kn_ptr,  # [HD] key RMSNorm weight (unused without HAS_NORM)
         inv_ptr,  # [HD/2] fp32 rotary inverse frequencies
-        rope_ptr,  # [2, ROPE_ROWS, HD/2] fp32 cos and sin of offsets 0.. (rope_table; unused without ROPE_TAB)
+        rope_ptr,  # [2, ROPE_ROWS, HD/2] fp32 cos and sin of offsets 0.. (gac.nn.latent.rope_table; unused without ROPE_TAB)
         len_ptr,  # [1] valid cached tokens
         o_ptr,  # [B, H, NSPLIT, RVP] fp32 partial outputs
         ml_ptr,  # [B, H, NSPLIT, 2] fp32 running max (log2 units) and sum of each split
@@ -607,25 +607,6 @@ FEW_PROGRAMS = (4, 128, 64, 8, 3, 2)
 ONE_PROGRAM = (32, 64, 4, 3, 2, 1)
 _ENV = os.environ.get("GAC_LATENT_LAUNCH")
 
-#: rows of :func:`rope_table`: the offsets 0..128, so every token tile up to 128 finds its in-tile offsets
-#: and its tile step (row ``BLOCK_T``) in it; a larger tile evaluates them in the kernel
-ROPE_ROWS = 129
-
-
-def rope_table(inv_freq: torch.Tensor) -> torch.Tensor:
-    """``[2, ROPE_ROWS, HD/2]`` fp32: cos and sin of ``o · inv_freq`` for the offsets ``o = 0..ROPE_ROWS-1``.
-
-    Computed in float64 once (the decode pack keeps it, ``pack["rope"]``). With it the kernel reads each
-    tile's in-tile cos/sin and the tile step instead of evaluating a sine and cosine per element: only the
-    split's start angle is evaluated, and each later tile's start is the previous one rotated by the step.
-    Without it (``pack`` has no ``"rope"``) the kernel evaluates the same values itself.
-
-    >>> rope_table(torch.tensor([1.0, 0.5])).shape
-    torch.Size([2, 129, 2])
-    """
-    ang = torch.arange(ROPE_ROWS, device=inv_freq.device, dtype=torch.float64)[:, None] * inv_freq.double()
-    return torch.stack([ang.cos(), ang.sin()]).float().contiguous()
-
 
 def program_heads(k_group: int, sub: int | None) -> int:
     """KV heads one program rebuilds keys for: ``sub`` (a launch's field), else the whole key group.
@@ -902,7 +883,9 @@ def _launch_once(
     if poison is not None:  # tests: every element the kernels must write starts as this
         for x in (part, ml, out):
             x.fill_(poison)
-    tab = rope if rope is not None and bt < rope.shape[1] else None
+    tab = (
+        rope if rope is not None and bt < rope.shape[1] else None
+    )  # rows 0..bt: the in-tile offsets and the step
     LAST_LAUNCH["rope_table"] = tab is not None
     ra = latent_align(align, zk.stride(0), zk.stride(1), uk.stride(0), uk.stride(1))
     rav = latent_align(valign, zv.stride(0), zv.stride(1))
@@ -923,7 +906,7 @@ def _launch_once(
         float(eps),
         NREP=n_rep, G=g, HALF=hd // 2, RK=rk, RVP=rvp, MQ=mq, BLOCK_T=bt, BLOCK_R=br,
         HAS_BIAS=k_bias is not None, HAS_NORM=k_norm is not None, V_SHARED=bool(v_shared), STAGE_U=g <= 2 and rk == br, UNROLL=g <= cfg.get("unroll", 2), RA=ra, RAV=rav,
-        K_LOOP=bool(cfg.get("kloop", 0)), ROPE_TAB=tab is not None, ROPE_ROWS=ROPE_ROWS,
+        K_LOOP=bool(cfg.get("kloop", 0)), ROPE_TAB=tab is not None, ROPE_ROWS=tab.shape[1] if tab is not None else 1,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     n_regs = getattr(kern, "n_regs", None)

@@ -133,6 +133,27 @@ def _warn_once(reason: str) -> None:
     )
 
 
+#: rows of :func:`rope_table`: the offsets 0..128, so every token tile up to 128 finds its in-tile offsets
+#: and its tile step (row ``BLOCK_T``) in it; a larger tile evaluates them in the kernel
+ROPE_ROWS = 129
+
+
+def rope_table(inv_freq: torch.Tensor) -> torch.Tensor:
+    """``[2, ROPE_ROWS, HD/2]`` fp32: cos and sin of ``o · inv_freq`` for the offsets ``o = 0..ROPE_ROWS-1``.
+
+    Computed in float64 once (the decode pack keeps it, ``pack["rope"]``). With it the decode kernel
+    (:mod:`gac.kernels.latent_attention`, which reads the row count off the table) reads each
+    tile's in-tile cos/sin and the tile step instead of evaluating a sine and cosine per element: only the
+    split's start angle is evaluated, and each later tile's start is the previous one rotated by the step.
+    Without it (``pack`` has no ``"rope"``) the kernel evaluates the same values itself.
+
+    >>> rope_table(torch.tensor([1.0, 0.5])).shape
+    torch.Size([2, 129, 2])
+    """
+    ang = torch.arange(ROPE_ROWS, device=inv_freq.device, dtype=torch.float64)[:, None] * inv_freq.double()
+    return torch.stack([ang.cos(), ang.sin()]).float().contiguous()
+
+
 def _static_rope(rotary: nn.Module) -> bool:
     """Whether ``rotary``'s ``inv_freq`` stays as built (not a RoPE that rescales it with the length)."""
     kind = str(getattr(rotary, "rope_type", "default"))
@@ -424,7 +445,6 @@ class LatentAttention(nn.Module):
         from gac.kernels.latent_attention import (  # the allowed edge (decode_refusals)
             latent_align,
             per_kv_head,
-            rope_table,
         )
 
         hd, gk, gv = self.head_dim, self.group_kv_k, self.group_kv_v
