@@ -180,7 +180,7 @@ def test_decode_pack_carries_key_bias_and_key_norm():
             assert pack["k_norm_eps"] == orig.k_norm.variance_epsilon
 
 
-def test_decode_pack_carries_the_rotary_table_unless_the_rope_rescales():
+def test_decode_pack_carries_the_rotary_table_unless_the_rope_rescales(caplog):
     from gac.nn.latent import ROPE_ROWS
 
     base = tiny_model("qwen2", **GEOM).double()
@@ -199,11 +199,16 @@ def test_decode_pack_carries_the_rotary_table_unless_the_rope_rescales():
     assert torch.allclose(
         attn.decode_pack()["rope"][1, 5].double(), (5.0 * rot.inv_freq.double()).sin(), atol=1e-7
     )
-    # a RoPE that rescales its frequencies with the length gets no table (the kernel evaluates cos/sin)
+    assert "rope_in_loop" not in latent_attention_paths(m)
+    # a RoPE that rescales its frequencies with the length gets no table (the kernel evaluates cos/sin),
+    # warned once and recorded
     rot.rope_type = "dynamic"
     with torch.no_grad():
         rot.inv_freq.mul_(2.0)
-    assert attn.decode_pack()["rope"] is None
+    with caplog.at_level(logging.WARNING, logger="gac.nn.latent"):
+        assert attn.decode_pack()["rope"] is None
+    assert sum("rescales its frequencies" in r.getMessage() for r in caplog.records) == 1
+    assert latent_attention_paths(m)["rope_in_loop"] == 1
 
 
 def test_infer_sweep_records_the_latent_path():

@@ -494,6 +494,15 @@ class LatentAttention(nn.Module):
             # with the length (dynamic, longrope): under torch.compile the pack is not rebuilt when they do
             "rope": rope_table(inv.to(w.device)) if inv is not None and _static_rope(self._rotary) else None,
         }
+        if pack["rope"] is None and inv is not None:
+            why = f"rotary type {getattr(self._rotary, 'rope_type', '?')!r} rescales its frequencies with the length"
+            if why not in _WARNED:
+                _WARNED.add(why)
+                log.warning(
+                    "latent attention: %s: the decode kernel evaluates RoPE's sine and cosine in its loop (slower; "
+                    "recorded as rope_in_loop)",
+                    why,
+                )
         per_kv_head(pack, w.device)  # the kernel's per-KV-head value tables, kept in the pack now (eager)
         self.__dict__["_pack"], self.__dict__["_pack_key"] = pack, key
         return pack
@@ -778,7 +787,9 @@ def latent_attention_paths(model: nn.Module) -> dict[str, Any] | None:
         and every reason the kernel could not serve a layer; ``"shrunk_launches"`` where a kernel
         launch of this model's layers (their key group, key rank and value rank) needed more shared
         memory than the GPU has and ran smaller (:func:`gac.kernels.latent_attention.shrunk_launches`;
-        another model's launches in the same process are not this model's).
+        another model's launches in the same process are not this model's); ``"rope_in_loop"``: layers
+        whose decode pack has no rotary table (a RoPE that rescales with the length), so the kernel
+        evaluates RoPE's sine and cosine in its loop.
     """
     from gac.kernels.latent_attention import key_group, shrunk_launches  # the allowed edge (decode_refusals)
 
@@ -798,6 +809,9 @@ def latent_attention_paths(model: nn.Module) -> dict[str, Any] | None:
     shrunk = [r for r in shrunk_launches() if (r["key_group"], r["rk_max"], r["rv_max"]) in shapes]
     if shrunk:
         out["shrunk_launches"] = shrunk
+    in_loop = sum(1 for m in mods if (m.__dict__.get("_pack") or {"rope": 1}).get("rope") is None)
+    if in_loop:
+        out["rope_in_loop"] = in_loop
     return out
 
 
