@@ -200,6 +200,12 @@ def test_decode_pack_carries_the_rotary_table_unless_the_rope_rescales(caplog):
         attn.decode_pack()["rope"][1, 5].double(), (5.0 * rot.inv_freq.double()).sin(), atol=1e-7
     )
     assert "rope_in_loop" not in latent_attention_paths(m)
+    # a model built under torch.inference_mode: its frequencies are inference tensors, with no version counter
+    normal = rot.inv_freq
+    with torch.inference_mode():
+        rot.inv_freq = normal * 0.5
+    assert torch.allclose(attn.decode_pack()["rope"][1, 5].double(), (2.5 * normal.double()).sin(), atol=1e-7)
+    rot.inv_freq = normal
     # a RoPE that rescales its frequencies with the length gets no table (the kernel evaluates cos/sin),
     # warned once and recorded
     rot.rope_type = "dynamic"

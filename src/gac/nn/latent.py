@@ -154,6 +154,15 @@ def rope_table(inv_freq: torch.Tensor) -> torch.Tensor:
     return torch.stack([ang.cos(), ang.sin()]).float().contiguous()
 
 
+def _version(t: torch.Tensor) -> int | None:
+    """``t``'s in-place version counter; None for an inference tensor (made under ``torch.inference_mode``),
+    which keeps none."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
+
+
 def _static_rope(rotary: nn.Module) -> bool:
     """Whether ``rotary``'s ``inv_freq`` stays as built (not a RoPE that rescales it with the length)."""
     kind = str(getattr(rotary, "rope_type", "default"))
@@ -438,7 +447,7 @@ class LatentAttention(nn.Module):
         if self.k_norm is not None:
             tensors += list(self.k_norm.parameters())
         inv = getattr(self._rotary, "inv_freq", None)
-        rope_key = None if inv is None else (inv.data_ptr(), inv._version)
+        rope_key = None if inv is None else (inv.data_ptr(), _version(inv))
         key = (ups_k[0].weight.device, ups_k[0].weight.dtype, tuple(t.data_ptr() for t in tensors), rope_key)
         if self.__dict__.get("_pack_key") == key:
             return self.__dict__["_pack"]
