@@ -124,13 +124,14 @@ SWITCHED_OFF = "kernel switched off (use_kernel=False)"
 SPEC_VERSION = 2
 
 
-def _warn_once(reason: str) -> None:
+def _warn_once(
+    reason: str, effect: str = "decode takes the reference path: {} (the Triton kernel cannot serve it)"
+) -> None:
+    """Warn ``effect`` (with ``reason`` in it) once per process and reason."""
     if reason in _WARNED:
         return
     _WARNED.add(reason)
-    log.warning(
-        "latent attention: decode takes the reference path: %s (the Triton kernel cannot serve it)", reason
-    )
+    log.warning("latent attention: %s", effect.format(reason))
 
 
 #: rows of :func:`rope_table`: the offsets 0..128, so every token tile up to 128 finds its in-tile offsets
@@ -504,14 +505,10 @@ class LatentAttention(nn.Module):
             "rope": rope_table(inv.to(w.device)) if inv is not None and _static_rope(self._rotary) else None,
         }
         if pack["rope"] is None and inv is not None:
-            why = f"rotary type {getattr(self._rotary, 'rope_type', '?')!r} rescales its frequencies with the length"
-            if why not in _WARNED:
-                _WARNED.add(why)
-                log.warning(
-                    "latent attention: %s: the decode kernel evaluates RoPE's sine and cosine in its loop (slower; "
-                    "recorded as rope_in_loop)",
-                    why,
-                )
+            _warn_once(
+                f"rotary type {getattr(self._rotary, 'rope_type', '?')!r} rescales its frequencies with the length",
+                "{}: the decode kernel evaluates RoPE's sine and cosine in its loop (slower; recorded as rope_in_loop)",
+            )
         per_kv_head(pack, w.device)  # the kernel's per-KV-head value tables, kept in the pack now (eager)
         self.__dict__["_pack"], self.__dict__["_pack_key"] = pack, key
         return pack
@@ -810,15 +807,12 @@ def latent_attention_paths(model: nn.Module) -> dict[str, Any] | None:
         path, reasons = m.__dict__.get("_decode_path", ("unrecorded", ()))
         out[path] += 1
         out["reasons"] += [r for r in reasons if r not in out["reasons"]]
-    shapes = {
-        (key_group(p), int(p["rk_max"]), int(max(p["v_ranks"])))
-        for p in (m.__dict__.get("_pack") for m in mods)
-        if p is not None
-    }
+    packs = [p for p in (m.__dict__.get("_pack") for m in mods) if p is not None]
+    shapes = {(key_group(p), int(p["rk_max"]), int(max(p["v_ranks"]))) for p in packs}
     shrunk = [r for r in shrunk_launches() if (r["key_group"], r["rk_max"], r["rv_max"]) in shapes]
     if shrunk:
         out["shrunk_launches"] = shrunk
-    in_loop = sum(1 for m in mods if (m.__dict__.get("_pack") or {"rope": 1}).get("rope") is None)
+    in_loop = sum(1 for p in packs if p["rope"] is None)
     if in_loop:
         out["rope_in_loop"] = in_loop
     return out
