@@ -185,34 +185,45 @@ def latent_decode_inputs(
     theta: float = 10000.0,
     seed: int = 0,
     rope: bool = True,
+    raw: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict, torch.Tensor]:
     """Random inputs of :func:`gac.kernels.latent_attention.latent_decode_attention`.
 
     One key rank per key group (``kv_heads // key_group`` of them) and one value rank per value
     group; each KV head's up-projection is zero past its group's rank, as the module packs it; with
     ``rope`` the pack carries the rotary table (:func:`gac.nn.latent.rope_table`), as the
-    module's does. Returns ``(q, zk, zv, pack, inv_freq)``.
+    module's does. With ``raw`` the key groups are cached raw, as the module packs a layer whose key groups
+    are all kept at full width (``key_ranks`` must each be ``key_group · head_dim``): ``koff`` is each KV
+    head's own column, ``k_raw`` set, ``uk`` unused. Returns ``(q, zk, zv, pack, inv_freq)``.
     """
     g = torch.Generator().manual_seed(seed)
     nk, nv = kv_heads // key_group, kv_heads // value_group
     if len(key_ranks) != nk or len(value_ranks) != nv:
         raise ValueError(f"{nk} key ranks and {nv} value ranks expected")
+    if raw and any(r != key_group * head_dim for r in key_ranks):
+        raise ValueError(f"raw keys: every key rank must be {key_group * head_dim}")
     ko = [sum(key_ranks[:i]) for i in range(nk)]
     vo = [sum(value_ranks[:i]) for i in range(nv)]
-    rk_max = -(-max(key_ranks) // 32) * 32
+    rk_max = 32 if raw else -(-max(key_ranks) // 32) * 32
     uk = torch.zeros(kv_heads, head_dim, rk_max)
     for k in range(kv_heads):
         r = key_ranks[k // key_group]
-        uk[k, :, :r] = torch.randn(head_dim, r, generator=g) / r**0.5
+        if not raw:
+            uk[k, :, :r] = torch.randn(head_dim, r, generator=g) / r**0.5
+    if raw:  # each KV head's keys at their own column of the group's latents
+        koff = [ko[k // key_group] + (k % key_group) * head_dim for k in range(kv_heads)]
+        kr = [head_dim] * kv_heads
+    else:
+        koff = [ko[k // key_group] for k in range(kv_heads)]
+        kr = [key_ranks[k // key_group] for k in range(kv_heads)]
     pack = {
         "uk": uk.to(device, dtype),
-        "koff": torch.tensor([ko[k // key_group] for k in range(kv_heads)], dtype=torch.int32, device=device),
-        "kr": torch.tensor(
-            [key_ranks[k // key_group] for k in range(kv_heads)], dtype=torch.int32, device=device
-        ),
+        "koff": torch.tensor(koff, dtype=torch.int32, device=device),
+        "kr": torch.tensor(kr, dtype=torch.int32, device=device),
         "rk_max": rk_max,
         "kv_heads": kv_heads,
-        "align": vector_align(*ko, *key_ranks),
+        "k_raw": raw,
+        "align": vector_align(*koff, *kr),
         "v_offsets": vo,
         "v_ranks": list(value_ranks),
         "k_group": key_group,

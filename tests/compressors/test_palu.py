@@ -102,6 +102,58 @@ def test_full_rank_is_exact(llama64, planned):
     assert torch.allclose(a, b, atol=1e-9, rtol=0)
 
 
+def test_a_full_width_group_is_cached_raw_and_its_layer_packs_raw_keys(llama64, planned):
+    """A group kept at full width stores the projection's own rows with the identity as its up-projection
+    (exact, nothing to rebuild); a layer whose key groups all are packs ``k_raw`` for the decode kernel, with
+    each KV head's own key column; a layer with some groups raw rebuilds them all."""
+    from gac.nn.latent import latent_attention_paths, raw_key_groups
+
+    dims = {s.name: (s.max_dim if ".0." in s.name and "k_proj" in s.name else 16) for s in planned.sites}
+    dims["model.layers.1.self_attn.k_proj:g0"] = 48  # layer 1: one raw key group of two
+    m = _applied(llama64, planned, dims, fold=False)
+    (_, a0), (_, a1) = latent_modules(m)
+    assert raw_key_groups(a0.k_proj) == [True, True] and raw_key_groups(a0.v_proj) == [False, False]
+    assert raw_key_groups(a1.k_proj) == [True, False]
+    x = torch.randn(3, 5, 120, dtype=torch.float64)
+    orig = llama64.model.layers[0].self_attn.k_proj
+    assert torch.equal(a0.k_proj.latent(x), orig(x))  # the latents are the keys themselves
+    p0, p1 = a0.decode_pack(), a1.decode_pack()
+    assert p0["k_raw"] and not p1["k_raw"]
+    # 4 KV heads of 24 in groups of 2: raw, each head's own column; else its group's offset and rank
+    assert p0["koff"].tolist() == [0, 24, 48, 72] and p0["kr"].tolist() == [24] * 4
+    assert p1["koff"].tolist() == [0, 0, 48, 48] and p1["kr"].tolist() == [48, 48, 16, 16]
+    # recorded where a pack was built (the decode path reads it)
+    assert latent_attention_paths(m)["raw_keys"] == 1
+
+
+@pytest.mark.parametrize("align", ["gac", "knapsack"])
+def test_near_full_key_ranks_become_raw_keys(align):
+    """The knapsack strategies offer a key group past 7/8 of its width only the ranks no slower to attend than
+    its keys cached raw, and the full width (raw keys) in their place: the first layer's key group (native
+    rank 253 of 256) is kept whole and cached raw, within the budget; value groups keep their ranks."""
+    from gac.allocation.strategies import raw_key_candidates
+    from gac.hardware.profile import load_profile
+    from gac.nn.latent import raw_key_groups
+
+    prof = load_profile("h100-bfloat16")  # measured latent class: key group 4 breaks even near rank 81
+    base = tiny_model("llama", hidden=128, layers=2, heads=8, kv_heads=4, head_dim=64).double()
+    p = plan(copy.deepcopy(base), CompressConfig(compressor="palu", param_ratio=0.75, align=align),
+             calib_batches=_batches(), profile=prof)  # fmt: skip
+    k0, v0 = "model.layers.0.self_attn.k_proj:g0", "model.layers.0.self_attn.v_proj:g0"
+    assert p.native[k0] == 253 and p.native[v0] == 256
+    site = next(s for s in p.sites if s.name == k0)
+    assert raw_key_candidates(prof, site, {208, 224, 240, 248}) == {208, 224, 256}
+    vsite = next(s for s in p.sites if s.name == v0)
+    assert not vsite.meta["rebuild_flops_per_dim_per_cached_token"]  # values are never rebuilt
+    rec = p.allocation(align, allow_slower=True)
+    assert rec.dims[k0] == 256 and sum(rec.dims.values()) <= p.budget
+    m = copy.deepcopy(base)
+    p.compressor.apply(m, p.sites, rec.dims)
+    (_, a0), (_, a1) = latent_modules(m)
+    assert raw_key_groups(a0.k_proj) == [True] and a0.decode_pack()["k_raw"]
+    assert not a1.decode_pack()["k_raw"]
+
+
 def test_a_group_wider_than_the_hidden_size_takes_any_rank_exactly():
     """A group of 4 KV heads of 64 has rows W_g [256, 128] on a 128-wide model: at most 128 singular values.
     The rank search may still give it more (it caps ranks at G·hd); the extra latents are zeros, exact."""

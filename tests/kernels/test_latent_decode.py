@@ -59,6 +59,12 @@ CASES = [
     # one split over 41 tiles: each tile's RoPE start rotated from the last one's (with the table), 40 times
     (1, 8, 2, 32, 2, 2, 700, 650, False, False, "16,16,4,1,1"),
     (1, 8, 2, 32, 2, 2, 700, 650, True, False, "16,16,4,2,1,2,1"),
+    # keys cached raw (a layer whose key groups are all kept at full width; field 12): key group 4 with bias
+    # and norm and n_rep 7, over programs of 2 KV heads; key group 2 with values of group 4; key group 1
+    (1, 28, 4, 32, 4, 4, 40, 33, True, True, "16,64,4,1,2", True),
+    (2, 28, 4, 32, 4, 2, 75, 70, True, False, "16,64,4,2,3,2,0,2", True),
+    (2, 8, 4, 32, 2, 4, 75, 70, False, False, "16,64,4,2,3", True),
+    (2, 8, 2, 32, 1, 2, 75, 70, False, True, "32,64,4,2,2", True),
 ]
 
 KERNEL_SCRIPT = """
@@ -69,12 +75,16 @@ from gac.testing import latent_decode_inputs
 
 def run(cases, device, dtype, tol, seed):
     g = torch.Generator().manual_seed(seed)
-    for b, h, kvh, hd, gk, gv, t, n, bias, norm, launch in cases:
+    for case in cases:
+        b, h, kvh, hd, gk, gv, t, n, bias, norm, launch = case[:11]
+        raw = len(case) > 11 and case[11]
         kr = [int(x) for x in torch.randint(5, 40, (kvh // gk,), generator=g)]
+        if raw:  # the keys cached as they are: each key group at full width
+            kr = [gk * hd] * (kvh // gk)
         vr = [int(x) for x in torch.randint(5, 40, (kvh // gv,), generator=g)]
         q, zk, zv, pack, inv = latent_decode_inputs(
             b, h, kvh, hd, t, gk, gv, kr, vr, bias=bias, norm=norm, dtype=dtype, device=device,
-            seed=int(torch.randint(0, 1 << 30, (1,), generator=g)),
+            seed=int(torch.randint(0, 1 << 30, (1,), generator=g)), raw=raw,
         )
         kl._ENV = launch
         scale, rs = hd**-0.5, 1.25
@@ -82,8 +92,9 @@ def run(cases, device, dtype, tol, seed):
         out = kl._launch(
             q, zk, zv, pack["uk"], pack["koff"], pack["kr"], voff, vrk, pack["k_bias"], pack["k_norm"], inv,
             torch.tensor([n], device=device), scale, rs, 1e-6, pack["rk_max"], max(vr), kvh, gk, shared,
-            pack["align"], valign, poison=float("nan"),
+            pack["align"], valign, poison=float("nan"), raw=raw,
         )
+        assert kl.LAST_LAUNCH["raw_keys"] is raw
         assert kl.LAST_LAUNCH["splits"] == (int(launch.split(",")[4]) or kl.LAST_LAUNCH["splits"])
         assert kl.LAST_LAUNCH["rope_table"] is False  # no table passed: the kernel evaluates cos/sin itself
         ref = kl.reference_latent_decode(q, zk, zv, pack, n, inv, scale, rs)
@@ -248,6 +259,32 @@ def test_kernel_matches_reference_across_families(family, kg, vg, fold):
     _assert_kernel_matches_reference(m, attn, g)
 
 
+@needs_device
+@pytest.mark.parametrize(("family", "kg"), [("llama", 4), ("qwen2", 2), ("qwen3", 1)])
+def test_raw_key_layer_matches_reference_across_families(family, kg):
+    """A layer whose key groups are all kept at full width caches its keys raw: the kernel reads them (no
+    rebuild; with the key bias and the per-head key norm) and matches the reference path."""
+    import gac.kernels.latent_attention as kl
+
+    base = tiny_model(family, hidden=128, layers=1, heads=8, kv_heads=4, head_dim=64)
+    g = torch.Generator().manual_seed(6)
+    batches = [torch.randint(3, 240, (2, 32), generator=g) for _ in range(4)]
+    p = plan(
+        copy.deepcopy(base),
+        CompressConfig(compressor="palu", param_ratio=0.6, align="none",
+                       options={"k_group_size": kg, "v_group_size": 2}),
+        calib_batches=batches,
+    )  # fmt: skip
+    dims = {s.name: s.max_dim if s.meta["kind"] == "k" else p.native[s.name] for s in p.sites}
+    m = copy.deepcopy(base)
+    p.compressor.apply(m, p.sites, dims)
+    m = m.to(DEV)
+    attn = m.model.layers[0].self_attn
+    assert attn.decode_pack()["k_raw"]
+    _assert_kernel_matches_reference(m, attn, g)
+    assert kl.LAST_LAUNCH["raw_keys"] is True
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(DEV != "cuda", reason="the model takes the kernel only on CUDA")
 @pytest.mark.parametrize(("family", "kg", "vg", "fold"), FAMILY_CASES)
@@ -296,6 +333,9 @@ def test_flash_kernel_on_gpu_matches_float64(dtype):
     big += [(1, 28, 4, 128, 4, 4, 700, 689, True, True, "32,64,4,3,0,2,0,1")]
     # 32k tokens in one split: 1024 tile starts, each rotated from the last (the table's step row)
     big += [(1, 32, 8, 128, 1, 2, 32800, 32768, False, False, "32,64,4,3,1")]
+    # keys cached raw at head_dim 128 (the first layer of the 8B shapes): Llama-like, and Qwen2-like with bias
+    big += [(3, 32, 8, 128, 4, 4, 1100, 1037, False, False, "64,64,4,2,0", True)]
+    big += [(2, 28, 4, 128, 4, 4, 700, 689, True, False, "64,64,4,2,0,2,0,1", True)]
     # tf32 dots for fp32 inputs (three chained: key rebuild, scores, P·Z_v; an H100 gave 4.3e-3 at
     # key group 1 x 8 KV heads, hd 128, 1037 tokens); bf16 keys and probabilities for bf16
     try:

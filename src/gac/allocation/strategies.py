@@ -548,7 +548,43 @@ def _candidates(
             cands = {c for c in (round_down(d, m), round_up(d, m)) if site.min_dim <= c < site.max_dim}
     if d >= site.max_dim or keep_dense or hi >= site.max_dim - 1 or not cands:
         cands.add(site.max_dim)  # keep dense: leaves the original dims
+    if site.meta.get("rebuild_flops_per_dim_per_cached_token"):
+        cands = raw_key_candidates(profile, site, cands)
     return sorted(cands)
+
+
+#: a rebuilt-key site (PaLU's key groups) keeps more than this share of its width only where that rank's
+#: decode attention is predicted no slower than its keys cached raw (:func:`raw_key_candidates`)
+RAW_KEY_SHARE = 7 / 8
+
+
+def raw_key_candidates(profile: Profile, site: Site, cands: set[int]) -> set[int]:
+    """``cands`` of a rebuilt-key site (PaLU's key groups) without the ranks past :data:`RAW_KEY_SHARE` of its
+    width that are predicted slower than the keys cached raw; full width (raw keys) added in their place.
+
+    At full width the group's keys are cached as they are (the identity up-projection: nothing is rebuilt,
+    :func:`gac.nn.latent.raw_key_groups`). A rank ``d`` rebuilds ``2 · G·hd · d`` FLOPs per cached token
+    where the raw keys read ``2 · G·hd`` bytes, so past ``d* ≈ FLOP/s ÷ bytes/s`` of the latent attention
+    class (:func:`gac.hardware.latency.site_cache_ms`: about 81 at key group 4 on the shipped H100 profile)
+    a latent is slower to attend than the raw keys. Past 7/8 of the width it saves under 1/8 of the group's
+    cache for a rebuild of nearly the whole width (the first layer of the Llama-3-8B and Qwen2.5-7B shapes:
+    rank 496 of 512, 0.35-0.44x dense attention on an H100): there the knapsack is offered the raw keys.
+
+    >>> from gac.hardware.profile import default_profile
+    >>> s = Site("k:g0", "lowrank_r", max_dim=512, unit_cost=1, dense_cost=512,
+    ...          meta={"rebuild_flops_per_dim_per_cached_token": 1024, "head_dim": 128, "group_kv": 4})
+    >>> sorted(raw_key_candidates(default_profile("bfloat16"), s, {432, 448, 464, 480, 496}))
+    [432, 448, 512]
+    """
+    raw = site_cache_ms(profile, site, site.max_dim, 1, 1)
+    out = {
+        c
+        for c in cands
+        if c >= site.max_dim
+        or c <= RAW_KEY_SHARE * site.max_dim
+        or site_cache_ms(profile, site, c, 1, 1) <= raw
+    }
+    return out if out == cands else out | {site.max_dim}
 
 
 def _sensitivity(site: Site, loss, importance: float, lo: int, hi: int, has_curve: bool) -> float:

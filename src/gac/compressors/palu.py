@@ -486,6 +486,12 @@ class PaluCompressor(Compressor):
                 )
                 downs = []
                 for s, r, up in zip(group, ranks, lp.ups, strict=True):
+                    if r >= s.max_dim:  # kept at full width: the rows themselves, cached raw (exact, no rebuild)
+                        up.weight.copy_(torch.eye(r, dtype=up.weight.dtype, device=up.weight.device))
+                        if lin.bias is not None:
+                            up.bias.copy_(lin.bias[self._rows(s)])
+                        downs.append(lin.weight.detach()[self._rows(s)])
+                        continue
                     u, sv, vh, chol = self._factor_svd(model, s)
                     a, b = truncated_factors(u, sv, vh, r, scale_tril=chol)
                     # a rank past the group's min(G·hd, hidden) singular values: zero latents, exact
@@ -496,7 +502,7 @@ class PaluCompressor(Compressor):
                     if lin.bias is not None:
                         up.bias.copy_(lin.bias[self._rows(s)])
                     downs.append(b)
-                lp.down.weight.copy_(torch.cat(downs).to(lp.down.weight.dtype))
+                lp.down.weight.copy_(torch.cat([d.to(lp.down.weight.dtype) for d in downs]))
                 projs[kind] = lp
             new = LatentAttention(
                 attn.q_proj,

@@ -115,18 +115,44 @@ if HAVE_TRITON:
         )
 
     @triton.jit
+    def _raw_head_scores(
+        zk_b, offs_t, tmask, szkt, koff_ptr, kvh, kb_ptr, kn_ptr, offs_d, c, sn, q1t, q2t, eps, RA,
+        HALF, HAS_BIAS, HAS_NORM,
+    ):  # fmt: skip
+        """``RAW_K``: KV head ``kvh``'s scores from its keys as cached (pre-RoPE, its ``koff`` column), no rebuild."""
+        kc = tl.load(koff_ptr + kvh) // RA * RA
+        kp = zk_b + offs_t[:, None] * szkt + kc
+        k1 = tl.load(kp + offs_d[None, :], mask=tmask[:, None], other=0.0).to(tl.float32)
+        k2 = tl.load(kp + (HALF + offs_d)[None, :], mask=tmask[:, None], other=0.0).to(tl.float32)
+        return _head_scores(
+            k1, k2, kvh, kb_ptr, kn_ptr, offs_d, c, sn, q1t, q2t, eps, HALF, HAS_BIAS, HAS_NORM
+        )
+
+    @triton.jit
     def _group_scores(
         zk_b, offs_t, tmask, szkt, koff, kr, uk_ptr, kvh0, suh, sud, offs_r, rmask, u1a, u2a, u1b, u2b,
-        kb_ptr, kn_ptr, offs_d, c, sn, q1t, q2t, col_head, eps,
-        G, HALF, RK, MQ, BLOCK_R, BLOCK_T, HAS_BIAS, HAS_NORM, STAGE_U, UNROLL, K_LOOP,
+        kb_ptr, kn_ptr, offs_d, c, sn, q1t, q2t, col_head, eps, koff_ptr, RA,
+        G, HALF, RK, MQ, BLOCK_R, BLOCK_T, HAS_BIAS, HAS_NORM, STAGE_U, UNROLL, K_LOOP, RAW_K,
     ):  # fmt: skip
         """One tile's scores ``[BLOCK_T, MQ]``: each column against its KV head's rebuilt keys.
 
         ``STAGE_U`` (unrolled only): the keys come from the staged up-projections ``u1a``..``u2b``
-        and one load of the tile's key latents; otherwise rank chunk by rank chunk.
+        and one load of the tile's key latents; otherwise rank chunk by rank chunk. ``RAW_K``: the
+        cache holds the keys themselves (a key group kept at full width, its up-projection the
+        identity): each KV head's are read at its own column, with no rebuild.
         """
         sc = tl.zeros((BLOCK_T, MQ), tl.float32)
-        if UNROLL:  # the group's heads unrolled: every load sits in the pipelined tile loop
+        if RAW_K:
+            for j in tl.static_range(G):
+                sj = _raw_head_scores(
+                    zk_b, offs_t, tmask, szkt, koff_ptr, kvh0 + j, kb_ptr, kn_ptr, offs_d, c, sn, q1t, q2t, eps,
+                    RA, HALF, HAS_BIAS, HAS_NORM,
+                )  # fmt: skip
+                if G == 1:
+                    sc = sj
+                else:
+                    sc += tl.where((col_head == j)[None, :], sj, 0.0)
+        elif UNROLL:  # the group's heads unrolled: every load sits in the pipelined tile loop
             if STAGE_U:
                 x = tl.load(
                     zk_b + offs_t[:, None] * szkt + (koff + offs_r)[None, :],
@@ -282,7 +308,7 @@ if HAVE_TRITON:
         MQ: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr, HAS_BIAS: tl.constexpr,
         HAS_NORM: tl.constexpr, V_SHARED: tl.constexpr, STAGE_U: tl.constexpr, UNROLL: tl.constexpr,
         RA: tl.constexpr, RAV: tl.constexpr, K_LOOP: tl.constexpr = False, ROPE_TAB: tl.constexpr = False,
-        ROPE_ROWS: tl.constexpr = 129,
+        ROPE_ROWS: tl.constexpr = 129, RAW_K: tl.constexpr = False,
     ):  # fmt: skip
         # the latent and up-projection strides arrive divided by RA (RAV for the values), and every
         # group's latent offset and rank is a multiple of it: multiplied back, the compiler can prove
@@ -369,8 +395,8 @@ if HAVE_TRITON:
             cb, sb = cb * cstep - sb * sstep, sb * cstep + cb * sstep
             sc = _group_scores(
                 zk_b, offs_t, tmask, szkt, koff, kr, uk_ptr, kvh0, suh, sud, offs_r, rmask, u1a, u2a, u1b, u2b,
-                kb_ptr, kn_ptr, offs_d, c, sn, q1t, q2t, col_head, eps,
-                G, HALF, RK, MQ, BLOCK_R, BLOCK_T, HAS_BIAS, HAS_NORM, STAGE_U, UNROLL, K_LOOP,
+                kb_ptr, kn_ptr, offs_d, c, sn, q1t, q2t, col_head, eps, koff_ptr, RA,
+                G, HALF, RK, MQ, BLOCK_R, BLOCK_T, HAS_BIAS, HAS_NORM, STAGE_U, UNROLL, K_LOOP, RAW_K,
             )  # fmt: skip
             m_i, l_i, acc, p = _online_softmax(sc, tmask, qk_scale, m_i, l_i, acc)
             pt = tl.trans(p.to(dt))  # [MQ, BLOCK_T]
@@ -524,6 +550,7 @@ def latent_decode_attention(
         int(pack.get("align", 1)),
         int(valign),
         pack.get("rope"),
+        bool(pack.get("k_raw")),
     )
     if whole:
         return out
@@ -556,16 +583,17 @@ def _latent_decode_op(
     align: int,
     valign: int,
     rope: torch.Tensor | None,
+    k_raw: bool = False,
 ) -> torch.Tensor:
     return _launch(
         q, zk, zv, uk, koff, kr, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps,
-        rk_max, rv_max, kv_heads, k_group, v_shared, align, valign, rope=rope,
+        rk_max, rv_max, kv_heads, k_group, v_shared, align, valign, rope=rope, raw=k_raw,
     )  # fmt: skip
 
 
 @_latent_decode_op.register_fake
 def _(q, zk, zv, uk, koff, kr, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps,
-      rk_max, rv_max, kv_heads, k_group, v_shared, align, valign, rope):  # fmt: skip
+      rk_max, rv_max, kv_heads, k_group, v_shared, align, valign, rope, k_raw=False):  # fmt: skip
     b, h, _ = q.shape
     return q.new_empty(b, h, _pow2(rv_max))
 
@@ -605,6 +633,10 @@ FEW_PROGRAMS = (4, 128, 64, 8, 3, 2)
 #: rank loop (:data:`FEW_PROGRAMS`); at two key groups (Llama-3-8B, B=1) it was no faster (0.87-1.14x), so
 #: the rank loop stays there (``benchmarks/results/h100/palu-kernel/v7/``).
 ONE_PROGRAM = (32, 64, 4, 3, 2, 1)
+#: a layer whose key groups are all kept at full width caches its keys raw (``k_raw`` in the decode pack: the
+#: up-projections are the identity, so nothing is rebuilt, :func:`gac.nn.latent.raw_key_groups`) and launches
+#: ``(block_t, block_r, num_warps, num_stages, waves)``; ``block_r`` is unused there
+RAW_LAUNCH = (64, 64, 4, 2, 2)
 _ENV = os.environ.get("GAC_LATENT_LAUNCH")
 
 
@@ -627,8 +659,11 @@ def program_heads(k_group: int, sub: int | None) -> int:
     return int(sub)
 
 
-def launch_config(ctas: int, t: int, k_group: int = 1, device: torch.device | None = None) -> dict[str, int]:
-    """The launch of ``ctas`` (batch x key groups) programs per split over a cache of ``t`` slots."""
+def launch_config(
+    ctas: int, t: int, k_group: int = 1, device: torch.device | None = None, raw: bool = False
+) -> dict[str, int]:
+    """The launch of ``ctas`` (batch x key groups) programs per split over a cache of ``t`` slots
+    (``raw``: keys cached raw, :data:`RAW_LAUNCH`)."""
     if _ENV:
         vals = [int(x) for x in _ENV.split(",")]
         cfg = dict(
@@ -643,6 +678,11 @@ def launch_config(ctas: int, t: int, k_group: int = 1, device: torch.device | No
             cfg["splits"] = num_splits(ctas * (k_group // sub), t, cfg["block_t"], device)
             cfg["auto_splits"] = 1
         return cfg
+    if raw:
+        bt, br, nw, ns, waves = RAW_LAUNCH
+        sp = num_splits(ctas, t, bt, device, waves)
+        return {"block_t": bt, "block_r": br, "num_warps": nw, "num_stages": ns, "splits": sp, "waves": waves,
+                "auto_splits": 1}  # fmt: skip
     if k_group > 2 and ctas == 1:
         bt, br, nw, ns, waves, sub = ONE_PROGRAM
         sp = num_splits(k_group // program_heads(k_group, sub), t, bt, device, waves)
@@ -769,13 +809,14 @@ _RAN_KEYS = ("block_t", "block_r", "num_warps", "num_stages", "kloop", "sub")
 def compiled_shared_bytes(
     key_group: int, rk: int, rvp: int, block_t: int, block_r: int, num_warps: int, num_stages: int,
     n_rep: int = 4, head_dim: int = 128, arch: int = 90, kloop: bool = False, rope_tab: bool = True,
+    raw: bool = False,
 ) -> int:  # fmt: skip
     """Shared memory (bytes per block) of the flash kernel compiled for ``sm_<arch>``, without a GPU.
 
     bf16 operands with 16-byte aligned pointers (as Triton specializes them on the GPU: without that
     hint the loads are not pipelined and the count is far lower), values shared by the key group, the
-    rebuild chunked by ``block_r`` (``kloop``: as a pipelined loop, RoPE per position); ``rk`` the padded key
-    rank, ``rvp`` the value tile.
+    rebuild chunked by ``block_r`` (``kloop``: as a pipelined loop, RoPE per position; ``raw``: no rebuild, the
+    keys read as cached); ``rk`` the padded key rank, ``rvp`` the value tile.
     """
     import inspect
 
@@ -786,7 +827,7 @@ def compiled_shared_bytes(
     params = list(inspect.signature(fn.fn).parameters)
     const = dict(NREP=n_rep, G=key_group, HALF=head_dim // 2, RK=rk, RVP=rvp, MQ=_pow2(n_rep * key_group),
                  BLOCK_T=block_t, BLOCK_R=block_r, HAS_BIAS=False, HAS_NORM=False, V_SHARED=True,
-                 STAGE_U=False, UNROLL=False, RA=8, RAV=8, K_LOOP=kloop, ROPE_TAB=rope_tab)  # fmt: skip
+                 STAGE_U=False, UNROLL=raw, RA=8, RAV=8, K_LOOP=kloop, ROPE_TAB=rope_tab, RAW_K=raw)  # fmt: skip
     ptrs = {"q_ptr": "*bf16", "zk_ptr": "*bf16", "zv_ptr": "*bf16", "uk_ptr": "*bf16", "koff_ptr": "*i32",
             "kr_ptr": "*i32", "voff_ptr": "*i32", "vr_ptr": "*i32", "kb_ptr": "*bf16", "kn_ptr": "*bf16",
             "inv_ptr": "*fp32", "rope_ptr": "*fp32", "len_ptr": "*i32", "o_ptr": "*fp32", "ml_ptr": "*fp32"}  # fmt: skip
@@ -810,7 +851,7 @@ def _resplit(cfg: dict[str, int], ctas: int, t: int, device: torch.device) -> di
 def _launch(
     q, zk, zv, uk, koff, kr, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps,
     rk_max, rv_max, kvh, k_group, v_shared, align=1, valign=1, cfg: dict[str, int] | None = None, poison=None,
-    rope: torch.Tensor | None = None,
+    rope: torch.Tensor | None = None, raw: bool = False,
 ) -> torch.Tensor:  # fmt: skip
     """Launch the flash kernel and its combine; a launch that needs more shared memory than the GPU
     has is retried smaller (:func:`shrink`), warned once per launch shape and recorded in
@@ -819,12 +860,12 @@ def _launch(
 
     b, h, hd = q.shape
     t = zk.shape[1]
-    cfg = dict(cfg or launch_config(b * (kvh // k_group), t, k_group, q.device))
+    cfg = dict(cfg or launch_config(b * (kvh // k_group), t, k_group, q.device, raw=raw))
     sub = program_heads(k_group, cfg.get("sub"))
     ctas = b * (kvh // sub)
     key = (q.device.index, q.dtype, h, hd, kvh, k_group, rk_max, rv_max, k_bias is not None,
            k_norm is not None, bool(v_shared), align, valign, cfg["block_t"], cfg["block_r"],
-           cfg["num_warps"], cfg["num_stages"], cfg.get("unroll", 2), cfg.get("kloop", 0), sub)  # fmt: skip
+           cfg["num_warps"], cfg["num_stages"], cfg.get("unroll", 2), cfg.get("kloop", 0), sub, raw)  # fmt: skip
     asked = dict(cfg)
     if key in _FITTED:
         cfg = _resplit({**cfg, **_FITTED[key]["ran"]}, ctas, t, q.device)
@@ -832,12 +873,12 @@ def _launch(
         slots = _RESIDENT[key] * _sm_count(q.device.index or 0)
         cfg["splits"] = balanced_splits(cfg["splits"], ctas, t, cfg["block_t"], slots)
     args = (q, zk, zv, uk, koff, kr, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps,
-            rk_max, rv_max, kvh, k_group, v_shared, align, valign, poison, rope)  # fmt: skip
+            rk_max, rv_max, kvh, k_group, v_shared, align, valign, poison, rope, raw)  # fmt: skip
     while True:
         try:
             out = _launch_once(*args, cfg)
         except OutOfResources as e:
-            smaller = shrink(cfg, rank_loop=sub > 2 and not _ENV)
+            smaller = shrink(cfg, rank_loop=sub > 2 and not _ENV and not raw)
             if smaller is None:
                 raise
             log.warning(
@@ -860,7 +901,7 @@ def _launch(
 
 def _launch_once(
     q, zk, zv, uk, koff, kr, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps,
-    rk_max, rv_max, kvh, k_group, v_shared, align, valign, poison, rope, cfg: dict[str, int],
+    rk_max, rv_max, kvh, k_group, v_shared, align, valign, poison, rope, raw, cfg: dict[str, int],
 ) -> torch.Tensor:  # fmt: skip
     b, h, hd = q.shape
     cfg = dict(cfg)
@@ -887,6 +928,7 @@ def _launch_once(
         rope if rope is not None and bt < rope.shape[1] else None
     )  # rows 0..bt: the in-tile offsets and the step
     LAST_LAUNCH["rope_table"] = tab is not None
+    LAST_LAUNCH["raw_keys"] = bool(raw)
     ra = latent_align(align, zk.stride(0), zk.stride(1), uk.stride(0), uk.stride(1))
     rav = latent_align(valign, zv.stride(0), zv.stride(1))
     kern = _latent_flash_kernel[(b * kgroups, splits)](
@@ -905,8 +947,9 @@ def _launch_once(
         float(rope_scale),
         float(eps),
         NREP=n_rep, G=g, HALF=hd // 2, RK=rk, RVP=rvp, MQ=mq, BLOCK_T=bt, BLOCK_R=br,
-        HAS_BIAS=k_bias is not None, HAS_NORM=k_norm is not None, V_SHARED=bool(v_shared), STAGE_U=g <= 2 and rk == br, UNROLL=g <= cfg.get("unroll", 2), RA=ra, RAV=rav,
-        K_LOOP=bool(cfg.get("kloop", 0)), ROPE_TAB=tab is not None, ROPE_ROWS=tab.shape[1] if tab is not None else 1,
+        HAS_BIAS=k_bias is not None, HAS_NORM=k_norm is not None, V_SHARED=bool(v_shared), STAGE_U=g <= 2 and rk == br and not raw, UNROLL=g <= cfg.get("unroll", 2), RA=ra, RAV=rav,
+        K_LOOP=bool(cfg.get("kloop", 0)) and not raw, ROPE_TAB=tab is not None,
+        ROPE_ROWS=tab.shape[1] if tab is not None else 1, RAW_K=bool(raw),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     n_regs = getattr(kern, "n_regs", None)
@@ -933,9 +976,9 @@ def reference_latent_decode(
 ) -> torch.Tensor:
     """What :func:`latent_decode_attention` computes, in float64 torch, head by head: ``[B, H, max r_v]``.
 
-    Each query head's keys are rebuilt from its key group's latents (bias, RMSNorm, RoPE at slot
-    positions ``0..n_valid-1``), softmaxed, and the weights applied to its value group's latents
-    (zero past the group's rank). For tests and benchmarks.
+    Each query head's keys are rebuilt from its key group's latents (with ``k_raw``: read as cached), then
+    bias, RMSNorm and RoPE at slot positions ``0..n_valid-1``; softmaxed, and the weights applied to its
+    value group's latents (zero past the group's rank). For tests and benchmarks.
     """
     b, h, hd = q.shape
     kvh = int(pack["kv_heads"])
@@ -951,7 +994,10 @@ def reference_latent_decode(
     sin = torch.cat([ang.sin(), ang.sin()], -1) * rope_scale
     out = torch.zeros(b, h, max(pack["v_ranks"]), dtype=torch.float64, device=q.device)
     for k in range(kvh):
-        keys = zk[..., koff[k] : koff[k] + kr[k]] @ uk[k, :, : kr[k]].T  # [B, T, HD]
+        if pack.get("k_raw"):  # the cache holds KV head k's keys at its column koff[k]
+            keys = zk[..., koff[k] : koff[k] + hd]
+        else:
+            keys = zk[..., koff[k] : koff[k] + kr[k]] @ uk[k, :, : kr[k]].T  # [B, T, HD]
         if pack.get("k_bias") is not None:
             keys = keys + f(pack["k_bias"])[k]
         if pack.get("k_norm") is not None:

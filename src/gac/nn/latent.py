@@ -115,6 +115,26 @@ class LatentProjection(nn.Module):
         )
 
 
+def raw_key_groups(proj: LatentProjection) -> list[bool]:
+    """Per group of ``proj``: whether it is kept at full width with the identity as its up-projection, so its
+    latents are the projection's outputs themselves (PaLU stores a full-rank key group so: exact, and the decode
+    kernel reads such keys as cached instead of rebuilding them).
+
+    >>> lp = LatentProjection(8, [4, 2], 4)
+    >>> _ = lp.ups[0].weight.data.copy_(torch.eye(4))
+    >>> raw_key_groups(lp)
+    [True, False]
+    """
+    out = []
+    for u in proj.ups:
+        w = u.weight
+        out.append(
+            w.shape[0] == w.shape[1]
+            and bool(torch.equal(w.detach(), torch.eye(w.shape[0], device=w.device, dtype=w.dtype)))
+        )
+    return out
+
+
 log = logging.getLogger(__name__)
 
 #: reasons already warned about (once per process; see :meth:`LatentAttention._note_path`)
@@ -422,8 +442,9 @@ class LatentAttention(nn.Module):
         ``koff``/``kr`` (its group's latent offset and rank), ``k_bias [KVH, hd]`` or None (added
         before the norm and RoPE), ``k_norm [hd]`` (fp32, the effective RMSNorm scale) or None with
         ``k_norm_eps``; ``uv`` (per value group ``[G_v, r_g, hd]``), ``v_offsets``/``v_ranks``,
-        ``v_bias [1, KVH, 1, hd]`` or None. Key and value groups may differ in size.
-        Cached until the weights move (device, dtype or storage change).
+        ``v_bias [1, KVH, 1, hd]`` or None. Key and value groups may differ in size. ``k_raw``: every key
+        group is cached raw (:func:`raw_key_groups`); ``koff`` is then each KV head's own column, ``kr`` its
+        ``hd``, and ``uk`` unused. Cached until the weights move (device, dtype or storage change).
 
         Under ``torch.compile`` the cached pack is returned while the weights keep its device and dtype:
         a storage check (``data_ptr``) breaks Dynamo's graph, and on CUDA each break sent the rest of the
@@ -460,13 +481,20 @@ class LatentAttention(nn.Module):
         hd, gk, gv = self.head_dim, self.group_kv_k, self.group_kv_v
         rk, rv = self.k_proj.ranks, self.v_proj.ranks
         w = ups_k[0].weight
-        rk_max = -(-max(rk) // 32) * 32
+        # every key group cached raw (full width, identity up-projection): the kernel reads each KV head's keys
+        # at its own column (koff) and rebuilds nothing; a layer with some raw groups rebuilds them all
+        raw = all(raw_key_groups(self.k_proj))
+        rk_max = 32 if raw else -(-max(rk) // 32) * 32
         uk = torch.zeros(self.kv_heads, hd, rk_max, device=w.device, dtype=w.dtype)
         koff, kr = [], []
         ko = self.k_proj.offsets()
         with torch.no_grad():
             for h in range(self.kv_heads):
                 g, j = divmod(h, gk)
+                if raw:
+                    koff.append(ko[g] + j * hd)
+                    kr.append(hd)
+                    continue
                 uk[h, :, : rk[g]] = ups_k[g].weight[j * hd : (j + 1) * hd]
                 koff.append(ko[g])
                 kr.append(rk[g])
@@ -490,6 +518,7 @@ class LatentAttention(nn.Module):
             "kv_heads": self.kv_heads,
             "k_group_kv": gk,
             "k_group": gk,  # the kernel's name for it (KV heads per key group)
+            "k_raw": raw,
             "align": latent_align(*koff, *kr),
             "k_bias": kb,
             "k_norm": None if kn is None else kn.to(w.device),
@@ -795,7 +824,8 @@ def latent_attention_paths(model: nn.Module) -> dict[str, Any] | None:
         memory than the GPU has and ran smaller (:func:`gac.kernels.latent_attention.shrunk_launches`;
         another model's launches in the same process are not this model's); ``"rope_in_loop"``: layers
         whose decode pack has no rotary table (a RoPE that rescales with the length), so the kernel
-        evaluates RoPE's sine and cosine in its loop.
+        evaluates RoPE's sine and cosine in its loop; ``"raw_keys"``: layers whose keys are cached raw (every
+        key group at full width, :func:`raw_key_groups`), which the kernel reads without a rebuild.
     """
     from gac.kernels.latent_attention import key_group, shrunk_launches  # the allowed edge (decode_refusals)
 
@@ -815,6 +845,9 @@ def latent_attention_paths(model: nn.Module) -> dict[str, Any] | None:
     in_loop = sum(1 for p in packs if p["rope"] is None)
     if in_loop:
         out["rope_in_loop"] = in_loop
+    raw = sum(1 for p in packs if p.get("k_raw"))
+    if raw:
+        out["raw_keys"] = raw
     return out
 
 
