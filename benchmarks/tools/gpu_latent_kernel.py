@@ -116,6 +116,11 @@ def main() -> int:
         "--rank-k", type=int, default=0, help="key rank per group (default: G*head_dim/2, KV 0.5)"
     )
     ap.add_argument("--rank-v", type=int, default=0, help="value rank per group (default: as the keys)")
+    ap.add_argument(
+        "--raw",
+        action="store_true",
+        help="keys cached raw (every key group at full width, G*head_dim: no rebuild); --rank-k is ignored",
+    )
     ap.add_argument("--old", default=None, help="path to the earlier latent_attention module, timed beside")
     ap.add_argument("--budget-s", type=float, default=540.0)
     ap.add_argument(
@@ -157,12 +162,25 @@ def main() -> int:
         h, kvh, hd, theta, bias = MODELS[model]
         n_rep = h // kvh
         for gk in (int(x) for x in args.groups.split(",")):
-            r = args.rank_k or gk * hd // 2
-            rv = args.rank_v or r
+            r = gk * hd if args.raw else (args.rank_k or gk * hd // 2)
+            rv = args.rank_v or (gk * hd // 2 if args.raw else r)
             ng = kvh // gk
             # correctness of each launch on a small input (valid length not a tile multiple)
             q, zk, zv, pack, inv = latent_decode_inputs(
-                3, h, kvh, hd, 1100, gk, gk, [r] * ng, [rv] * ng, bias=bias, dtype=dt, device=dev, theta=theta
+                3,
+                h,
+                kvh,
+                hd,
+                1100,
+                gk,
+                gk,
+                [r] * ng,
+                [rv] * ng,
+                bias=bias,
+                dtype=dt,
+                device=dev,
+                theta=theta,
+                raw=args.raw,
             )
             ref = kl.reference_latent_decode(q, zk, zv, pack, 1037, inv, hd**-0.5)
             n_small = torch.tensor([1037], device=dev)
@@ -186,10 +204,10 @@ def main() -> int:
                         return 0
                     dense_bytes = b * t * kvh * hd * 2 * 2
                     lat_bytes = b * t * ng * (r + rv) * 2
-                    flops_rebuild = b * t * kvh * 2 * r * hd
+                    flops_rebuild = 0 if args.raw else b * t * kvh * 2 * r * hd
                     flops_attn = b * h * t * 2 * (hd + rv)
                     row = {
-                        "model": model, "group": gk, "batch": b, "kv": t, "rank_k": r, "rank_v": rv,
+                        "model": model, "group": gk, "batch": b, "kv": t, "rank_k": r, "rank_v": rv, "raw": args.raw,
                         "dense_bytes": dense_bytes, "latent_bytes": lat_bytes,
                         "rebuild_flops": flops_rebuild, "attn_flops": flops_attn,
                         "floor_dense_ms": dense_bytes / bw / 1e6,
@@ -228,7 +246,7 @@ def main() -> int:
                     for cfg in configs:
                         if cfg is None:
                             kl._ENV = None
-                            splits = kl.launch_config(b * ng, t, gk, dev)["splits"]
+                            splits = kl.launch_config(b * ng, t, gk, dev, raw=args.raw)["splits"]
                         else:
                             bt = cfg[0]
                             progs = b * kvh // kl.program_heads(gk, cfg[7] if len(cfg) > 7 else None)

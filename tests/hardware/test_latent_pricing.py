@@ -137,9 +137,11 @@ def test_half_the_cache_at_g1_is_predicted_cheaper_than_dense_at_long_context_de
 
 # -------------------------------------------------------------- (b) the rebuild's FLOPs cost time
 def test_rebuild_makes_larger_key_groups_costlier_at_the_same_latent_bytes():
-    g1, g4 = _latent(1, [32] * 4), _latent(4, [128], rv=[32] * 4)  # the same 128 key latents per token
+    # the same 128 key latents per token, below full width (head_dim 64: at 32 both would be full width, and
+    # full-width keys are cached raw, with nothing rebuilt)
+    g1, g4 = _latent(1, [32] * 4, head_dim=64), _latent(4, [128], rv=[32] * 4, head_dim=64)
     pt = Point("decode", 16, kv=16384)
-    b, kv = 16, 16384
+    b, kv, HD = 16, 16384, 64
     rows = {"1": _row(tflops=80.0), "4": _row(tflops=80.0)}  # one rate, finite
     t1, t4 = _attn_ms(g1, _prof(rows), pt), _attn_ms(g4, _prof(rows), pt)
     # same bytes; the rebuild of G=4 computes every key row for four heads from one latent: 4x the FLOPs
@@ -474,6 +476,16 @@ def test_a_layer_past_the_classs_timed_ranks_is_named():
         note["beyond_timed_rank"]
     )
     assert "beyond_timed_rank" not in latent_note(skeleton("shape:llama3-8b:2", dims(256)), prof)
+    # full width (PaLU caches those keys raw): nothing rebuilt, nothing extrapolated; the call reads its
+    # cache at the copy bandwidth, as dense decode attention does
+    raw = skeleton("shape:llama3-8b:2", dims(512))
+    assert "beyond_timed_rank" not in latent_note(raw, prof)
+    pt = Point("decode", 16, kv=16384)
+    call = next(x for x in launches(raw, prof, pt) if x.name == "layer0.latent_attention")
+    assert call.flops == 0 and call.bytes == 16 * 16384 * (2 * 512 + 2 * 512) * 2
+    assert call.ms == pytest.approx(call.fixed_us * 1e-3 + call.bytes / (prof.copy_gbps * 1e9) * 1e3)
+    lat = next(x for x in launches(raw, prof, pt) if x.name == "layer1.latent_attention")
+    assert lat.flops > 0  # rank 128: rebuilt
     # a class without recorded calls (or the roofline) names nothing
     assert "beyond_timed_rank" not in latent_note(skeleton("shape:llama3-8b:2", dims(496)), _prof(
         {"4": {"launch_us": 20.0, "gbps": 1500.0, "tflops": 300.0, "block_r": 64}}))  # fmt: skip

@@ -486,7 +486,9 @@ class PaluCompressor(Compressor):
                 )
                 downs = []
                 for s, r, up in zip(group, ranks, lp.ups, strict=True):
-                    if r >= s.max_dim:  # kept at full width: the rows themselves, cached raw (exact, no rebuild)
+                    if (
+                        r >= s.max_dim
+                    ):  # kept at full width: the rows themselves, cached raw (exact, no rebuild)
                         up.weight.copy_(torch.eye(r, dtype=up.weight.dtype, device=up.weight.device))
                         if lin.bias is not None:
                             up.bias.copy_(lin.bias[self._rows(s)])

@@ -473,8 +473,14 @@ def latent_call(
     key_ranks: list[int],
     value_ranks: list[int],
     elem: int = 2,
+    raw: bool = False,
 ) -> dict[str, Any]:
     """One latent decode attention call (one layer, one new token per sequence), priced on ``profile``.
+
+    ``raw``: the layer's keys are cached raw (every key group at full width,
+    :func:`gac.nn.latent.raw_key_groups`): nothing is rebuilt and the call reads its cache at the copy
+    bandwidth, as dense decode attention does (on an H100 the raw-key launch ran 1.03-1.40x dense decode
+    attention at the Llama-3-8B shape's first layer, ``benchmarks/results/h100/palu-kernel/v9/``).
 
     ``bytes``: the latent cache read, ``batch·kv·(Σ r_k + Σ r_v)·elem``. ``flops``: the key rebuild,
     ``2·batch·kv·head_dim·G·r`` per key group of ``G`` KV heads at the rank ``r`` the kernel runs
@@ -488,6 +494,11 @@ def latent_call(
     """
     rates = profile.latent_rates(key_group)
     n_k = len(key_ranks)
+    if raw:
+        nbytes = float(batch * kv * (sum(key_ranks) + sum(value_ranks)) * elem)
+        byte_ms = nbytes / (profile.copy_gbps_or_default * 1e9) * 1e3
+        return {"bytes": nbytes, "flops": 0.0, "byte_ms": byte_ms, "flop_ms": 0.0, "serial": False,
+                "ms": float(rates["launch_us"]) * 1e-3 + byte_ms, "rates": rates}  # fmt: skip
     if rates["source"] == "measured":
         run = [latent_rank(rates, max(key_ranks))] * n_k
     else:
@@ -639,6 +650,7 @@ class _LatentLayer:
     attn: Any
     path: str  # kernel | reference
     reasons: list[str]
+    raw: bool = False  # keys cached raw (gac.nn.latent.raw_key_groups): the kernel rebuilds nothing
 
     @classmethod
     def of(cls, attn: Any) -> _LatentLayer:
@@ -656,7 +668,10 @@ class _LatentLayer:
         heads = attn.num_key_value_groups * attn.group_kv_k
         if heads > LATENT_MAX_GROUP_HEADS:
             why.append(f"{heads} query heads per key group (more than {LATENT_MAX_GROUP_HEADS})")
-        return cls(attn, "reference" if why else "kernel", why)
+        # every key group at full width: PaLU caches those keys raw (gac.nn.latent.raw_key_groups; read from the
+        # ranks, as a skeleton built from a cell's dims has no weights to compare with the identity)
+        kp = attn.k_proj
+        return cls(attn, "reference" if why else "kernel", why, all(r == kp.group_out for r in kp.ranks))
 
     def idle(self, point: Point) -> list[Any]:
         """Up-projections that run as no GEMM launch of their own at ``point`` (the kernel rebuilds the
@@ -687,7 +702,7 @@ class _LatentLayer:
                                   nbytes / (c["copy_gbps"] * 1e9) * 1e3))  # fmt: skip
             return out
         call = latent_call(profile, b, n_kv, int(a.head_dim), int(a.group_kv_k), list(a.k_proj.ranks),
-                           list(a.v_proj.ranks), elem)  # fmt: skip
+                           list(a.v_proj.ranks), elem, raw=self.raw)  # fmt: skip
         rates = call["rates"]
         if rates["source"] == "measured":  # the fitted fixed time covers both launches
             split_us = max(rates["launch_us"] - c["aux_us"], 0.0)
@@ -743,7 +758,7 @@ def latent_beyond_timed(layers: list[_LatentLayer], profile: Profile) -> dict[st
     calls = ((profile.latent_attention or {}).get("fit") or {}).get("calls") or []
     by_group: dict[int, list[int]] = {}  # the class's row (key group size) -> the ranks its layers run
     for x in layers:
-        if x.path != "kernel":
+        if x.path != "kernel" or x.raw:  # raw keys: nothing rebuilt, no rank to extrapolate
             continue
         rates = profile.latent_rates(int(x.attn.group_kv_k))
         by_group.setdefault(int(rates["key_group"]), []).append(latent_rank(rates, max(x.attn.k_proj.ranks)))

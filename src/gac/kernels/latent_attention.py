@@ -635,8 +635,14 @@ FEW_PROGRAMS = (4, 128, 64, 8, 3, 2)
 ONE_PROGRAM = (32, 64, 4, 3, 2, 1)
 #: a layer whose key groups are all kept at full width caches its keys raw (``k_raw`` in the decode pack: the
 #: up-projections are the identity, so nothing is rebuilt, :func:`gac.nn.latent.raw_key_groups`) and launches
-#: ``(block_t, block_r, num_warps, num_stages, waves)``; ``block_r`` is unused there
-RAW_LAUNCH = (64, 64, 4, 2, 2)
+#: ``(block_t, block_r, num_warps, num_stages, waves, sub)`` (``block_r`` unused), one sequence (at most
+#: ``FEW_PROGRAMS[0]`` programs a split) with one KV head a program (``sub`` 1), more with the whole key group.
+#: On an H100 (Llama-3-8B shape's first layer: key group 4 raw, value rank 496; B 1/16/64 x KV 4096/32768) the
+#: best of ten launches over the six points: 1.37-1.40x dense decode attention at B=1 (sub 1), 1.03-1.30x at
+#: B >= 16, where the first guess (64, 64, 4, 2, 2) ran 0.57-0.77x
+#: (``benchmarks/results/h100/palu-kernel/v9/raw_llama.json``)
+RAW_LAUNCH = (32, 64, 4, 3, 2, 0)
+RAW_FEW = (32, 64, 4, 3, 2, 1)
 _ENV = os.environ.get("GAC_LATENT_LAUNCH")
 
 
@@ -679,10 +685,10 @@ def launch_config(
             cfg["auto_splits"] = 1
         return cfg
     if raw:
-        bt, br, nw, ns, waves = RAW_LAUNCH
-        sp = num_splits(ctas, t, bt, device, waves)
+        bt, br, nw, ns, waves, sub = RAW_FEW if ctas <= FEW_PROGRAMS[0] else RAW_LAUNCH
+        sp = num_splits(ctas * (k_group // program_heads(k_group, sub)), t, bt, device, waves)
         return {"block_t": bt, "block_r": br, "num_warps": nw, "num_stages": ns, "splits": sp, "waves": waves,
-                "auto_splits": 1}  # fmt: skip
+                "auto_splits": 1, "sub": sub}  # fmt: skip
     if k_group > 2 and ctas == 1:
         bt, br, nw, ns, waves, sub = ONE_PROGRAM
         sp = num_splits(k_group // program_heads(k_group, sub), t, bt, device, waves)
