@@ -246,7 +246,7 @@ def main() -> int:
                     for cfg in configs:
                         if cfg is None:
                             kl._ENV = None
-                            splits = kl.launch_config(b * ng, t, gk, dev, raw=args.raw)["splits"]
+                            splits = kl.launch_config(b * ng, t, gk, dev, raw=args.raw, n_rep=n_rep)["splits"]
                         else:
                             bt = cfg[0]
                             progs = b * kvh // kl.program_heads(gk, cfg[7] if len(cfg) > 7 else None)

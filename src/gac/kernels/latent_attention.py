@@ -636,13 +636,35 @@ ONE_PROGRAM = (32, 64, 4, 3, 2, 1)
 #: a layer whose key groups are all kept at full width caches its keys raw (``k_raw`` in the decode pack: the
 #: up-projections are the identity, so nothing is rebuilt, :func:`gac.nn.latent.raw_key_groups`) and launches
 #: ``(block_t, block_r, num_warps, num_stages, waves, sub)`` (``block_r`` unused), one sequence (at most
-#: ``FEW_PROGRAMS[0]`` programs a split) with one KV head a program (``sub`` 1), more with the whole key group.
+#: ``FEW_PROGRAMS[0]`` programs a split) with one KV head a program (``sub`` 1), more with as many KV heads a
+#: program as keep its query rows within :data:`RAW_ROWS` (:func:`raw_program_heads`).
 #: On an H100 (Llama-3-8B shape's first layer: key group 4 raw, value rank 496; B 1/16/64 x KV 4096/32768) the
 #: best of ten launches over the six points: 1.37-1.40x dense decode attention at B=1 (sub 1), 1.03-1.30x at
 #: B >= 16, where the first guess (64, 64, 4, 2, 2) ran 0.57-0.77x
-#: (``benchmarks/results/h100/palu-kernel/v9/raw_llama.json``)
+#: (``benchmarks/results/h100/palu-kernel/v9/raw_llama.json``). With the whole key group a program, the
+#: Qwen2.5-7B shape (7 query heads a KV head: 28 rows, a ``[32, 512]`` fp32 accumulator) ran 0.42-0.65x at
+#: B >= 16 (``v9/raw_table.json``).
 RAW_LAUNCH = (32, 64, 4, 3, 2, 0)
 RAW_FEW = (32, 64, 4, 3, 2, 1)
+#: the most query rows (KV heads a program x query heads each, padded to a power of two) a raw-key program of
+#: :data:`RAW_LAUNCH` holds: Llama-3-8B's key group of 4 x 4 query heads
+RAW_ROWS = 16
+
+
+def raw_program_heads(k_group: int, n_rep: int) -> int:
+    """KV heads a raw-key program takes past one sequence: the most dividing ``k_group`` whose query rows
+    (``heads x n_rep``, padded to a power of two) stay within :data:`RAW_ROWS`, at least one.
+
+    >>> raw_program_heads(4, 4), raw_program_heads(4, 7), raw_program_heads(2, 16)
+    (4, 2, 1)
+    """
+    best = 1
+    for s in range(1, k_group + 1):
+        if k_group % s == 0 and _pow2(s * n_rep, 1) <= RAW_ROWS:
+            best = s
+    return best
+
+
 _ENV = os.environ.get("GAC_LATENT_LAUNCH")
 
 
@@ -666,10 +688,10 @@ def program_heads(k_group: int, sub: int | None) -> int:
 
 
 def launch_config(
-    ctas: int, t: int, k_group: int = 1, device: torch.device | None = None, raw: bool = False
+    ctas: int, t: int, k_group: int = 1, device: torch.device | None = None, raw: bool = False, n_rep: int = 1
 ) -> dict[str, int]:
     """The launch of ``ctas`` (batch x key groups) programs per split over a cache of ``t`` slots
-    (``raw``: keys cached raw, :data:`RAW_LAUNCH`)."""
+    (``raw``: keys cached raw, :data:`RAW_LAUNCH`, with ``n_rep`` query heads a KV head)."""
     if _ENV:
         vals = [int(x) for x in _ENV.split(",")]
         cfg = dict(
@@ -686,6 +708,7 @@ def launch_config(
         return cfg
     if raw:
         bt, br, nw, ns, waves, sub = RAW_FEW if ctas <= FEW_PROGRAMS[0] else RAW_LAUNCH
+        sub = sub or raw_program_heads(k_group, n_rep)
         sp = num_splits(ctas * (k_group // program_heads(k_group, sub)), t, bt, device, waves)
         return {"block_t": bt, "block_r": br, "num_warps": nw, "num_stages": ns, "splits": sp, "waves": waves,
                 "auto_splits": 1, "sub": sub}  # fmt: skip
@@ -866,7 +889,7 @@ def _launch(
 
     b, h, hd = q.shape
     t = zk.shape[1]
-    cfg = dict(cfg or launch_config(b * (kvh // k_group), t, k_group, q.device, raw=raw))
+    cfg = dict(cfg or launch_config(b * (kvh // k_group), t, k_group, q.device, raw=raw, n_rep=h // kvh))
     sub = program_heads(k_group, cfg.get("sub"))
     ctas = b * (kvh // sub)
     key = (q.device.index, q.dtype, h, hd, kvh, k_group, rk_max, rv_max, k_bias is not None,
