@@ -147,6 +147,21 @@ def test_the_g4_row_at_the_pipelines_ranks_fits_an_h100_within_one_shrink():
         assert kl.compiled_shared_bytes(4, 512, 512, bt, br, nw, ns, n_rep=n_rep, kloop=True) <= H100_SMEM
 
 
+def test_the_raw_key_launches_at_the_pipelines_value_rank_fit_an_h100():
+    """Compiled for sm_90 on the CPU: the raw-key launches (:data:`RAW_FEW` one KV head a program; :data:`RAW_LAUNCH`
+    at the KV heads a program :func:`raw_program_heads` picks for Llama-3-8B's 4 and Qwen2.5-7B's 7 query heads a KV
+    head) with the first layer's 512-wide value tile fit an H100's shared memory as they are: no shrink."""
+    assert kl.raw_program_heads(4, 4) == 4 and kl.raw_program_heads(4, 7) == 2
+    for launch, heads, n_rep in ((kl.RAW_FEW, 1, 7), (kl.RAW_LAUNCH, 4, 4), (kl.RAW_LAUNCH, 2, 7)):
+        bt, br, nw, ns, _, _ = launch
+        need = kl.compiled_shared_bytes(heads, 32, 512, bt, br, nw, ns, n_rep=n_rep, raw=True)
+        assert need <= H100_SMEM, (launch, heads, n_rep, need)
+    cfg = kl.launch_config(16, 32768, 4, None, raw=True, n_rep=7)
+    assert cfg["sub"] == 2 and cfg["block_t"] == kl.RAW_LAUNCH[0]
+    one = kl.launch_config(1, 32768, 4, None, raw=True, n_rep=7)
+    assert one["sub"] == 1 and one["splits"] == kl.num_splits(4, 32768, kl.RAW_FEW[0], None, kl.RAW_FEW[4])
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("g", [1, 2, 4])
