@@ -568,7 +568,8 @@ def raw_key_candidates(profile: Profile, site: Site, cands: set[int]) -> set[int
     class (:func:`gac.hardware.latency.site_cache_ms`: about 81 at key group 4 on the shipped H100 profile)
     a latent is slower to attend than the raw keys. Past 7/8 of the width it saves under 1/8 of the group's
     cache for a rebuild of nearly the whole width (the first layer of the Llama-3-8B and Qwen2.5-7B shapes:
-    rank 496 of 512, 0.35-0.44x dense attention on an H100): there the knapsack is offered the raw keys.
+    rank 496 of 512, 0.23-0.77x dense decode attention on an H100, its raw keys 0.96-1.85x:
+    ``benchmarks/results/h100/palu-kernel/v9/``): there the knapsack is offered the raw keys.
 
     >>> from gac.hardware.profile import default_profile
     >>> s = Site("k:g0", "lowrank_r", max_dim=512, unit_cost=1, dense_cost=512,

@@ -486,9 +486,9 @@ class PaluCompressor(Compressor):
                 )
                 downs = []
                 for s, r, up in zip(group, ranks, lp.ups, strict=True):
-                    if (
-                        r >= s.max_dim
-                    ):  # kept at full width: the rows themselves, cached raw (exact, no rebuild)
+                    # kept at full width: the rows themselves, with the identity up-projection (exact; the
+                    # decode kernel reads such keys raw, gac.nn.latent.raw_key_groups)
+                    if r >= s.max_dim:
                         up.weight.copy_(torch.eye(r, dtype=up.weight.dtype, device=up.weight.device))
                         if lin.bias is not None:
                             up.bias.copy_(lin.bias[self._rows(s)])

@@ -479,8 +479,8 @@ def latent_call(
 
     ``raw``: the layer's keys are cached raw (every key group at full width,
     :func:`gac.nn.latent.raw_key_groups`): nothing is rebuilt and the call reads its cache at the copy
-    bandwidth, as dense decode attention does (on an H100 the raw-key launch ran 1.03-1.40x dense decode
-    attention at the Llama-3-8B shape's first layer, ``benchmarks/results/h100/palu-kernel/v9/``).
+    bandwidth, as dense decode attention does (on an H100 the raw-key launch ran 0.96-1.85x dense decode
+    attention at the first layer of the Llama-3-8B and Qwen2.5-7B shapes, ``benchmarks/results/h100/palu-kernel/v9/``).
 
     ``bytes``: the latent cache read, ``batch·kv·(Σ r_k + Σ r_v)·elem``. ``flops``: the key rebuild,
     ``2·batch·kv·head_dim·G·r`` per key group of ``G`` KV heads at the rank ``r`` the kernel runs

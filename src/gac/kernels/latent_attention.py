@@ -17,6 +17,9 @@ walks its share of the valid cached tokens in ``BLOCK_T`` tiles and, per tile,
 4. accumulates ``P·Z_v`` on tensor cores over the value latents (each query head through its
    value group's latent slice; a value group may be wider or narrower than the key group).
 
+A layer whose key groups are all kept at full width caches its keys raw (``RAW_K``: the up-projections are the
+identity): step 1 then loads each KV head's keys from its own latent columns and rebuilds nothing.
+
 The splits' partial outputs (with their running max and sum) go to a small fp32 buffer and a
 second kernel reduces them; the output stays a latent per query head, which the caller maps
 through the value up-projection once. The loop bounds come from the valid length read in device
@@ -643,7 +646,7 @@ ONE_PROGRAM = (32, 64, 4, 3, 2, 1)
 #: B >= 16, where the first guess (64, 64, 4, 2, 2) ran 0.57-0.77x
 #: (``benchmarks/results/h100/palu-kernel/v9/raw_llama.json``). With the whole key group a program, the
 #: Qwen2.5-7B shape (7 query heads a KV head: 28 rows, a ``[32, 512]`` fp32 accumulator) ran 0.42-0.65x at
-#: B >= 16 (``v9/raw_table.json``).
+#: B >= 16 (``v9/raw_table_call2.json``); two KV heads a program ran it at 0.96-1.46x (``v9/raw_table.json``).
 RAW_LAUNCH = (32, 64, 4, 3, 2, 0)
 RAW_FEW = (32, 64, 4, 3, 2, 1)
 #: the most query rows (KV heads a program x query heads each, padded to a power of two) a raw-key program of
