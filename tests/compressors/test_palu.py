@@ -147,6 +147,8 @@ def test_near_full_key_ranks_become_raw_keys(align):
     assert not vsite.meta["rebuild_flops_per_dim_per_cached_token"]  # values are never rebuilt
     rec = p.allocation(align, allow_slower=True)
     assert rec.dims[k0] == 256 and sum(rec.dims.values()) <= p.budget
+    assert any(n.startswith(f"1 key group(s) kept at full width and cached raw ({k0})") for n in rec.notes)
+    assert not any("cached raw" in n for n in p.allocation("none").notes)
     m = copy.deepcopy(base)
     p.compressor.apply(m, p.sites, rec.dims)
     (_, a0), (_, a1) = latent_modules(m)

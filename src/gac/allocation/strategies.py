@@ -704,6 +704,18 @@ def allocate(
             dims = _guarded(r, objective, serve, other_ms, notes, margin)
         else:
             dims = _knapsack(r, objective == "curve", notes)
+        raw = [
+            s.name
+            for s in sites
+            if s.meta.get("rebuild_flops_per_dim_per_cached_token")
+            and RAW_KEY_SHARE * s.max_dim < native[s.name] < s.max_dim <= dims[s.name]
+        ]
+        if raw:
+            notes.append(
+                f"{len(raw)} key group(s) kept at full width and cached raw ({', '.join(raw[:3])}"
+                f"{', ...' if len(raw) > 3 else ''}): their ranks past {RAW_KEY_SHARE:g} of the width were "
+                "predicted slower to attend than the raw keys"
+            )
     label = "native" if strategy in ("none", "round") else f"{objective}:{source}"
     solve_s = time.perf_counter() - t0
     rec = _record(strategy, sites, native, dims, profile, budget, curve_loss, tokens, solve_s, label, notes)
