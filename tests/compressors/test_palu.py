@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 
 import pytest
 import torch
@@ -102,11 +103,11 @@ def test_full_rank_is_exact(llama64, planned):
     assert torch.allclose(a, b, atol=1e-9, rtol=0)
 
 
-def test_a_full_width_group_is_cached_raw_and_its_layer_packs_raw_keys(llama64, planned):
+def test_a_full_width_group_is_cached_raw_and_its_layer_packs_raw_keys(llama64, planned, caplog):
     """A group kept at full width stores the projection's own rows with the identity as its up-projection
     (exact, nothing to rebuild); a layer whose key groups all are packs ``k_raw`` for the decode kernel, with
     each KV head's own key column; a layer with some groups raw rebuilds them all."""
-    from gac.nn.latent import latent_attention_paths, raw_key_groups
+    from gac.nn.latent import _WARNED, latent_attention_paths, raw_key_groups
 
     dims = {s.name: (s.max_dim if ".0." in s.name and "k_proj" in s.name else 16) for s in planned.sites}
     dims["model.layers.1.self_attn.k_proj:g0"] = 48  # layer 1: one raw key group of two
@@ -117,13 +118,19 @@ def test_a_full_width_group_is_cached_raw_and_its_layer_packs_raw_keys(llama64, 
     x = torch.randn(3, 5, 120, dtype=torch.float64)
     orig = llama64.model.layers[0].self_attn.k_proj
     assert torch.equal(a0.k_proj.latent(x), orig(x))  # the latents are the keys themselves
-    p0, p1 = a0.decode_pack(), a1.decode_pack()
+    _WARNED.discard("a layer's key groups are only partly at full width")  # warned once per process
+    with caplog.at_level(logging.WARNING, logger="gac.nn.latent"):
+        p0, p1 = a0.decode_pack(), a1.decode_pack()
     assert p0["k_raw"] and not p1["k_raw"]
+    # the partly raw layer rebuilds its raw group: warned once and recorded, not silent
+    assert p1["k_raw_rebuilt"] and not p0["k_raw_rebuilt"]
+    assert caplog.text.count("only partly at full width") == 1
     # 4 KV heads of 24 in groups of 2: raw, each head's own column; else its group's offset and rank
     assert p0["koff"].tolist() == [0, 24, 48, 72] and p0["kr"].tolist() == [24] * 4
     assert p1["koff"].tolist() == [0, 0, 48, 48] and p1["kr"].tolist() == [48, 48, 16, 16]
     # recorded where a pack was built (the decode path reads it)
-    assert latent_attention_paths(m)["raw_keys"] == 1
+    rec = latent_attention_paths(m)
+    assert rec["raw_keys"] == 1 and rec["raw_keys_rebuilt"] == 1
 
 
 @pytest.mark.parametrize("align", ["gac", "knapsack"])

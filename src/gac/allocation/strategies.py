@@ -704,11 +704,12 @@ def allocate(
             dims = _guarded(r, objective, serve, other_ms, notes, margin)
         else:
             dims = _knapsack(r, objective == "curve", notes)
-        raw = [
+        raw = [  # key groups at full width whose native rank the rule took away
             s.name
             for s in sites
             if s.meta.get("rebuild_flops_per_dim_per_cached_token")
-            and RAW_KEY_SHARE * s.max_dim < native[s.name] < s.max_dim <= dims[s.name]
+            and dims[s.name] >= s.max_dim
+            and raw_key_candidates(profile, s, {native[s.name]}) != {native[s.name]}
         ]
         if raw:
             notes.append(

@@ -486,20 +486,17 @@ class PaluCompressor(Compressor):
                 )
                 downs = []
                 for s, r, up in zip(group, ranks, lp.ups, strict=True):
-                    # kept at full width: the rows themselves, with the identity up-projection (exact; the
-                    # decode kernel reads such keys raw, gac.nn.latent.raw_key_groups)
                     if r >= s.max_dim:
-                        up.weight.copy_(torch.eye(r, dtype=up.weight.dtype, device=up.weight.device))
-                        if lin.bias is not None:
-                            up.bias.copy_(lin.bias[self._rows(s)])
-                        downs.append(lin.weight.detach()[self._rows(s)])
-                        continue
-                    u, sv, vh, chol = self._factor_svd(model, s)
-                    a, b = truncated_factors(u, sv, vh, r, scale_tril=chol)
-                    # a rank past the group's min(G·hd, hidden) singular values: zero latents, exact
-                    if a.shape[1] < r:
-                        a = torch.nn.functional.pad(a, (0, r - a.shape[1]))
-                        b = torch.nn.functional.pad(b, (0, 0, 0, r - b.shape[0]))
+                        # kept at full width: the rows themselves, with the identity up-projection (exact;
+                        # the decode kernel reads such keys raw, gac.nn.latent.raw_key_groups)
+                        a, b = torch.eye(r, device=lin.weight.device), lin.weight.detach()[self._rows(s)]
+                    else:
+                        u, sv, vh, chol = self._factor_svd(model, s)
+                        a, b = truncated_factors(u, sv, vh, r, scale_tril=chol)
+                        # a rank past the group's min(G·hd, hidden) singular values: zero latents, exact
+                        if a.shape[1] < r:
+                            a = torch.nn.functional.pad(a, (0, r - a.shape[1]))
+                            b = torch.nn.functional.pad(b, (0, 0, 0, r - b.shape[0]))
                     up.weight.copy_(a.to(up.weight.dtype))
                     if lin.bias is not None:
                         up.bias.copy_(lin.bias[self._rows(s)])

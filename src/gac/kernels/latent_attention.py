@@ -859,7 +859,7 @@ def compiled_shared_bytes(
     params = list(inspect.signature(fn.fn).parameters)
     const = dict(NREP=n_rep, G=key_group, HALF=head_dim // 2, RK=rk, RVP=rvp, MQ=_pow2(n_rep * key_group),
                  BLOCK_T=block_t, BLOCK_R=block_r, HAS_BIAS=False, HAS_NORM=False, V_SHARED=True,
-                 STAGE_U=False, UNROLL=raw, RA=8, RAV=8, K_LOOP=kloop, ROPE_TAB=rope_tab, RAW_K=raw)  # fmt: skip
+                 STAGE_U=False, UNROLL=False, RA=8, RAV=8, K_LOOP=kloop, ROPE_TAB=rope_tab, RAW_K=raw)  # fmt: skip
     ptrs = {"q_ptr": "*bf16", "zk_ptr": "*bf16", "zv_ptr": "*bf16", "uk_ptr": "*bf16", "koff_ptr": "*i32",
             "kr_ptr": "*i32", "voff_ptr": "*i32", "vr_ptr": "*i32", "kb_ptr": "*bf16", "kn_ptr": "*bf16",
             "inv_ptr": "*fp32", "rope_ptr": "*fp32", "len_ptr": "*i32", "o_ptr": "*fp32", "ml_ptr": "*fp32"}  # fmt: skip

@@ -482,8 +482,15 @@ class LatentAttention(nn.Module):
         rk, rv = self.k_proj.ranks, self.v_proj.ranks
         w = ups_k[0].weight
         # every key group cached raw (full width, identity up-projection): the kernel reads each KV head's keys
-        # at its own column (koff) and rebuilds nothing; a layer with some raw groups rebuilds them all
-        raw = all(raw_key_groups(self.k_proj))
+        # at its own column (koff) and rebuilds nothing; a layer with some raw groups rebuilds them all (warned)
+        raw_groups = raw_key_groups(self.k_proj)
+        raw = all(raw_groups)
+        if any(raw_groups) and not raw:
+            _warn_once(
+                "a layer's key groups are only partly at full width",
+                "{}: the decode kernel rebuilds its raw keys through their identity up-projection "
+                "(slower; recorded as raw_keys_rebuilt)",
+            )
         rk_max = 32 if raw else -(-max(rk) // 32) * 32
         uk = torch.zeros(self.kv_heads, hd, rk_max, device=w.device, dtype=w.dtype)
         koff, kr = [], []
@@ -519,6 +526,7 @@ class LatentAttention(nn.Module):
             "k_group_kv": gk,
             "k_group": gk,  # the kernel's name for it (KV heads per key group)
             "k_raw": raw,
+            "k_raw_rebuilt": any(raw_groups) and not raw,
             "align": latent_align(*koff, *kr),
             "k_bias": kb,
             "k_norm": None if kn is None else kn.to(w.device),
@@ -825,7 +833,9 @@ def latent_attention_paths(model: nn.Module) -> dict[str, Any] | None:
         another model's launches in the same process are not this model's); ``"rope_in_loop"``: layers
         whose decode pack has no rotary table (a RoPE that rescales with the length), so the kernel
         evaluates RoPE's sine and cosine in its loop; ``"raw_keys"``: layers whose keys are cached raw (every
-        key group at full width, :func:`raw_key_groups`), which the kernel reads without a rebuild.
+        key group at full width, :func:`raw_key_groups`), which the kernel reads without a rebuild;
+        ``"raw_keys_rebuilt"``: layers with only some key groups at full width, whose raw keys the kernel
+        rebuilds through the identity (warned once).
     """
     from gac.kernels.latent_attention import key_group, shrunk_launches  # the allowed edge (decode_refusals)
 
@@ -845,9 +855,10 @@ def latent_attention_paths(model: nn.Module) -> dict[str, Any] | None:
     in_loop = sum(1 for p in packs if p["rope"] is None)
     if in_loop:
         out["rope_in_loop"] = in_loop
-    raw = sum(1 for p in packs if p.get("k_raw"))
-    if raw:
-        out["raw_keys"] = raw
+    for key, name in (("k_raw", "raw_keys"), ("k_raw_rebuilt", "raw_keys_rebuilt")):
+        n = sum(1 for p in packs if p.get(key))
+        if n:
+            out[name] = n
     return out
 
 
