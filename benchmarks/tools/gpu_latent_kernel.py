@@ -117,6 +117,9 @@ def main() -> int:
     )
     ap.add_argument("--rank-v", type=int, default=0, help="value rank per group (default: as the keys)")
     ap.add_argument(
+        "--v-group", type=int, default=0, help="KV heads a value group (default: the key group's; its rank default gv*head_dim/2)"
+    )
+    ap.add_argument(
         "--raw",
         action="store_true",
         help="keys cached raw (every key group at full width, G*head_dim: no rebuild); --rank-k is ignored",
@@ -162,9 +165,10 @@ def main() -> int:
         h, kvh, hd, theta, bias = MODELS[model]
         n_rep = h // kvh
         for gk in (int(x) for x in args.groups.split(",")):
+            gv = args.v_group or gk
             r = gk * hd if args.raw else (args.rank_k or gk * hd // 2)
-            rv = args.rank_v or (gk * hd // 2 if args.raw else r)
-            ng = kvh // gk
+            rv = args.rank_v or (gv * hd // 2 if args.raw or args.v_group else r)
+            ng, nv = kvh // gk, kvh // gv
             # correctness of each launch on a small input (valid length not a tile multiple)
             q, zk, zv, pack, inv = latent_decode_inputs(
                 3,
@@ -173,9 +177,9 @@ def main() -> int:
                 hd,
                 1100,
                 gk,
-                gk,
+                gv,
                 [r] * ng,
-                [rv] * ng,
+                [rv] * nv,
                 bias=bias,
                 dtype=dt,
                 device=dev,
@@ -203,11 +207,11 @@ def main() -> int:
                         print("stopped: time budget", flush=True)
                         return 0
                     dense_bytes = b * t * kvh * hd * 2 * 2
-                    lat_bytes = b * t * ng * (r + rv) * 2
+                    lat_bytes = b * t * (ng * r + nv * rv) * 2
                     flops_rebuild = 0 if args.raw else b * t * kvh * 2 * r * hd
                     flops_attn = b * h * t * 2 * (hd + rv)
                     row = {
-                        "model": model, "group": gk, "batch": b, "kv": t, "rank_k": r, "rank_v": rv, "raw": args.raw,
+                        "model": model, "group": gk, "v_group": gv, "batch": b, "kv": t, "rank_k": r, "rank_v": rv, "raw": args.raw,
                         "dense_bytes": dense_bytes, "latent_bytes": lat_bytes,
                         "rebuild_flops": flops_rebuild, "attn_flops": flops_attn,
                         "floor_dense_ms": dense_bytes / bw / 1e6,
@@ -237,7 +241,7 @@ def main() -> int:
                         (
                             torch.randn(b, h, hd, device=dev, dtype=dt),
                             torch.randn(b, t, ng * r, device=dev, dtype=dt),
-                            torch.randn(b, t, ng * rv, device=dev, dtype=dt),
+                            torch.randn(b, t, nv * rv, device=dev, dtype=dt),
                         )
                         for _ in range(nl)
                     ]
@@ -246,10 +250,12 @@ def main() -> int:
                     for cfg in configs:
                         if cfg is None:
                             kl._ENV = None
-                            splits = kl.launch_config(b * ng, t, gk, dev, raw=args.raw, n_rep=n_rep)["splits"]
+                            splits = kl.launch_config(b * ng, t, gk, dev, raw=args.raw, n_rep=n_rep, v_group=gv)[
+                                "splits"
+                            ]
                         else:
                             bt = cfg[0]
-                            progs = b * kvh // kl.program_heads(gk, cfg[7] if len(cfg) > 7 else None)
+                            progs = b * kvh // kl.program_heads(gk, cfg[7] if len(cfg) > 7 else None, gv)
                             splits = max(1, min(math.ceil(cfg[4] * sms / progs), t // bt, 256))
                             kl._ENV = launch_env(cfg, splits)
                         fns = [
