@@ -42,6 +42,7 @@ from gac.allocation.strategies import GuardInfeasible
 from gac.errors import GacError
 from gac.hardware.latency import (
     DEFAULT_SERVE,
+    GROUPED_APART,
     Point,
     check_context,
     latent_site_pricing,
@@ -664,7 +665,14 @@ def _note_latent_pricing(rec: Allocation, profile: Profile, sites: list[Site], s
     if how is None or rec.guard.get("off"):
         return
     rec.guard["latent_attention"] = how
-    if how != "measured":
+    if how == GROUPED_APART:
+        rec.notes.append(
+            f"latency guard: profile {profile.id!r} timed latent attention with values grouped as the keys; "
+            "these keys and values are grouped apart, priced from the key group's row (untimed for this "
+            "grouping: the latency model predicted such cells up to 51% optimistic on an H100, "
+            "benchmarks/results/h100/palu-default/keygroup/)"
+        )
+    elif how != "measured":
         rec.notes.append(
             f"latency guard: latent attention priced at the roofline of profile {profile.id!r} (it has no "
             "latent_attention class: benchmarks/tools/gpu_launch_constants.py --fields latent_attention)"

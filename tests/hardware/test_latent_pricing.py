@@ -489,3 +489,42 @@ def test_a_layer_past_the_classs_timed_ranks_is_named():
     # a class without recorded calls (or the roofline) names nothing
     assert "beyond_timed_rank" not in latent_note(skeleton("shape:llama3-8b:2", dims(496)), _prof(
         {"4": {"launch_us": 20.0, "gbps": 1500.0, "tflops": 300.0, "block_r": 64}}))  # fmt: skip
+
+
+def test_keys_and_values_grouped_apart_are_named():
+    """The shipped H100 class timed values grouped as the keys; a model grouping them apart (per-head keys,
+    values in groups of 4) is priced from the key group's row, and the record and ``gac report`` say so."""
+    from gac.hardware.latency import latent_apart_line, latent_note, skeleton, values_timed_as_keys
+    from gac.hardware.profile import load_profile
+
+    prof = load_profile("h100-bfloat16")
+    assert values_timed_as_keys(prof)
+
+    def dims(kg: int, vg: int) -> dict:
+        return {f"model.layers.{i}.self_attn.{p}:g{g}": 32 * (kg if p == "k_proj" else vg) for i in range(2)
+                for p, n in (("k_proj", 8 // kg), ("v_proj", 8 // vg)) for g in range(n)}  # fmt: skip
+
+    note = latent_note(skeleton("shape:llama3-8b:2", dims(1, 4)), prof)
+    assert note["grouped_apart"] == {"layers": 2, "key_group": 1, "value_group": 4}
+    assert "group keys by 1 and values by 4 KV heads" in latent_apart_line(note["grouped_apart"])
+    assert "grouped_apart" not in latent_note(skeleton("shape:llama3-8b:2", dims(4, 4)), prof)
+    # a class that does not say how it grouped the values names nothing
+    other = _prof({"1": _row(), "4": _row()})
+    assert not values_timed_as_keys(other)
+    assert "grouped_apart" not in latent_note(skeleton("shape:llama3-8b:2", dims(1, 4)), other)
+
+
+def test_the_guard_names_keys_and_values_grouped_apart():
+    from gac.api import CompressConfig, plan
+    from gac.hardware.latency import GROUPED_APART
+
+    prof = _prof({"1": _row(), "2": _row()})
+    prof.latent_attention["fit"]["geometry"] = {"value_group": "as the key group"}
+    prof.measured = True
+    batches = [torch.randint(3, 240, (2, 16), generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    for vg, how in ((2, GROUPED_APART), (1, "measured")):
+        cfg = CompressConfig(compressor="palu", param_ratio=0.5, align="gac", serve="decode:16x500",
+                             options={"k_group_size": 1, "v_group_size": vg}, allow_slower=True)  # fmt: skip
+        rec = plan(tiny_model("llama", **GEOM), cfg, calib_batches=batches, profile=prof).allocation()
+        assert rec.guard["latent_attention"] == how
+        assert len([n for n in rec.notes if "grouped apart" in n]) == (vg != 1)

@@ -544,15 +544,31 @@ def site_cache_ms(profile: Profile, site: Any, d: int, batch: int, kv: int, elem
     return ms
 
 
+#: what :func:`latent_site_pricing` returns for a measured class timed with values grouped as the keys, priced
+#: for keys and values grouped apart
+GROUPED_APART = "measured, keys and values grouped apart (not timed so)"
+
+
+def values_timed_as_keys(profile: Profile) -> bool:
+    """Whether the profile's measured ``latent_attention`` class timed its calls with the values grouped as
+    the keys (``fit.geometry.value_group``: how ``gac profile`` times it), so that a layer grouping them
+    apart is priced from its key group's row without having been timed so."""
+    geo = (((profile.latent_attention or {}).get("fit") or {}).get("geometry")) or {}
+    return geo.get("value_group") == "as the key group"
+
+
 def latent_site_pricing(profile: Profile, sites: list[Any], serve: list[Point]) -> str | None:
-    """How :func:`site_cache_ms` priced ``sites`` at ``serve``: ``"measured"`` or
+    """How :func:`site_cache_ms` priced ``sites`` at ``serve``: ``"measured"``, :data:`GROUPED_APART`
+    (a measured class timed with values grouped as the keys, for sites whose key and value groups differ) or
     ``"roofline (not profiled)"`` where some site is a cache site (PaLU's) and some shape decodes over a
     cache; None where nothing was priced by it."""
-    cached = any((getattr(s, "meta", None) or {}).get("rebuild_flops_per_dim_per_cached_token") is not None
-                 for s in sites)  # fmt: skip
-    if not cached or not any(p.phase == "decode" and p.kv > 0 for p in serve):
+    metas = [(getattr(s, "meta", None) or {}) for s in sites]
+    metas = [m for m in metas if m.get("rebuild_flops_per_dim_per_cached_token") is not None]
+    if not metas or not any(p.phase == "decode" and p.kv > 0 for p in serve):
         return None
-    return str(profile.latent_rates(1)["source"])
+    src = str(profile.latent_rates(1)["source"])
+    apart = any(m.get("kind") == "v" and m.get("group_kv") != m.get("key_group") for m in metas)
+    return GROUPED_APART if src == "measured" and apart and values_timed_as_keys(profile) else src
 
 
 def _fit_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray | None:
@@ -734,15 +750,51 @@ def latent_note(model: Any, profile: Profile) -> dict[str, Any] | None:
     beyond = latent_beyond_timed(layers, profile) if src == "measured" else None
     if beyond:
         out["beyond_timed_rank"] = beyond
+    apart = latent_grouped_apart(layers, profile) if src == "measured" else None
+    if apart:
+        out["grouped_apart"] = apart
     for why in ([f"profile {profile.id!r} has no latent_attention class: decode priced at its roofline"]
                 if src != "measured" else []) + [f"decode priced on the reference path: {r}" for r in reasons]:  # fmt: skip
         if why not in _LATENT_WARNED:
             _LATENT_WARNED.add(why)
             log.warning("latency model: latent attention %s", why)
-    if beyond and (line := latent_beyond_line(beyond)) not in _LATENT_WARNED:
-        _LATENT_WARNED.add(line)
-        log.warning("latency model: %s", line)
+    for line in ([latent_beyond_line(beyond)] if beyond else []) + (
+        [latent_apart_line(apart)] if apart else []
+    ):
+        if line not in _LATENT_WARNED:
+            _LATENT_WARNED.add(line)
+            log.warning("latency model: %s", line)
     return out
+
+
+def latent_grouped_apart(layers: list[_LatentLayer], profile: Profile) -> dict[str, Any] | None:
+    """Kernel-path latent layers whose keys and values are grouped apart (``-O k_group_size`` other than the
+    value group size), where the profile's class timed the values grouped as the keys
+    (:func:`values_timed_as_keys`): ``{"layers", "key_group", "value_group"}`` of the first such grouping, or
+    None.
+
+    Such a layer is priced from its key group's row, as if its values were grouped alike. The kernel runs a
+    program per key group, and each reads its value group's latents; on an H100 (Llama-3-8B and Qwen2.5-7B
+    shapes, values in groups of 4) the model predicted key group 2 up to 20% (Llama) and 51% (Qwen)
+    optimistic and key group 1 up to 10% and 14% optimistic from 16 sequences
+    (``benchmarks/results/h100/palu-default/keygroup/``).
+    """
+    if not values_timed_as_keys(profile):
+        return None
+    apart = [x for x in layers if x.path == "kernel" and int(x.attn.group_kv_k) != int(x.attn.group_kv_v)]
+    if not apart:
+        return None
+    a = apart[0].attn
+    return {"layers": len(apart), "key_group": int(a.group_kv_k), "value_group": int(a.group_kv_v)}
+
+
+def latent_apart_line(apart: dict[str, Any]) -> str:
+    """One report line for :func:`latent_grouped_apart`'s record."""
+    return (
+        f"{apart['layers']} latent attention layer(s) group keys by {apart['key_group']} and values by "
+        f"{apart['value_group']} KV heads; the profile's latent_attention class timed values grouped as the "
+        "keys: their decode time is priced from the key group's row, untimed for this grouping"
+    )
 
 
 def latent_beyond_timed(layers: list[_LatentLayer], profile: Profile) -> dict[str, Any] | None:

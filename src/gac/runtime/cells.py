@@ -15,6 +15,7 @@ from typing import Any
 from gac.errors import GacError
 from gac.hardware.latency import (
     infer_of,
+    latent_apart_line,
     latent_beyond_line,
     latent_note,
     predict_pair,
@@ -65,8 +66,11 @@ def compare_cells(
         except GacError as e:
             out[str(v.get("id"))] = {"profile": prof.id, "error": str(e), "rows": []}
             continue
-        beyond = (latent_note(vskel, prof) or {}).get("beyond_timed_rank")
-        notes = [n for n in (prof.latency_note(), latent_beyond_line(beyond) if beyond else None) if n]
+        note = latent_note(vskel, prof) or {}
+        beyond, apart = note.get("beyond_timed_rank"), note.get("grouped_apart")
+        notes = [prof.latency_note(), latent_beyond_line(beyond) if beyond else None,
+                 latent_apart_line(apart) if apart else None]  # fmt: skip
+        notes = [n for n in notes if n]
         out[str(v.get("id"))] = {
             "profile": prof.id,
             "note": "; ".join(notes) or None,
