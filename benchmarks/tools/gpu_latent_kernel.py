@@ -117,7 +117,10 @@ def main() -> int:
     )
     ap.add_argument("--rank-v", type=int, default=0, help="value rank per group (default: as the keys)")
     ap.add_argument(
-        "--v-group", type=int, default=0, help="KV heads a value group (default: the key group's; its rank default gv*head_dim/2)"
+        "--v-group",
+        type=int,
+        default=0,
+        help="KV heads a value group (default: the key group's; its rank default gv*head_dim/2)",
     )
     ap.add_argument(
         "--raw",
@@ -250,12 +253,10 @@ def main() -> int:
                     for cfg in configs:
                         if cfg is None:
                             kl._ENV = None
-                            splits = kl.launch_config(b * ng, t, gk, dev, raw=args.raw, n_rep=n_rep, v_group=gv)[
-                                "splits"
-                            ]
+                            splits = kl.launch_config(b * ng, t, gk, dev, raw=args.raw, n_rep=n_rep)["splits"]
                         else:
                             bt = cfg[0]
-                            progs = b * kvh // kl.program_heads(gk, cfg[7] if len(cfg) > 7 else None, gv)
+                            progs = b * kvh // kl.program_heads(gk, cfg[7] if len(cfg) > 7 else None)
                             splits = max(1, min(math.ceil(cfg[4] * sms / progs), t // bt, 256))
                             kl._ENV = launch_env(cfg, splits)
                         fns = [
