@@ -4,8 +4,8 @@ Reads the ``palu-default``-style plan directories of ``benchmarks/results/h100/p
 twelfth run's, key group 4) and writes, per shape and key group:
 
 * decode speedup over the dense cell of the same directory (median ms per step), prefill speedup;
-* the issue's memory bound per decode point: PaLU's peak ≤ dense's peak − 80% of the KV bytes saved (the KV
-  bytes from the cells' dims: ``Σ kept latent dims`` against ``layers · 2 · kv_heads · head_dim`` per token);
+* the issue's memory bound per decode point: PaLU's peak ≤ dense's peak − 80% of the KV bytes saved (each point's
+  recorded ``kv_bytes``, dense less PaLU);
 * the capacity directories' max batch and tokens/s against dense.
 
 Run (writes ``keygroup_summary.json`` and ``keygroup_decode.png`` beside the directories)::
@@ -21,57 +21,47 @@ from pathlib import Path
 
 import matplotlib
 
+from gac.eval.infer import add_speedups
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-#: (directory under --root, shape cell folder, key group, KV heads, layers, head_dim)
+#: (directory under --root, shape cell folder, key group)
 GRID = [
-    ("run12/llama", "shape-llama3-8b-8", 4, 8, 8, 128),
-    ("keygroup/g2-llama", "shape-llama3-8b-8", 2, 8, 8, 128),
-    ("keygroup/g1-llama", "shape-llama3-8b-8", 1, 8, 8, 128),
-    ("run12/qwen", "shape-qwen2.5-7b-8", 4, 4, 8, 128),
-    ("keygroup/g2-qwen", "shape-qwen2.5-7b-8", 2, 4, 8, 128),
-    ("keygroup/g1-qwen", "shape-qwen2.5-7b-8", 1, 4, 8, 128),
+    ("run12/llama", "shape-llama3-8b-8", 4),
+    ("keygroup/g2-llama", "shape-llama3-8b-8", 2),
+    ("keygroup/g1-llama", "shape-llama3-8b-8", 1),
+    ("run12/qwen", "shape-qwen2.5-7b-8", 4),
+    ("keygroup/g2-qwen", "shape-qwen2.5-7b-8", 2),
+    ("keygroup/g1-qwen", "shape-qwen2.5-7b-8", 1),
 ]
 CAPACITY = [("run12/capacity", 4), ("keygroup/capacity-g2", 2), ("keygroup/capacity-g1", 1)]
 
 
-def _cells(d: Path, shape: str) -> tuple[dict, dict]:
-    base = json.loads((d / "cells" / shape / "base.json").read_text())
-    palu = json.loads((d / "cells" / shape / "palu-r0.5-gac.json").read_text())
-    return base, palu
+def _infers(d: Path, shape: str) -> tuple[dict, dict]:
+    """The dense and PaLU cells' ``infer`` records of one plan directory, with their speedups over dense
+    (:func:`gac.eval.infer.add_speedups`, as ``gac report`` computes them)."""
+    cells = {k: json.loads((d / "cells" / shape / f"{f}.json").read_text())["results"]["evals"]["infer"]
+             for k, f in (("base", "base"), ("palu", "palu-r0.5-gac"))}  # fmt: skip
+    add_speedups({"variants": cells}, baseline="base")
+    return cells["base"], cells["palu"]
 
 
-def _infer(cell: dict) -> dict:
-    return cell["results"]["evals"]["infer"]
-
-
-def grid_row(root: Path, sub: str, shape: str, kg: int, kvh: int, layers: int, hd: int) -> dict:
-    base, palu = _cells(root / sub, shape)
-    bi, pi = _infer(base), _infer(palu)
-    latents = sum(palu["results"]["dims"].values())  # kept latent dims per token over all layers
-    dense = layers * 2 * kvh * hd
-    ref = {(r["batch"], r["kv"]): r for r in bi["decode"] if r.get("status") == "ok"}
+def grid_row(root: Path, sub: str, shape: str, kg: int) -> dict:
+    bi, pi = _infers(root / sub, shape)
+    ref = {(r["batch"], r["kv"]): r for r in bi["decode"]}
     decode, within = [], 0
-    for r in pi["decode"]:
-        b = ref.get((r["batch"], r["kv"]))
-        if r.get("status") != "ok" or b is None:
-            continue
-        saved = r["batch"] * r["kv"] * (dense - latents) * 2 / 2**30
-        limit = b["peak_mem_gib"] - 0.8 * saved
+    for r in (r for r in pi["decode"] if r.get("speedup")):
+        b = ref[(r["batch"], r["kv"])]
+        limit = b["peak_mem_gib"] - 0.8 * (b["kv_bytes"] - r["kv_bytes"]) / 2**30  # the KV bytes PaLU saves
         ok = r["peak_mem_gib"] <= limit
         within += ok
-        decode.append({"batch": r["batch"], "kv": r["kv"], "speedup": b["median_ms"] / r["median_ms"],
+        decode.append({"batch": r["batch"], "kv": r["kv"], "speedup": r["speedup"],
                        "peak_gib": r["peak_mem_gib"], "limit_gib": limit, "within": ok})  # fmt: skip
-    pref = {(r["batch"], r["seq"]): r for r in bi.get("prefill", []) if r.get("status") == "ok"}
     prefill = [
-        {
-            "batch": r["batch"],
-            "seq": r["seq"],
-            "speedup": pref[(r["batch"], r["seq"])]["median_ms"] / r["median_ms"],
-        }
-        for r in pi.get("prefill", [])
-        if r.get("status") == "ok" and (r["batch"], r["seq"]) in pref
+        {"batch": r["batch"], "seq": r["seq"], "speedup": r["speedup"]}
+        for r in pi["prefill"]
+        if r.get("speedup")
     ]
     return {"dir": sub, "shape": shape, "key_group": kg, "decode": decode, "prefill": prefill,
             "at_least_0.9": sum(x["speedup"] >= 0.9 for x in decode), "memory_within": within,
@@ -79,11 +69,11 @@ def grid_row(root: Path, sub: str, shape: str, kg: int, kvh: int, layers: int, h
 
 
 def capacity_row(root: Path, sub: str, kg: int) -> dict:
-    base, palu = _cells(root / sub, "shape-llama3-8b-8")
-    cb, cp = _infer(base)["capacity"], _infer(palu)["capacity"]
+    bi, pi = _infers(root / sub, "shape-llama3-8b-8")
+    cb, cp = bi["capacity"], pi["capacity"]
     return {"dir": sub, "key_group": kg, "dense": {"batch": cb["max_batch"], "tokens_per_s": cb["tokens_per_s"]},
             "palu": {"batch": cp["max_batch"], "tokens_per_s": cp["tokens_per_s"]},
-            "tokens_per_s_vs_dense": cp["tokens_per_s"] / cb["tokens_per_s"]}  # fmt: skip
+            "tokens_per_s_vs_dense": cp["tokens_per_s_vs_baseline"]}  # fmt: skip
 
 
 def plot(rows: list[dict], out: Path) -> None:

@@ -549,12 +549,17 @@ def site_cache_ms(profile: Profile, site: Any, d: int, batch: int, kv: int, elem
 GROUPED_APART = "measured, keys and values grouped apart (not timed so)"
 
 
+#: ``latent_attention.fit.geometry.value_group`` of a class timed with the values grouped as the keys (what
+#: :func:`gac.hardware.profiler.measure_latent_attention` writes)
+VALUES_AS_KEYS = "as the key group"
+
+
 def values_timed_as_keys(profile: Profile) -> bool:
     """Whether the profile's measured ``latent_attention`` class timed its calls with the values grouped as
     the keys (``fit.geometry.value_group``: how ``gac profile`` times it), so that a layer grouping them
     apart is priced from its key group's row without having been timed so."""
     geo = (((profile.latent_attention or {}).get("fit") or {}).get("geometry")) or {}
-    return geo.get("value_group") == "as the key group"
+    return geo.get("value_group") == VALUES_AS_KEYS
 
 
 def latent_site_pricing(profile: Profile, sites: list[Any], serve: list[Point]) -> str | None:

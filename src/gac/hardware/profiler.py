@@ -672,7 +672,7 @@ def measure_latent_attention(
     ``bench`` replaces the CUDA-graph timing (``bench(fn) -> µs``; tests run the kernel in Triton's
     interpreter on the CPU with it); without it the device must be CUDA.
     """
-    from gac.hardware.latency import fit_latent_attention
+    from gac.hardware.latency import VALUES_AS_KEYS, fit_latent_attention
     from gac.hardware.timing import bench_graph, copies_past_l2
     from gac.kernels import latent_attention as kl
     from gac.testing import latent_decode_inputs
@@ -727,7 +727,7 @@ def measure_latent_attention(
         _free(device)
     fit = fit_latent_attention(recs, "gac profile (gac.hardware.profiler.measure_latent_attention)")
     fit["fit"].update(
-        geometry={"heads": heads, "kv_heads": kvh, "head_dim": hd, "value_group": "as the key group"},
+        geometry={"heads": heads, "kv_heads": kvh, "head_dim": hd, "value_group": VALUES_AS_KEYS},
         calls=recs,
         skipped_over_budget=skipped,
         elapsed_s=round(time.time() - t0, 1),
