@@ -46,6 +46,10 @@ CASES = [
     (1, 4, 4, 32, 4, 1, 48, 40, False, True, "16,16,4,1,4"),  # k_norm, n_rep 1, values narrower than keys
     (1, 28, 4, 32, 4, 4, 40, 33, True, True, "16,16,4,1,1"),  # key group 4 with n_rep 7: 28 rows of 32
     (2, 8, 8, 32, 2, 4, 30, 20, True, False, "16,16,4,1,4"),  # more splits than tiles: empty splits
+    # key group 4 in one program of at most 16 query rows (the Llama-3-8B row): the tile start's rotation turns
+    # the queries (Q_ROT), over 5 tiles in 3 splits, with bias; then the same with the keys cached raw and a norm
+    (2, 16, 4, 32, 4, 4, 75, 70, True, False, "16,16,4,1,3"),
+    (2, 16, 4, 32, 4, 4, 75, 70, True, True, "16,64,4,2,3", True),
     # the pipelined rank loop with per-position RoPE (launch field 7, kloop): key group 4 with bias and norm,
     # then key group 2 with its heads unrolled
     (1, 28, 4, 32, 4, 4, 40, 33, True, True, "16,16,4,2,2,2,1"),

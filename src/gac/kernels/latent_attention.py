@@ -383,9 +383,25 @@ if HAVE_TRITON:
         m_i = tl.full((MQ,), float("-inf"), tl.float32)
         l_i = tl.zeros((MQ,), tl.float32)
         acc = tl.zeros((MQ, RVP), tl.float32)
+        # Past two KV heads a program with at most 16 query rows (the key-group-4 row on Llama-3-8B: a
+        # [BLOCK_T, HALF] rebuilt key tile in 8 warps), the tile start's rotation turns the group's queries instead
+        # of the keys, R(t0 + j)·k · q = R(j)·k · R(-t0)·q: the keys take the held in-tile cos/sin as they are, and
+        # no [BLOCK_T, HALF] cos/sin is formed per tile. That ends the row's register spills (compiled for sm_90
+        # by Triton 3.6: a 256-byte stack a thread before, 32 after: benchmarks/results/cpu/latent_regs.json) and
+        # took 0.87-0.90x the time from 16 sequences on an H100. With 32 query rows (Qwen2.5-7B's 4 x 7) the row
+        # still spills and took 0.99-1.03x the time; at one or two KV heads a program (32-token tiles) the
+        # queries' turn cost more than it saved (benchmarks/results/h100/palu-kernel/v11/).
+        Q_ROT: tl.constexpr = not K_LOOP and G > 2 and MQ <= 16
+        if Q_ROT:
+            ci = ci * rope_scale
+            si = si * rope_scale
+            q1f = q1t.to(tl.float32)
+            q2f = q2t.to(tl.float32)
         for t0 in range(start, end, BLOCK_T):
             offs_t = t0 + offs_i
             tmask = offs_t < end
+            qa = q1t
+            qb = q2t
             if K_LOOP:
                 if ROPE_TAB:
                     c, sn = _tile_rope(cb, sb, tl.load(tab), tl.load(tab + ROPE_ROWS * HALF), rope_scale)
@@ -393,12 +409,17 @@ if HAVE_TRITON:
                     ang = offs_t[:, None].to(tl.float32) * inv[None, :]
                     c = tl.cos(ang) * rope_scale
                     sn = tl.sin(ang) * rope_scale
+            elif Q_ROT:
+                c = ci
+                sn = si
+                qa = (q1f * cb[:, None] + q2f * sb[:, None]).to(dt)
+                qb = (q2f * cb[:, None] - q1f * sb[:, None]).to(dt)
             else:
                 c, sn = _tile_rope(cb, sb, ci, si, rope_scale)
             cb, sb = cb * cstep - sb * sstep, sb * cstep + cb * sstep
             sc = _group_scores(
                 zk_b, offs_t, tmask, szkt, koff, kr, uk_ptr, kvh0, suh, sud, offs_r, rmask, u1a, u2a, u1b, u2b,
-                kb_ptr, kn_ptr, offs_d, c, sn, q1t, q2t, col_head, eps, koff_ptr, RA,
+                kb_ptr, kn_ptr, offs_d, c, sn, qa, qb, col_head, eps, koff_ptr, RA,
                 G, HALF, RK, MQ, BLOCK_R, BLOCK_T, HAS_BIAS, HAS_NORM, STAGE_U, UNROLL, K_LOOP, RAW_K,
             )  # fmt: skip
             m_i, l_i, acc, p = _online_softmax(sc, tmask, qk_scale, m_i, l_i, acc)
@@ -838,17 +859,17 @@ def shrink(cfg: dict[str, int], rank_loop: bool = False) -> dict[str, int] | Non
 _RAN_KEYS = ("block_t", "block_r", "num_warps", "num_stages", "kloop", "sub")
 
 
-def compiled_shared_bytes(
+def compiled_kernel(
     key_group: int, rk: int, rvp: int, block_t: int, block_r: int, num_warps: int, num_stages: int,
     n_rep: int = 4, head_dim: int = 128, arch: int = 90, kloop: bool = False, rope_tab: bool = True,
-    raw: bool = False,
-) -> int:  # fmt: skip
-    """Shared memory (bytes per block) of the flash kernel compiled for ``sm_<arch>``, without a GPU.
+    raw: bool = False, bias: bool = False,
+) -> Any:  # fmt: skip
+    """The flash kernel compiled for ``sm_<arch>`` without a GPU (Triton's ``CompiledKernel``).
 
     bf16 operands with 16-byte aligned pointers (as Triton specializes them on the GPU: without that
     hint the loads are not pipelined and the count is far lower), values shared by the key group, the
     rebuild chunked by ``block_r`` (``kloop``: as a pipelined loop, RoPE per position; ``raw``: no rebuild, the
-    keys read as cached); ``rk`` the padded key rank, ``rvp`` the value tile.
+    keys read as cached); ``rk`` the padded key rank, ``rvp`` the value tile; ``bias``: a key bias (Qwen2).
     """
     import inspect
 
@@ -858,7 +879,7 @@ def compiled_shared_bytes(
     fn = _latent_flash_kernel
     params = list(inspect.signature(fn.fn).parameters)
     const = dict(NREP=n_rep, G=key_group, HALF=head_dim // 2, RK=rk, RVP=rvp, MQ=_pow2(n_rep * key_group),
-                 BLOCK_T=block_t, BLOCK_R=block_r, HAS_BIAS=False, HAS_NORM=False, V_SHARED=True,
+                 BLOCK_T=block_t, BLOCK_R=block_r, HAS_BIAS=bias, HAS_NORM=False, V_SHARED=True,
                  STAGE_U=False, UNROLL=False, RA=8, RAV=8, K_LOOP=kloop, ROPE_TAB=rope_tab, RAW_K=raw)  # fmt: skip
     ptrs = {"q_ptr": "*bf16", "zk_ptr": "*bf16", "zv_ptr": "*bf16", "uk_ptr": "*bf16", "koff_ptr": "*i32",
             "kr_ptr": "*i32", "voff_ptr": "*i32", "vr_ptr": "*i32", "kb_ptr": "*bf16", "kn_ptr": "*bf16",
@@ -872,7 +893,35 @@ def compiled_shared_bytes(
         attrs={(i,): [["tt.divisibility", 16]] for i, p in enumerate(params) if p in ptrs},
     )
     opts = {"num_warps": num_warps, "num_stages": num_stages}
-    return int(triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts).metadata.shared)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts)
+
+
+def compiled_shared_bytes(*args: Any, **kwargs: Any) -> int:
+    """Shared memory (bytes per block) of the flash kernel compiled for ``sm_<arch>``, without a GPU
+    (:func:`compiled_kernel`'s arguments)."""
+    return int(compiled_kernel(*args, **kwargs).metadata.shared)
+
+
+def compiled_resources(*args: Any, **kwargs: Any) -> dict[str, int]:
+    """Registers a thread, stack bytes a thread (register spills past the ABI's frame) and shared bytes a
+    block of the flash kernel compiled for ``sm_<arch>`` (:func:`compiled_kernel`'s arguments), read from its
+    cubin by the ``cuobjdump`` Triton ships. No GPU is needed."""
+    import re
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    k = compiled_kernel(*args, **kwargs)
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.TemporaryDirectory() as d:
+        cubin = Path(d) / "k.cubin"
+        cubin.write_bytes(k.asm["cubin"])
+        out = subprocess.run([str(tool), "--dump-resource-usage", str(cubin)], capture_output=True, text=True,
+                             check=True).stdout  # fmt: skip
+    m = re.search(r"REG:(\d+) STACK:(\d+)", out)
+    if m is None:
+        raise RuntimeError(f"cuobjdump gave no resource usage: {out[:200]!r}")
+    return {"registers": int(m[1]), "stack_bytes": int(m[2]), "shared_bytes": int(k.metadata.shared)}
 
 
 def _resplit(cfg: dict[str, int], ctas: int, t: int, device: torch.device) -> dict[str, int]:
