@@ -235,6 +235,7 @@ def test_the_guard_sees_the_smaller_cache_of_real_palu_sites():
     p = plan(m, cfg, calib_batches=batches)
     s = p.sites[0]
     assert s.meta["group_kv"] == 1 and s.meta["head_dim"] == HD and s.meta["key_group"] == 1
+    assert s.meta["query_rows"] == HEADS // KVH  # a key group of one KV head scores its 2 query heads
     prof = _prof({"1": _row(gbps=3000.0, tflops=400.0)})
     long = Point("decode", 64, kv=32768)
     d = p.native[s.name]
@@ -332,13 +333,59 @@ def test_the_class_is_measured_on_cuda_only_and_alone_into_a_profile(monkeypatch
         P.measure_latent_attention(torch.device("cpu"), torch.bfloat16)
     with pytest.raises(GacError, match="unknown latency field"):
         P.measure_latency_fields_(_prof(), torch.device("cpu"), torch.bfloat16, ["latent"])
+    from gac.kernels.latent_attention import QROT_ROWS
+
     got = {"groups": {"1": _row()}, "rank_round": 32, "fit": {"source": "stub"}}
-    monkeypatch.setattr(P, "measure_latent_attention", lambda dev, dt, budget_s=60.0: got)
+    wide = {"groups": {"4": _row(gbps=500.0)}, "rank_round": 32, "fit": {"source": "stub wide"}}
+    asked = []
+
+    def stub(dev, dt, shapes=P.LATENT_SHAPES, budget_s=60.0, geometry=P.LATENT_GEOMETRY):
+        asked.append((tuple(shapes), geometry))
+        return dict(got) if geometry == P.LATENT_GEOMETRY else dict(wide)
+
+    monkeypatch.setattr(P, "measure_latent_attention", stub)
     p = _prof()
     before = p.to_dict()
     P.measure_latency_fields_(p, torch.device("cpu"), torch.bfloat16, ["latent_attention"])
     after = p.to_dict()
-    assert after.pop("latent_attention") == got and after == before  # nothing else re-measured
+    # the class on Llama-3-8B's geometry, then its wide rows on Qwen2.5-7B's key-group-4 programs (28 query rows)
+    assert after.pop("latent_attention") == {**got, "wide": {**wide, "rows_over": QROT_ROWS}}
+    assert after == before  # nothing else re-measured
+    assert asked == [(P.LATENT_SHAPES, (32, 8, 128)), (P.LATENT_WIDE_SHAPES, (28, 4, 128))]
+    assert P.LATENT_WIDE_SHAPES and all(g == 4 for g, *_ in P.LATENT_WIDE_SHAPES) and QROT_ROWS < 4 * 7
+
+
+def test_wide_rows_price_the_programs_past_the_kernels_query_row_limit(tmp_path):
+    """The kernel turns the queries instead of the keys only where a program scores at most QROT_ROWS query rows
+    (Llama-3-8B's key group of 4 x 4); Qwen2.5-7B's 4 x 7 run it otherwise, and the class's wide rows price them."""
+    p = _prof({"4": _row(gbps=1000.0, tflops=100.0, block_r=64)})
+    p.latent_attention["wide"] = {"rows_over": 16, "groups": {"4": _row(gbps=500.0, tflops=50.0, block_r=64)},
+                                  "rank_round": 32, "fit": {"source": "test wide"}}  # fmt: skip
+    assert p.latent_rates(4)["gbps"] == 1000.0 and not p.latent_rates(4)["wide"]
+    assert p.latent_rates(4, 16)["gbps"] == 1000.0  # 4 x 4 rows: the class's own row
+    r = p.latent_rates(4, 28)
+    assert (r["gbps"], r["tflops"], r["wide"]) == (500.0, 50.0, True)
+    b, kv = 16, 16384
+    narrow = L.latent_call(p, b, kv, 128, 4, [256], [256], n_rep=4)
+    wide = L.latent_call(p, b, kv, 128, 4, [256], [256], n_rep=7)
+    assert wide["byte_ms"] == pytest.approx(2 * narrow["byte_ms"]) and wide["flop_ms"] == pytest.approx(
+        2 * narrow["flop_ms"]
+    )
+    # a PaLU site carries the query rows of its key group: the guard prices it from the same row
+    k = _site("k", 4, 4 * HD)
+    k.meta["query_rows"] = 28
+    k4 = _site("k", 4, 4 * HD)
+    k4.meta["query_rows"] = 16
+    assert site_cache_ms(p, k, 64, b, kv) == pytest.approx(2 * site_cache_ms(p, k4, 64, b, kv))
+    # saved and loaded with the class; a wide entry without its row limit is refused in one line
+    f = tmp_path / "p.json"
+    p.save(f)
+    assert load_profile(f).latent_rates(4, 28)["gbps"] == 500.0
+    d = json.loads(f.read_text())
+    del d["latent_attention"]["wide"]["rows_over"]
+    f.write_text(json.dumps(d))
+    with pytest.raises(GacError, match="wide needs rows_over"):
+        load_profile(f)
 
 
 def test_the_gpu_tool_refuses_an_unknown_field_in_one_line():

@@ -474,6 +474,7 @@ def latent_call(
     value_ranks: list[int],
     elem: int = 2,
     raw: bool = False,
+    n_rep: int = 0,
 ) -> dict[str, Any]:
     """One latent decode attention call (one layer, one new token per sequence), priced on ``profile``.
 
@@ -490,9 +491,11 @@ def latent_call(
     class (:meth:`Profile.latent_rates`; the form the class was fitted in,
     :func:`fit_latent_attention`; ``tflops`` None adds nothing), and at the roofline
     ``launch_us + max(bytes / copy bandwidth, flops / peak)`` (a perfect kernel hides the lesser
-    under the greater). Returns those terms, ``ms``, ``serial`` (whether the terms add) and ``rates``.
+    under the greater). ``n_rep``: query heads a KV head, so that a key group scoring more query rows than
+    the class's ``wide.rows_over`` takes its ``wide`` rows (:meth:`Profile.latent_rates`; 0: the class's own).
+    Returns those terms, ``ms``, ``serial`` (whether the terms add) and ``rates``.
     """
-    rates = profile.latent_rates(key_group)
+    rates = profile.latent_rates(key_group, key_group * n_rep)
     n_k = len(key_ranks)
     if raw:
         nbytes = float(batch * kv * (sum(key_ranks) + sum(value_ranks)) * elem)
@@ -535,7 +538,8 @@ def site_cache_ms(profile: Profile, site: Any, d: int, batch: int, kv: int, elem
     if d >= site.max_dim:
         return batch * kv * site.max_dim * elem / (profile.copy_gbps_or_default * 1e9) * 1e3
     g = int(meta.get("group_kv") or 1)
-    rates = profile.latent_rates(int(meta.get("key_group") or g))  # the kernel's row: the key group size
+    # the kernel's row: the key group size, and the query rows its programs score (the class's wide rows past them)
+    rates = profile.latent_rates(int(meta.get("key_group") or g), int(meta.get("query_rows") or 0))
     ms = batch * kv * d * elem / (float(rates["gbps"]) * 1e9) * 1e3
     hd = int(meta.get("head_dim") or 0)
     if per_dim and rates.get("tflops") and hd:
@@ -723,7 +727,7 @@ class _LatentLayer:
                                   nbytes / (c["copy_gbps"] * 1e9) * 1e3))  # fmt: skip
             return out
         call = latent_call(profile, b, n_kv, int(a.head_dim), int(a.group_kv_k), list(a.k_proj.ranks),
-                           list(a.v_proj.ranks), elem, raw=self.raw)  # fmt: skip
+                           list(a.v_proj.ranks), elem, raw=self.raw, n_rep=int(a.num_key_value_groups))  # fmt: skip
         rates = call["rates"]
         if rates["source"] == "measured":  # the fitted fixed time covers both launches
             split_us = max(rates["launch_us"] - c["aux_us"], 0.0)
@@ -812,14 +816,19 @@ def latent_beyond_timed(layers: list[_LatentLayer], profile: Profile) -> dict[st
     (key rank 496 of 512) took 2.5-4x the time of a rank-128 layer where the class predicts less
     (``benchmarks/results/h100/palu-trace/``): the prediction there is optimistic.
     """
-    calls = ((profile.latent_attention or {}).get("fit") or {}).get("calls") or []
-    by_group: dict[int, list[int]] = {}  # the class's row (key group size) -> the ranks its layers run
+    # the class's row (key group size, and whether its wide rows) -> the ranks its layers run
+    by_group: dict[tuple[int, bool], list[int]] = {}
     for x in layers:
         if x.path != "kernel" or x.raw:  # raw keys: nothing rebuilt, no rank to extrapolate
             continue
-        rates = profile.latent_rates(int(x.attn.group_kv_k))
-        by_group.setdefault(int(rates["key_group"]), []).append(latent_rank(rates, max(x.attn.k_proj.ranks)))
-    for row, runs in sorted(by_group.items()):
+        g = int(x.attn.group_kv_k)
+        rates = profile.latent_rates(g, g * int(x.attn.num_key_value_groups))
+        by_group.setdefault((int(rates["key_group"]), bool(rates["wide"])), []).append(
+            latent_rank(rates, max(x.attn.k_proj.ranks))
+        )
+    for (row, wide), runs in sorted(by_group.items()):
+        cls = (profile.latent_attention or {}).get("wide") if wide else profile.latent_attention
+        calls = ((cls or {}).get("fit") or {}).get("calls") or []
         timed = [
             int(c.get("rank_run") or c.get("rank") or 0) for c in calls if int(c.get("key_group", 0)) == row
         ]

@@ -45,7 +45,10 @@ profiles measured before them, which then load with the documented defaults
                 "points": ..., "max_abs_rel_err": ..., "rel_err": [...]},
           "2": {...}, "4": {...}
         },
-        "rank_round": 32, "fit": {...}   # the packed rank's rounding; provenance, every timed call
+        "rank_round": 32, "fit": {...},  # the packed rank's rounding; provenance, every timed call
+        "wide": {"rows_over": 16, "groups": {"4": {...}}, "rank_round": 32, "fit": {...}}
+                              # the same, timed on a geometry whose programs score more query rows than
+                              # rows_over (the kernel's QROT_ROWS: Qwen2.5-7B's 28 at key group 4)
       }
 
 The latent class is an operator class of its own: a call of the kernel at key group size ``G``
@@ -258,28 +261,41 @@ class Profile:
         peak = max((max(r.curve.get("tflops") or [0.0]) for r in self.ops.values()), default=0.0)
         return float(peak) if peak > 0 else 100.0
 
-    def latent_rates(self, key_group: int = 1) -> dict[str, Any]:
+    def latent_rates(self, key_group: int = 1, rows: int = 0) -> dict[str, Any]:
         """How a latent decode attention call of key group size ``key_group`` is priced on this profile.
 
-        ``{"source", "launch_us", "gbps", "tflops", "block_r", "rank_round", "key_group"}``: the
+        ``{"source", "launch_us", "gbps", "tflops", "block_r", "rank_round", "key_group", "wide"}``: the
         measured ``latent_attention`` class's row of the smallest measured key group size at or above
         ``key_group`` (else the largest: the kernel's launch table is laid out the same way),
-        ``source`` ``"measured"``; else the roofline of the profile (``source``
-        ``"roofline (not profiled)"``: the peak tensor FLOP/s of :meth:`peak_tflops` for the rebuild,
-        the copy bandwidth for the latent bytes, one GEMM launch and no rank padding). ``tflops``
-        None: the rebuild's FLOPs cost nothing on top of the bytes.
+        ``source`` ``"measured"``; where the call's programs score ``rows`` query rows (the key group's
+        KV heads times the query heads of each) past the class's ``wide.rows_over``, its ``wide`` rows
+        (timed on a geometry with that many: the kernel runs such programs otherwise), ``wide`` True.
+        Else the roofline of the profile (``source`` ``"roofline (not profiled)"``: the peak tensor
+        FLOP/s of :meth:`peak_tflops` for the rebuild, the copy bandwidth for the latent bytes, one GEMM
+        launch and no rank padding). ``tflops`` None: the rebuild's FLOPs cost nothing on top of the bytes.
         """
-        rows = (self.latent_attention or {}).get("groups") or {}
-        if rows:
-            gs = sorted(int(g) for g in rows)
+        cls = self.latent_class(rows)
+        table = cls.get("groups") or {}
+        if table:
+            gs = sorted(int(g) for g in table)
             g = min((x for x in gs if x >= key_group), default=gs[-1])
-            r = rows[str(g)]
+            r = table[str(g)]
             return {"source": "measured", "launch_us": float(r["launch_us"]), "gbps": float(r["gbps"]),
                     "tflops": r.get("tflops"), "block_r": int(r.get("block_r") or 1),
-                    "rank_round": int(self.latent_attention.get("rank_round") or 1), "key_group": g}  # fmt: skip
+                    "rank_round": int(cls.get("rank_round") or 1), "key_group": g,
+                    "wide": cls is not self.latent_attention}  # fmt: skip
         return {"source": "roofline (not profiled)", "launch_us": self.launch_us_or_default,
                 "gbps": self.copy_gbps_or_default, "tflops": self.peak_tflops(), "block_r": 1,
-                "rank_round": 1, "key_group": key_group}  # fmt: skip
+                "rank_round": 1, "key_group": key_group, "wide": False}  # fmt: skip
+
+    def latent_class(self, rows: int = 0) -> dict[str, Any]:
+        """The ``latent_attention`` class (``{}`` if not measured) that prices calls whose programs score
+        ``rows`` query rows: its ``wide`` rows past their ``rows_over``, else the class itself."""
+        cls = self.latent_attention or {}
+        wide = cls.get("wide") or {}
+        if rows and wide.get("groups") and int(rows) > int(wide.get("rows_over") or 0):
+            return wide
+        return cls
 
     # ------------------------------------------------------------------- I/O
     def to_dict(self) -> dict[str, Any]:
@@ -366,6 +382,13 @@ def _latent_attention(x: Any, pid: str) -> dict[str, Any]:
             f"profile {pid!r}: latent_attention has no key group row, or one with a negative time, no "
             f"bandwidth, or a rate or rank tile that is not positive: {x}"
         )
+    if x.get("wide"):
+        wide = _latent_attention({k: v for k, v in x["wide"].items() if k != "rows_over"}, pid)
+        try:
+            over = int(x["wide"]["rows_over"])
+        except (KeyError, TypeError, ValueError):
+            raise GacError(f"profile {pid!r}: latent_attention.wide needs rows_over (query rows)") from None
+        out["wide"] = {**wide, "rows_over": over}
     return out
 
 

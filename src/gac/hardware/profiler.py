@@ -444,7 +444,8 @@ def measure_latency_fields_(
     ``fields`` (default: all of :data:`LATENCY_FIELDS`): ``launch`` (the launch constants,
     :func:`measure_launch_constants`), ``fused_lowrank`` (:func:`measure_fused_lowrank`),
     ``latent_attention`` (:func:`measure_latent_attention`, its calls cut off after ``latent_budget_s``
-    seconds: ``gac profile --quick`` gives it 20); the others are left as they are.
+    seconds: ``gac profile --quick`` gives it 20; then its ``wide`` rows on :data:`LATENT_WIDE_GEOMETRY`, cut
+    off after a third of that); the others are left as they are.
     """
     fields = list(fields)
     unknown = [f for f in fields if f not in LATENCY_FIELDS]
@@ -457,7 +458,15 @@ def measure_latency_fields_(
     if "fused_lowrank" in fields:
         prof.fused_lowrank = measure_fused_lowrank(device, dtype)
     if "latent_attention" in fields:
-        prof.latent_attention = measure_latent_attention(device, dtype, budget_s=latent_budget_s)
+        cls = measure_latent_attention(device, dtype, budget_s=latent_budget_s)
+        if cls:  # and its wide rows: programs of more query rows run the kernel otherwise (QROT_ROWS)
+            from gac.kernels.latent_attention import QROT_ROWS
+
+            wide = measure_latent_attention(device, dtype, LATENT_WIDE_SHAPES, latent_budget_s / 3,
+                                            LATENT_WIDE_GEOMETRY)  # fmt: skip
+            if wide:
+                cls["wide"] = {**wide, "rows_over": QROT_ROWS}
+        prof.latent_attention = cls
     return prof
 
 
@@ -650,6 +659,13 @@ LATENT_SHAPES: tuple[tuple[int, int, int, int], ...] = tuple(
     for b, kv in ((1, 4096), (1, 32768), (16, 16384), (64, 4096))
     for g in (1, 2, 4)
 )
+
+
+#: the geometry the latent class's ``wide`` rows are timed on: Qwen2.5-7B's (28 query heads, 4 KV heads, head_dim
+#: 128), whose key group of 4 scores 28 query rows a program, past the kernel's ``QROT_ROWS``; the key-group-4
+#: calls of :data:`LATENT_SHAPES` (12)
+LATENT_WIDE_GEOMETRY: tuple[int, int, int] = (28, 4, 128)
+LATENT_WIDE_SHAPES: tuple[tuple[int, int, int, int], ...] = tuple(s for s in LATENT_SHAPES if s[0] == 4)
 
 
 def measure_latent_attention(

@@ -48,8 +48,15 @@ try:  # Triton is optional: only the GPU path needs it.
 except ImportError:  # pragma: no cover - depends on the install
     HAVE_TRITON = False
 
+#: the most query rows (KV heads a program x query heads each, padded to a power of two) of a program of more
+#: than two KV heads whose tile start's RoPE turns the queries rather than the keys (``Q_ROT`` in the flash
+#: kernel): past it the row spilled all the same and the turn did not pay. The profile's ``latent_attention``
+#: class keeps ``wide`` rows for calls past it (:meth:`gac.hardware.profile.Profile.latent_rates`).
+QROT_ROWS = 16
+
 
 if HAVE_TRITON:
+    _QROT_ROWS = tl.constexpr(QROT_ROWS)
 
     @triton.jit
     def _key_chunk(zk_b, offs_t, tmask, szkt, koff, kr, ub, sud, offs_d, r0, HALF, BLOCK_R):
@@ -391,7 +398,7 @@ if HAVE_TRITON:
         # took 0.87-0.90x the time from 16 sequences on an H100. With 32 query rows (Qwen2.5-7B's 4 x 7) the row
         # still spills and took 0.99-1.03x the time; at one or two KV heads a program (32-token tiles) the
         # queries' turn cost more than it saved (benchmarks/results/h100/palu-kernel/v11/).
-        Q_ROT: tl.constexpr = not K_LOOP and G > 2 and MQ <= 16
+        Q_ROT: tl.constexpr = not K_LOOP and G > 2 and MQ <= _QROT_ROWS
         if Q_ROT:
             ci = ci * rope_scale
             si = si * rope_scale
