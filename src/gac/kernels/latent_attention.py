@@ -395,7 +395,7 @@ if HAVE_TRITON:
         # of the keys, R(t0 + j)·k · q = R(j)·k · R(-t0)·q: the keys take the held in-tile cos/sin as they are, and
         # no [BLOCK_T, HALF] cos/sin is formed per tile. That ends the row's register spills (compiled for sm_90
         # by Triton 3.6: a 256-byte stack a thread before, 32 after: benchmarks/results/cpu/latent_regs.json) and
-        # took 0.87-0.90x the time from 16 sequences on an H100. With 32 query rows (Qwen2.5-7B's 4 x 7) the row
+        # took 0.88-0.91x the time from 16 sequences on an H100. With 32 query rows (Qwen2.5-7B's 4 x 7) the row
         # still spills and took 0.99-1.03x the time; at one or two KV heads a program (32-token tiles) the
         # queries' turn cost more than it saved (benchmarks/results/h100/palu-kernel/v11/).
         Q_ROT: tl.constexpr = not K_LOOP and G > 2 and MQ <= _QROT_ROWS
