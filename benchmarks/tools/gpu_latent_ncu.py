@@ -19,11 +19,10 @@ import argparse
 import json
 
 import torch
+from gpu_latent_kernel import MODELS  # the same shapes as the kernel sweep (this folder is on the path)
 
 from gac.kernels import latent_attention as kl
 from gac.testing import latent_decode_inputs
-
-MODELS = {"llama3-8b": (32, 8, 128, 500000.0, False), "qwen2.5-7b": (28, 4, 128, 1000000.0, True)}
 
 
 def main() -> int:

@@ -816,19 +816,19 @@ def latent_beyond_timed(layers: list[_LatentLayer], profile: Profile) -> dict[st
     (key rank 496 of 512) took 2.5-4x the time of a rank-128 layer where the class predicts less
     (``benchmarks/results/h100/palu-trace/``): the prediction there is optimistic.
     """
-    # the class's row (key group size, and whether its wide rows) -> the ranks its layers run
-    by_group: dict[tuple[int, bool], list[int]] = {}
+    # the class's row (key group size, and the query rows that pick the class or its wide rows) -> the ranks run
+    by_group: dict[tuple[int, int], list[int]] = {}
     for x in layers:
         if x.path != "kernel" or x.raw:  # raw keys: nothing rebuilt, no rank to extrapolate
             continue
         g = int(x.attn.group_kv_k)
-        rates = profile.latent_rates(g, g * int(x.attn.num_key_value_groups))
-        by_group.setdefault((int(rates["key_group"]), bool(rates["wide"])), []).append(
+        rows = g * int(x.attn.num_key_value_groups)
+        rates = profile.latent_rates(g, rows)
+        by_group.setdefault((int(rates["key_group"]), rows), []).append(
             latent_rank(rates, max(x.attn.k_proj.ranks))
         )
-    for (row, wide), runs in sorted(by_group.items()):
-        cls = (profile.latent_attention or {}).get("wide") if wide else profile.latent_attention
-        calls = ((cls or {}).get("fit") or {}).get("calls") or []
+    for (row, rows), runs in sorted(by_group.items()):
+        calls = (profile.latent_class(rows).get("fit") or {}).get("calls") or []
         timed = [
             int(c.get("rank_run") or c.get("rank") or 0) for c in calls if int(c.get("key_group", 0)) == row
         ]
