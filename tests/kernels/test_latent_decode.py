@@ -69,6 +69,13 @@ CASES = [
     (2, 28, 4, 32, 4, 2, 75, 70, True, False, "16,64,4,2,3,2,0,2", True),
     (2, 8, 4, 32, 2, 4, 75, 70, False, False, "16,64,4,2,3", True),
     (2, 8, 2, 32, 1, 2, 75, 70, False, True, "32,64,4,2,2", True),
+    # ranks aligned to 8 (field 13: the key and value ranks) at 64-token tiles, so the value latents load through a
+    # tensor descriptor into a transposed P·Z_v (V_DESC, V_T): a value rank past 256 in two column halves at
+    # head_dim 128; key group 4 with n_rep 7 over programs of 2 KV heads (14 query rows), turning the queries
+    # (Q_ROT), with bias; values grouped apart from the keys (a descriptor load per KV head)
+    (1, 8, 4, 128, 4, 4, 70, 65, True, False, "64,16,4,1,2", False, ([64], [296])),
+    (1, 28, 4, 32, 4, 4, 140, 130, True, False, "64,16,4,1,2,1,0,2", False, ([40], [48])),
+    (2, 8, 4, 32, 2, 4, 75, 70, False, True, "64,16,4,1,2", False, ([16, 24], [40])),
 ]
 
 KERNEL_SCRIPT = """
@@ -86,6 +93,8 @@ def run(cases, device, dtype, tol, seed):
         if raw:  # the keys cached as they are: each key group at full width
             kr = [gk * hd] * (kvh // gk)
         vr = [int(x) for x in torch.randint(5, 40, (kvh // gv,), generator=g)]
+        if len(case) > 12:  # fixed ranks
+            kr, vr = case[12]
         q, zk, zv, pack, inv = latent_decode_inputs(
             b, h, kvh, hd, t, gk, gv, kr, vr, bias=bias, norm=norm, dtype=dtype, device=device,
             seed=int(torch.randint(0, 1 << 30, (1,), generator=g)), raw=raw,
@@ -99,6 +108,8 @@ def run(cases, device, dtype, tol, seed):
             pack["align"], valign, poison=float("nan"), raw=raw,
         )
         assert kl.LAST_LAUNCH["raw_keys"] is raw
+        if len(case) > 12:  # ranks aligned to 8: the value latents read through the descriptor
+            assert kl.LAST_LAUNCH["value_tma"] is (device != "cuda" or torch.cuda.get_device_capability()[0] >= 9)
         assert kl.LAST_LAUNCH["splits"] == (int(launch.split(",")[4]) or kl.LAST_LAUNCH["splits"])
         assert kl.LAST_LAUNCH["rope_table"] is False  # no table passed: the kernel evaluates cos/sin itself
         ref = kl.reference_latent_decode(q, zk, zv, pack, n, inv, scale, rs)
@@ -340,6 +351,10 @@ def test_flash_kernel_on_gpu_matches_float64(dtype):
     # keys cached raw at head_dim 128 (the first layer of the 8B shapes): Llama-like, and Qwen2-like with bias
     big += [(3, 32, 8, 128, 4, 4, 1100, 1037, False, False, "64,64,4,2,0", True)]
     big += [(2, 28, 4, 128, 4, 4, 700, 689, True, False, "64,64,4,2,0,2,0,1", True)]
+    # ranks aligned to 8 (values through the tensor descriptor) at the default launches: the Llama-3-8B row with
+    # a value rank past 256 (two column halves), Qwen2.5-7B's key group of 4 over programs of 2 KV heads
+    big += [(3, 32, 8, 128, 4, 4, 1100, 1037, False, False, "128,64,8,2,0", False, ([256, 208], [496, 224]))]
+    big += [(2, 28, 4, 128, 4, 4, 1100, 1037, True, False, "128,64,8,2,0,1,0,2", False, ([224], [448]))]
     # tf32 dots for fp32 inputs (three chained: key rebuild, scores, P·Z_v; an H100 gave 4.3e-3 at
     # key group 1 x 8 KV heads, hd 128, 1037 tokens); bf16 keys and probabilities for bf16
     try:

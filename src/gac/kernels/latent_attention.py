@@ -53,10 +53,14 @@ except ImportError:  # pragma: no cover - depends on the install
 #: kernel): past it the row spilled all the same and the turn did not pay. The profile's ``latent_attention``
 #: class keeps ``wide`` rows for calls past it (:meth:`gac.hardware.profile.Profile.latent_rates`).
 QROT_ROWS = 16
+#: token tiles of at least this many accumulate ``P·Z_v`` transposed (``V_T`` in the flash kernel) and read their
+#: value latents through a tensor descriptor where the GPU and the cache allow (:func:`value_descriptor`)
+VALUE_T_TILE = 64
 
 
 if HAVE_TRITON:
     _QROT_ROWS = tl.constexpr(QROT_ROWS)
+    _VT_TILE = tl.constexpr(VALUE_T_TILE)
 
     @triton.jit
     def _key_chunk(zk_b, offs_t, tmask, szkt, koff, kr, ub, sud, offs_d, r0, HALF, BLOCK_R):
@@ -202,56 +206,73 @@ if HAVE_TRITON:
         return sc
 
     @triton.jit
-    def _head_values(pt, zv_b, offs_t, tmask, szvt, voff_ptr, vr_ptr, kvh0, j, offs_m, offs_v, NREP, RAV):
-        """``P·Z_v`` over KV head ``kvh0 + j``'s value slice, on the rows of its query heads only."""
+    def _value_tile(zv_b, zvd, b, t0, offs_t, tmask, szvt, voff, vr, v0, offs_v, V_DESC, BLOCK_T, VW):
+        """The tile's value latents ``[BLOCK_T, VW]`` from latent column ``voff + v0`` (``offs_v``: ``0..VW``).
+
+        ``V_DESC``: through the tensor-memory accelerator (``zvd``, a ``[B, T, Σ r_v]`` descriptor): the tile goes
+        to shared memory without passing through registers, where a ``[128, 256]`` bf16 tile takes 64 of them a
+        thread in 8 warps. Its rows past the valid length and its columns past the group's rank are not masked
+        (rows past ``T`` read as zeros): their scores are zero, and the caller zeroes the columns at the store.
+        """
+        if V_DESC:
+            zv = zvd.load([b, t0, voff + v0]).reshape(BLOCK_T, VW)
+        else:
+            zv = tl.load(
+                zv_b + offs_t[:, None] * szvt + (voff + v0 + offs_v)[None, :],
+                mask=tmask[:, None] & (v0 + offs_v < vr)[None, :],
+                other=0.0,
+            )
+        return zv
+
+    @triton.jit
+    def _pv(zv, p, V_T):
+        """The tile's ``P·Z_v`` of probabilities ``p [BLOCK_T, MQ]`` (``V_T``: transposed, ``[VW, MQ]``)."""
+        out = tl.dot(tl.trans(zv), p) if V_T else tl.dot(tl.trans(p), zv)
+        return out
+
+    @triton.jit
+    def _head_values(
+        p, zv_b, zvd, b, t0, offs_t, tmask, szvt, voff_ptr, vr_ptr, kvh0, j, offs_m, v0, offs_v, NREP, RAV, V_DESC,
+        BLOCK_T, VW, V_T,
+    ):  # fmt: skip
+        """``P·Z_v`` over KV head ``kvh0 + j``'s value slice (latent columns ``v0 + offs_v``), for its query heads
+        only."""
         voff = tl.load(voff_ptr + kvh0 + j) // RAV * RAV
         vr = tl.load(vr_ptr + kvh0 + j) // RAV * RAV
-        zv = tl.load(
-            zv_b + offs_t[:, None] * szvt + (voff + offs_v)[None, :],
-            mask=tmask[:, None] & (offs_v < vr)[None, :],
-            other=0.0,
-        )
-        return tl.where((offs_m // NREP == j)[:, None], tl.dot(pt, zv), 0.0)
+        zv = _value_tile(zv_b, zvd, b, t0, offs_t, tmask, szvt, voff, vr, v0, offs_v, V_DESC, BLOCK_T, VW)
+        mine = offs_m // NREP == j
+        if V_T:
+            out = tl.where(mine[None, :], _pv(zv, p, V_T), 0.0)
+        else:
+            out = tl.where(mine[:, None], _pv(zv, p, V_T), 0.0)
+        return out
 
     @triton.jit
     def _group_values(
-        acc,
-        pt,
-        zv_b,
-        offs_t,
-        tmask,
-        szvt,
-        voff_ptr,
-        vr_ptr,
-        kvh0,
-        offs_m,
-        offs_v,
-        G,
-        NREP,
-        RAV,
-        V_SHARED,
-        UNROLL,
-    ):
-        """``acc`` plus the tile's ``P·Z_v``, each query head through its value group's latent slice."""
+        acc, p, zv_b, zvd, b, t0, offs_t, tmask, szvt, voff_ptr, vr_ptr, kvh0, offs_m, v0, offs_v, G, NREP, RAV,
+        V_SHARED, UNROLL, V_DESC, BLOCK_T, VW, V_T,
+    ):  # fmt: skip
+        """``acc`` plus the tile's ``P·Z_v`` over latent columns ``v0 + offs_v``, each query head through its value
+        group's latent slice: ``[MQ, VW]``, or with ``V_T`` transposed, ``[VW, MQ]``. Transposed, the value latents
+        are the dot's first operand, read from shared memory by the Hopper tensor-core dot; ``[MQ, BLOCK_T]·[BLOCK_T,
+        VW]`` with 16 or 32 query rows is the Ampere dot, whose operands both sit in registers."""
         if V_SHARED:  # every KV head of the key group reads one value slice
             voff = tl.load(voff_ptr + kvh0) // RAV * RAV
             vr = tl.load(vr_ptr + kvh0) // RAV * RAV
-            zv = tl.load(
-                zv_b + offs_t[:, None] * szvt + (voff + offs_v)[None, :],
-                mask=tmask[:, None] & (offs_v < vr)[None, :],
-                other=0.0,
-            )
-            acc += tl.dot(pt, zv)
+            zv = _value_tile(zv_b, zvd, b, t0, offs_t, tmask, szvt, voff, vr, v0, offs_v, V_DESC, BLOCK_T, VW)
+            acc += _pv(zv, p, V_T)
         elif UNROLL:
             for j in tl.static_range(G):
                 acc += _head_values(
-                    pt, zv_b, offs_t, tmask, szvt, voff_ptr, vr_ptr, kvh0, j, offs_m, offs_v, NREP, RAV
-                )
+                    p, zv_b, zvd, b, t0, offs_t, tmask, szvt, voff_ptr, vr_ptr, kvh0, j, offs_m, v0, offs_v, NREP,
+                    RAV, V_DESC, BLOCK_T, VW, V_T,
+                )  # fmt: skip
         else:
             for j in range(G):
                 acc += _head_values(
-                    pt, zv_b, offs_t, tmask, szvt, voff_ptr, vr_ptr, kvh0, j, offs_m, offs_v, NREP, RAV
-                )
+                    p, zv_b, zvd, b, t0, offs_t, tmask, szvt, voff_ptr, vr_ptr, kvh0, j, offs_m, v0, offs_v, NREP,
+                    RAV, V_DESC, BLOCK_T, VW, V_T,
+                )  # fmt: skip
         return acc
 
     @triton.jit
@@ -287,19 +308,21 @@ if HAVE_TRITON:
         return (c0 * ci - s0 * si) * rope_scale, (s0 * ci + c0 * si) * rope_scale
 
     @triton.jit
-    def _online_softmax(sc, tmask, qk_scale, m_i, l_i, acc):
-        """One tile's online-softmax step (log2 units): the new running max and sum, the rescaled ``acc`` and ``P``."""
+    def _online_softmax(sc, tmask, qk_scale, m_i, l_i):
+        """One tile's online-softmax step (log2 units): the new running max and sum, the accumulator's rescale
+        ``alpha`` (a column's) and ``P``."""
         sc = tl.where(tmask[:, None], sc * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(sc, axis=0))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(sc - m_new[None, :])  # [BLOCK_T, MQ]
         l_i = l_i * alpha + tl.sum(p, axis=0)
-        return m_new, l_i, acc * alpha[:, None], p
+        return m_new, l_i, alpha, p
 
     @triton.jit
     def _latent_flash_kernel(
         q_ptr,  # [B, H, HD] roped queries
         zk_ptr, zv_ptr,  # [B, T, *] key and value latents of the layer
+        zvd,  # zv_ptr's tensor descriptor, blocks [1, BLOCK_T, RVP or RVP / 2] (unused without V_DESC)
         uk_ptr,  # [KVH, HD, RK] packed key up-projections (zero past each head's rank)
         koff_ptr, kr_ptr,  # [KVH] int32 latent offset and rank of each KV head's key group
         voff_ptr, vr_ptr,  # [KVH] int32 latent offset and rank of each KV head's value group
@@ -318,7 +341,7 @@ if HAVE_TRITON:
         MQ: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr, HAS_BIAS: tl.constexpr,
         HAS_NORM: tl.constexpr, V_SHARED: tl.constexpr, STAGE_U: tl.constexpr, UNROLL: tl.constexpr,
         RA: tl.constexpr, RAV: tl.constexpr, K_LOOP: tl.constexpr = False, ROPE_TAB: tl.constexpr = False,
-        ROPE_ROWS: tl.constexpr = 129, RAW_K: tl.constexpr = False,
+        ROPE_ROWS: tl.constexpr = 129, RAW_K: tl.constexpr = False, V_DESC: tl.constexpr = False,
     ):  # fmt: skip
         # the latent and up-projection strides arrive divided by RA (RAV for the values), and every
         # group's latent offset and rank is a multiple of it: multiplied back, the compiler can prove
@@ -377,7 +400,16 @@ if HAVE_TRITON:
         kvh0 = kg * G
         koff = tl.load(koff_ptr + kvh0) // RA * RA
         kr = tl.load(kr_ptr + kvh0) // RA * RA
-        offs_v = tl.arange(0, RVP)
+        # Tiles of 64 tokens and more (the key-group-4 row, 8 warps) accumulate P·Z_v transposed (V_T): the value
+        # latents, in shared memory, are the Hopper dot's first operand; [MQ, BLOCK_T]·[BLOCK_T, RVP] at 16 or 32
+        # query rows was the Ampere dot, its [128, RVP] value tile held in registers (64 of them a thread at 256
+        # columns in 8 warps, 128 at 512), and the row spilled. Past 256 columns in two halves of at most 256 (the
+        # tensor descriptor's box, V_DESC). At 32-token tiles (4 warps) and in the pipelined rank loop (K_LOOP) the
+        # transposed dot took more registers (transposed_values).
+        V_T: tl.constexpr = BLOCK_T >= _VT_TILE and not K_LOOP
+        V_HALF: tl.constexpr = V_T and RVP > 256
+        VW: tl.constexpr = RVP // 2 if V_HALF else RVP
+        offs_v = tl.arange(0, VW)
         # int64: at a long context and a large batch (the capacity search) b·stride passes 2^31
         zk_b = zk_ptr + b.to(tl.int64) * szkb
         zv_b = zv_ptr + b.to(tl.int64) * szvb
@@ -389,7 +421,12 @@ if HAVE_TRITON:
             offs_r, rmask, u1a, u2a, u1b, u2b = None, None, None, None, None, None
         m_i = tl.full((MQ,), float("-inf"), tl.float32)
         l_i = tl.zeros((MQ,), tl.float32)
-        acc = tl.zeros((MQ, RVP), tl.float32)
+        if V_T:  # a latent column a row, a query head a column
+            acc = tl.zeros((VW, MQ), tl.float32)
+            if V_HALF:
+                acc2 = tl.zeros((VW, MQ), tl.float32)
+        else:
+            acc = tl.zeros((MQ, VW), tl.float32)
         # Past two KV heads a program with at most 16 query rows (the key-group-4 row on Llama-3-8B: a
         # [BLOCK_T, HALF] rebuilt key tile in 8 warps), the tile start's rotation turns the group's queries instead
         # of the keys, R(t0 + j)·k · q = R(j)·k · R(-t0)·q: the keys take the held in-tile cos/sin as they are, and
@@ -398,7 +435,7 @@ if HAVE_TRITON:
         # took 0.88-0.91x the time from 16 sequences on an H100. With 32 query rows (Qwen2.5-7B's 4 x 7) the row
         # still spills and took 0.99-1.03x the time; at one or two KV heads a program (32-token tiles) the
         # queries' turn cost more than it saved (benchmarks/results/h100/palu-kernel/v11/).
-        Q_ROT: tl.constexpr = not K_LOOP and G > 2 and MQ <= _QROT_ROWS
+        Q_ROT: tl.constexpr = not K_LOOP and BLOCK_T >= _VT_TILE and MQ <= _QROT_ROWS
         if Q_ROT:
             ci = ci * rope_scale
             si = si * rope_scale
@@ -429,15 +466,32 @@ if HAVE_TRITON:
                 kb_ptr, kn_ptr, offs_d, c, sn, qa, qb, col_head, eps, koff_ptr, RA,
                 G, HALF, RK, MQ, BLOCK_R, BLOCK_T, HAS_BIAS, HAS_NORM, STAGE_U, UNROLL, K_LOOP, RAW_K,
             )  # fmt: skip
-            m_i, l_i, acc, p = _online_softmax(sc, tmask, qk_scale, m_i, l_i, acc)
-            pt = tl.trans(p.to(dt))  # [MQ, BLOCK_T]
+            m_i, l_i, alpha, p = _online_softmax(sc, tmask, qk_scale, m_i, l_i)
+            p = p.to(dt)  # [BLOCK_T, MQ]
+            acc = acc * alpha[None, :] if V_T else acc * alpha[:, None]
             acc = _group_values(
-                acc, pt, zv_b, offs_t, tmask, szvt, voff_ptr, vr_ptr, kvh0, offs_m, offs_v,
-                G, NREP, RAV, V_SHARED, UNROLL,
+                acc, p, zv_b, zvd, b, t0, offs_t, tmask, szvt, voff_ptr, vr_ptr, kvh0, offs_m,
+                0, offs_v, G, NREP, RAV, V_SHARED, UNROLL, V_DESC, BLOCK_T, VW, V_T,
             )  # fmt: skip
+            if V_HALF:
+                acc2 = _group_values(
+                    acc2 * alpha[None, :], p, zv_b, zvd, b, t0, offs_t, tmask, szvt, voff_ptr, vr_ptr, kvh0, offs_m,
+                    VW, offs_v, G, NREP, RAV, V_SHARED, UNROLL, V_DESC, BLOCK_T, VW, V_T,
+                )  # fmt: skip
         rows = h0 + offs_m
-        optr = o_ptr + b * sob + rows[:, None] * soh + split * sos + offs_v[None, :]
-        tl.store(optr, acc, mask=mrow[:, None])
+        if V_T:
+            optr = o_ptr + b * sob + rows[None, :] * soh + split * sos + offs_v[:, None]
+            if V_DESC:  # the descriptor's tile ran past the group's rank: zero those latent columns
+                vr_col = (tl.load(vr_ptr + kvh0 + col_head, mask=mrow, other=0) // RAV * RAV)[None, :]
+                acc = tl.where(offs_v[:, None] < vr_col, acc, 0.0)
+                if V_HALF:
+                    acc2 = tl.where((VW + offs_v)[:, None] < vr_col, acc2, 0.0)
+            tl.store(optr, acc, mask=mrow[None, :])
+            if V_HALF:
+                tl.store(optr + VW, acc2, mask=mrow[None, :])
+        else:
+            optr = o_ptr + b * sob + rows[:, None] * soh + split * sos + offs_v[None, :]
+            tl.store(optr, acc, mask=mrow[:, None])
         mlp = ml_ptr + b * smb + rows * smh + split * 2
         tl.store(mlp, m_i, mask=mrow)
         tl.store(mlp + 1, l_i, mask=mrow)
@@ -479,6 +533,21 @@ if HAVE_TRITON:
 
 def _pow2(n: int, lo: int = 16) -> int:
     return max(lo, 1 << (int(n) - 1).bit_length())
+
+
+def transposed_values(block_t: int, kloop: bool) -> bool:
+    """Whether a launch accumulates ``P·Z_v`` transposed (``V_T`` in the flash kernel), and so may read its value
+    latents through a descriptor: tiles of at least :data:`VALUE_T_TILE` tokens outside the pipelined rank loop.
+    Compiled for sm_90 by Triton 3.6, the transposed dot ended the key-group-4 row's spills at value tiles past 256
+    and took more registers at 32-token tiles and in the rank loop
+    (``benchmarks/results/cpu/latent_regs.json``)."""
+    return block_t >= VALUE_T_TILE and not kloop
+
+
+def value_width(rvp: int) -> int:
+    """Latent columns of one value tile of a transposed (``V_T``) flash kernel (``VW``): the value tile ``rvp``,
+    in halves past 256."""
+    return rvp // 2 if rvp > 256 else rvp
 
 
 #: the most query heads one program scores (a key group's KV heads times ``n_rep``)
@@ -755,16 +824,21 @@ def launch_config(
                 "auto_splits": 1, "kloop": 1}  # fmt: skip
     for max_group, bt, br, nw, ns, waves in LAUNCH_TABLE:
         if k_group <= max_group:
-            sp = num_splits(ctas, t, bt, device, waves)
-            return {
+            cfg = {
                 "block_t": bt,
                 "block_r": br,
                 "num_warps": nw,
                 "num_stages": ns,
-                "splits": sp,
                 "waves": waves,
                 "auto_splits": 1,
             }
+            sub = raw_program_heads(k_group, n_rep) if k_group > 2 else k_group
+            if (
+                sub < k_group
+            ):  # wide programs split: KV heads of at most QROT_ROWS query rows each, not unrolled
+                cfg.update(sub=sub, unroll=1)
+            cfg["splits"] = num_splits(ctas * (k_group // sub), t, bt, device, waves)
+            return cfg
     raise AssertionError("LAUNCH_TABLE must end with a catch-all row")
 
 
@@ -869,17 +943,23 @@ _RAN_KEYS = ("block_t", "block_r", "num_warps", "num_stages", "kloop", "sub")
 def compiled_kernel(
     key_group: int, rk: int, rvp: int, block_t: int, block_r: int, num_warps: int, num_stages: int,
     n_rep: int = 4, head_dim: int = 128, arch: int = 90, kloop: bool = False, rope_tab: bool = True,
-    raw: bool = False, bias: bool = False,
+    raw: bool = False, bias: bool = False, vdesc: bool = False, unroll: bool = False,
 ) -> Any:  # fmt: skip
     """The flash kernel compiled for ``sm_<arch>`` without a GPU (Triton's ``CompiledKernel``).
 
     bf16 operands with 16-byte aligned pointers (as Triton specializes them on the GPU: without that
     hint the loads are not pipelined and the count is far lower), values shared by the key group, the
     rebuild chunked by ``block_r`` (``kloop``: as a pipelined loop, RoPE per position; ``raw``: no rebuild, the
-    keys read as cached); ``rk`` the padded key rank, ``rvp`` the value tile; ``bias``: a key bias (Qwen2).
+    keys read as cached); ``rk`` the padded key rank, ``rvp`` the value tile; ``bias``: a key bias (Qwen2);
+    ``vdesc``: the value latents read through a tensor descriptor (``V_DESC``); ``unroll``: the key group's heads
+    unrolled (``UNROLL``, the launch's default up to two heads).
     """
     import inspect
 
+    if vdesc and not transposed_values(block_t, kloop):
+        raise ValueError(
+            f"value descriptors serve token tiles of {VALUE_T_TILE} and more outside the rank loop"
+        )
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -887,17 +967,19 @@ def compiled_kernel(
     params = list(inspect.signature(fn.fn).parameters)
     const = dict(NREP=n_rep, G=key_group, HALF=head_dim // 2, RK=rk, RVP=rvp, MQ=_pow2(n_rep * key_group),
                  BLOCK_T=block_t, BLOCK_R=block_r, HAS_BIAS=bias, HAS_NORM=False, V_SHARED=True,
-                 STAGE_U=False, UNROLL=False, RA=8, RAV=8, K_LOOP=kloop, ROPE_TAB=rope_tab, RAW_K=raw)  # fmt: skip
+                 STAGE_U=False, UNROLL=unroll, RA=8, RAV=8, K_LOOP=kloop, ROPE_TAB=rope_tab, RAW_K=raw,
+                 V_DESC=vdesc)  # fmt: skip
     ptrs = {"q_ptr": "*bf16", "zk_ptr": "*bf16", "zv_ptr": "*bf16", "uk_ptr": "*bf16", "koff_ptr": "*i32",
             "kr_ptr": "*i32", "voff_ptr": "*i32", "vr_ptr": "*i32", "kb_ptr": "*bf16", "kn_ptr": "*bf16",
-            "inv_ptr": "*fp32", "rope_ptr": "*fp32", "len_ptr": "*i32", "o_ptr": "*fp32", "ml_ptr": "*fp32"}  # fmt: skip
+            "inv_ptr": "*fp32", "rope_ptr": "*fp32", "len_ptr": "*i32", "o_ptr": "*fp32", "ml_ptr": "*fp32",
+            "zvd": f"tensordesc<bf16[1, {block_t}, {value_width(rvp)}]>" if vdesc else "*bf16"}  # fmt: skip
     floats = ("qk_scale", "rope_scale", "eps")
     sig = {p: "constexpr" if p in const else ptrs.get(p, "fp32" if p in floats else "i32") for p in params}
     src = ASTSource(
         fn=fn,
         signature=sig,
         constexprs={(params.index(k),): v for k, v in const.items()},
-        attrs={(i,): [["tt.divisibility", 16]] for i, p in enumerate(params) if p in ptrs},
+        attrs={(i,): [["tt.divisibility", 16]] for i, p in enumerate(params) if p in ptrs and p != "zvd"},
     )
     opts = {"num_warps": num_warps, "num_stages": num_stages}
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts)
@@ -929,6 +1011,60 @@ def compiled_resources(*args: Any, **kwargs: Any) -> dict[str, int]:
     if m is None:
         raise RuntimeError(f"cuobjdump gave no resource usage: {out[:200]!r}")
     return {"registers": int(m[1]), "stack_bytes": int(m[2]), "shared_bytes": int(k.metadata.shared)}
+
+
+#: why launches read their value latents through registers on a GPU with the tensor-memory accelerator
+#: (:func:`value_descriptor`; reported by :func:`gac.nn.latent.latent_attention_paths` as ``value_loads``)
+_VALUE_PTR_REASONS: dict[str, int] = {}
+
+
+def value_pointer_reasons() -> list[str]:
+    """Why launches of this process on a Hopper GPU (or the interpreter) loaded values without a descriptor."""
+    return sorted(_VALUE_PTR_REASONS)
+
+
+def _tma_capable(device: torch.device) -> bool:
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return True
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def value_descriptor(zv: torch.Tensor, block_t: int, rvp: int, rav: int) -> Any:
+    """A tensor descriptor of the value latents ``[B, T, Σ r_v]`` for the flash kernel's ``V_DESC`` loads
+    (blocks ``[1, block_t, value_width(rvp)]``), or None where the GPU has no tensor-memory accelerator or the
+    cache cannot be described (warned once a reason, recorded in :func:`value_pointer_reasons`). ``rav``: what the
+    value groups' latent offsets and the strides are multiples of (:data:`latent_align`); a descriptor's loads
+    start at 16-byte multiples.
+
+    Through the descriptor a value tile goes to shared memory without passing through registers; loaded
+    through them, a ``[128, 512]`` bf16 tile (value ranks 288-496, the 8B shapes' first layers) took 128
+    registers a thread in 8 warps, and the key-group-4 launch spilled (compiled for sm_90 by Triton 3.6:
+    ``benchmarks/results/cpu/latent_regs.json``).
+    """
+    if not _tma_capable(zv.device):
+        return None
+    vw = value_width(rvp)
+    es = zv.element_size()
+    why = None
+    if zv.dim() != 3 or zv.stride(-1) != 1:
+        why = (
+            f"value latents of shape {tuple(zv.shape)} and strides {tuple(zv.stride())} (not [B, T, R] rows)"
+        )
+    elif vw > 256:
+        why = f"a value tile of {vw} latent columns (the descriptor's box holds at most 256)"
+    elif (rav * es) % 16 or zv.data_ptr() % 16:
+        why = (
+            f"value groups' latent offsets and rows aligned to {rav * es} bytes (the descriptor needs 16: "
+            "ranks aligned to 8, as --align gac's are)"
+        )
+    if why is not None:
+        if why not in _VALUE_PTR_REASONS:
+            log.warning("latent decode kernel: value latents loaded through registers: %s", why)
+        _VALUE_PTR_REASONS[why] = _VALUE_PTR_REASONS.get(why, 0) + 1
+        return None
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor(zv, list(zv.shape), list(zv.stride()), [1, int(block_t), vw])
 
 
 def _resplit(cfg: dict[str, int], ctas: int, t: int, device: torch.device) -> dict[str, int]:
@@ -1019,8 +1155,11 @@ def _launch_once(
     LAST_LAUNCH["raw_keys"] = bool(raw)
     ra = latent_align(align, zk.stride(0), zk.stride(1), uk.stride(0), uk.stride(1))
     rav = latent_align(valign, zv.stride(0), zv.stride(1))
+    kloop = bool(cfg.get("kloop", 0)) and not raw
+    zvd = value_descriptor(zv, bt, rvp, rav) if transposed_values(bt, kloop) else None
+    LAST_LAUNCH["value_tma"] = zvd is not None
     kern = _latent_flash_kernel[(b * kgroups, splits)](
-        q, zk, zv, uk, koff, kr, voff, vr,
+        q, zk, zv, zvd if zvd is not None else zv, uk, koff, kr, voff, vr,
         k_bias if k_bias is not None else uk,
         k_norm if k_norm is not None else uk,
         inv_freq, tab if tab is not None else inv_freq, cache_len, part, ml,
@@ -1036,8 +1175,8 @@ def _launch_once(
         float(eps),
         NREP=n_rep, G=g, HALF=hd // 2, RK=rk, RVP=rvp, MQ=mq, BLOCK_T=bt, BLOCK_R=br,
         HAS_BIAS=k_bias is not None, HAS_NORM=k_norm is not None, V_SHARED=bool(v_shared), STAGE_U=g <= 2 and rk == br and not raw, UNROLL=g <= cfg.get("unroll", 2), RA=ra, RAV=rav,
-        K_LOOP=bool(cfg.get("kloop", 0)) and not raw, ROPE_TAB=tab is not None,
-        ROPE_ROWS=tab.shape[1] if tab is not None else 1, RAW_K=bool(raw),
+        K_LOOP=kloop, ROPE_TAB=tab is not None,
+        ROPE_ROWS=tab.shape[1] if tab is not None else 1, RAW_K=bool(raw), V_DESC=zvd is not None,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     n_regs = getattr(kern, "n_regs", None)

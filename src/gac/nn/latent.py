@@ -835,9 +835,15 @@ def latent_attention_paths(model: nn.Module) -> dict[str, Any] | None:
         evaluates RoPE's sine and cosine in its loop; ``"raw_keys"``: layers whose keys are cached raw (every
         key group at full width, :func:`raw_key_groups`), which the kernel reads without a rebuild;
         ``"raw_keys_rebuilt"``: layers with only some key groups at full width, whose raw keys the kernel
-        rebuilds through the identity (warned once).
+        rebuilds through the identity (warned once); ``"value_pointer_loads"``: why launches on a GPU with the
+        tensor-memory accelerator read value latents through registers instead of a tensor descriptor
+        (:func:`gac.kernels.latent_attention.value_descriptor`, warned once; this process's launches).
     """
-    from gac.kernels.latent_attention import key_group, shrunk_launches  # the allowed edge (decode_refusals)
+    from gac.kernels.latent_attention import (  # the allowed edge (decode_refusals)
+        key_group,
+        shrunk_launches,
+        value_pointer_reasons,
+    )
 
     mods = [m for _, m in latent_modules(model)]
     if not mods:
@@ -852,6 +858,9 @@ def latent_attention_paths(model: nn.Module) -> dict[str, Any] | None:
     shrunk = [r for r in shrunk_launches() if (r["key_group"], r["rk_max"], r["rv_max"]) in shapes]
     if shrunk:
         out["shrunk_launches"] = shrunk
+    no_tma = value_pointer_reasons()
+    if no_tma:
+        out["value_pointer_loads"] = no_tma
     in_loop = sum(1 for p in packs if p["rope"] is None)
     if in_loop:
         out["rope_in_loop"] = in_loop
