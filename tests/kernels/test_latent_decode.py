@@ -69,16 +69,18 @@ CASES = [
     (2, 28, 4, 32, 4, 2, 75, 70, True, False, "16,64,4,2,3,2,0,2", True),
     (2, 8, 4, 32, 2, 4, 75, 70, False, False, "16,64,4,2,3", True),
     (2, 8, 2, 32, 1, 2, 75, 70, False, True, "32,64,4,2,2", True),
-    # ranks aligned to 8 (field 13: the key and value ranks) at 64-token tiles, so the value latents load through a
+    # ranks aligned to 8 (field 13: the key and value ranks) at 128-token tiles, so the value latents load through a
     # tensor descriptor into a transposed P·Z_v (V_DESC, V_T): a value rank past 256 in two column halves at
     # head_dim 128; key group 4 with n_rep 7 over programs of 2 KV heads (14 query rows), turning the queries
     # (Q_ROT), with bias; values grouped apart from the keys (a descriptor load per KV head)
-    (1, 8, 4, 128, 4, 4, 70, 65, True, False, "64,16,4,1,2", False, ([64], [296])),
-    (1, 28, 4, 32, 4, 4, 140, 130, True, False, "64,16,4,1,2,1,0,2", False, ([40], [48])),
-    (2, 8, 4, 32, 2, 4, 75, 70, False, True, "64,16,4,1,2", False, ([16, 24], [40])),
+    (1, 8, 4, 128, 4, 4, 70, 65, True, False, "128,16,4,1,2", False, ([64], [296])),
+    (1, 28, 4, 32, 4, 4, 300, 290, True, False, "128,16,4,1,2,1,0,2", False, ([40], [48])),
+    (2, 8, 4, 32, 2, 4, 150, 140, False, True, "128,16,4,1,2", False, ([16, 24], [40])),
 ]
 
 KERNEL_SCRIPT = """
+import sys
+
 import torch
 import gac.kernels.latent_attention as kl
 from gac.testing import latent_decode_inputs
@@ -87,6 +89,7 @@ from gac.testing import latent_decode_inputs
 def run(cases, device, dtype, tol, seed):
     g = torch.Generator().manual_seed(seed)
     for case in cases:
+        print("case", case, file=sys.stderr, flush=True)  # shown with a failure: which case it was
         b, h, kvh, hd, gk, gv, t, n, bias, norm, launch = case[:11]
         raw = len(case) > 11 and case[11]
         kr = [int(x) for x in torch.randint(5, 40, (kvh // gk,), generator=g)]

@@ -53,9 +53,13 @@ except ImportError:  # pragma: no cover - depends on the install
 #: kernel): past it the row spilled all the same and the turn did not pay. The profile's ``latent_attention``
 #: class keeps ``wide`` rows for calls past it (:meth:`gac.hardware.profile.Profile.latent_rates`).
 QROT_ROWS = 16
-#: token tiles of at least this many accumulate ``P·Z_v`` transposed (``V_T`` in the flash kernel) and read their
-#: value latents through a tensor descriptor where the GPU and the cache allow (:func:`value_descriptor`)
-VALUE_T_TILE = 64
+#: token tiles of at least this many (the launch table's key-group-4 row, 8 warps) accumulate ``P·Z_v`` transposed
+#: (``V_T`` in the flash kernel) and read their value latents through a tensor descriptor where the GPU and the cache
+#: allow (:func:`value_descriptor`); the same tiles turn the queries by the tile start at one or two KV heads a program
+#: (``Q_ROT``). On an H100, in bf16, a launch of 64-token tiles in 4 warps on that path (the GPU tests' forced
+#: launches) hit an illegal memory access; the table's 128-token row ran exact
+#: (``benchmarks/results/h100/palu-kernel/v12/``)
+VALUE_T_TILE = 128
 
 
 if HAVE_TRITON:
@@ -433,9 +437,10 @@ if HAVE_TRITON:
         # no [BLOCK_T, HALF] cos/sin is formed per tile. That ends the row's register spills (compiled for sm_90
         # by Triton 3.6: a 256-byte stack a thread before, 32 after: benchmarks/results/cpu/latent_regs.json) and
         # took 0.88-0.91x the time from 16 sequences on an H100. With 32 query rows (Qwen2.5-7B's 4 x 7) the row
-        # still spills and took 0.99-1.03x the time; at one or two KV heads a program (32-token tiles) the
-        # queries' turn cost more than it saved (benchmarks/results/h100/palu-kernel/v11/).
-        Q_ROT: tl.constexpr = not K_LOOP and BLOCK_T >= _VT_TILE and MQ <= _QROT_ROWS
+        # still spills and took 0.99-1.03x the time, so launch_config splits it into programs of two KV heads (14
+        # rows), which turn their queries at 128-token tiles (VALUE_T_TILE); at one or two KV heads a program with
+        # 32-token tiles the queries' turn cost more than it saved (benchmarks/results/h100/palu-kernel/v11/).
+        Q_ROT: tl.constexpr = not K_LOOP and MQ <= _QROT_ROWS and (G > 2 or BLOCK_T >= _VT_TILE)
         if Q_ROT:
             ci = ci * rope_scale
             si = si * rope_scale
