@@ -1,16 +1,22 @@
 """Registers and register spills of PaLU's latent decode kernel compiled for an H100 (sm_90) on the CPU.
 
-Writes ``benchmarks/results/cpu/latent_regs.json``: for the launch table's rows on the Llama-3-8B shape (4 query
+Writes ``--out`` (``benchmarks/results/cpu/latent_regs_v12.json``; ``latent_regs.json`` holds the earlier runs against
+``bf39189``): for the launch table's rows on the Llama-3-8B shape (4 query
 heads a KV head) and the Qwen2.5-7B shape (7, with its key bias) at KV 0.5's ranks (key rank 256 a group of 4,
-64 a head; values 256 a group of 4), the registers a thread, the stack a thread (what spills past the ABI's
-32-byte frame) and the shared memory a block, from the cubin (:func:`gac.kernels.latent_attention.compiled_resources`).
-With ``--old`` the same for an earlier copy of the module (its path and a label naming its tree). The GPU machine runs
-Triton 3.6; to measure that version here, install it aside and put it first on the path::
+64 a head; values 256 a group of 4, and 432 as the 8B shapes' first layers: a 512-wide value tile), the registers a
+thread, the stack a thread (what spills past the ABI's 32-byte frame) and the shared memory a block, from the cubin
+(:func:`gac.kernels.latent_attention.compiled_resources`). The working tree's module is compiled as
+:func:`gac.kernels.latent_attention.launch_config` launches it at 16 sequences x 32k (its KV heads a program, its
+unrolling) with the value latents through a tensor descriptor where the launch takes one
+(:func:`gac.kernels.latent_attention.transposed_values`, ranks aligned to 8 as ``--align gac``'s are). With
+``--old`` the same for an earlier copy of the module (its path and a label naming its tree), compiled at the whole key
+group a program. The GPU machine runs Triton 3.6; to measure that version here, install it aside and put it first on
+the path::
 
     pip install --no-deps --target /tmp/tri36 triton==3.6.0
-    git show bf39189:src/gac/kernels/latent_attention.py > /tmp/latent_old.py
-    PYTHONPATH=/tmp/tri36:src python benchmarks/tools/latent_regs.py --old /tmp/latent_old.py --old-label bf39189 \\
-        --out benchmarks/results/cpu/latent_regs.json
+    git show cc6c504:src/gac/kernels/latent_attention.py > /tmp/latent_old.py
+    PYTHONPATH=/tmp/tri36:src python benchmarks/tools/latent_regs.py --old /tmp/latent_old.py --old-label cc6c504 \\
+        --out benchmarks/results/cpu/latent_regs_v12.json
 
 Each run adds (or replaces) its Triton version's rows.
 """
@@ -28,15 +34,39 @@ from pathlib import Path
 #: (label, key group, padded key rank, value tile, launch (block_t, block_r, warps, stages), query heads a KV head, bias)
 CASES = [
     ("llama3-8b G4", 4, 256, 256, (128, 64, 8, 2), 4, False),
+    ("llama3-8b G4 values 432", 4, 256, 512, (128, 64, 8, 2), 4, False),
     ("qwen2.5-7b G4", 4, 256, 256, (128, 64, 8, 2), 7, True),
+    ("qwen2.5-7b G4 values 432", 4, 256, 512, (128, 64, 8, 2), 7, True),
     ("llama3-8b G1", 1, 64, 256, (32, 64, 4, 3), 4, False),
     ("qwen2.5-7b G1", 1, 64, 256, (32, 64, 4, 3), 7, True),
 ]
 
 
-def resources(mod, group: int, rk: int, rvp: int, launch: tuple, n_rep: int, bias: bool) -> dict:
-    """``compiled_resources`` of ``mod``; a module from before it existed is compiled through its own entry point."""
+def resources(mod, group: int, rk: int, rvp: int, launch: tuple, n_rep: int, bias: bool, now: bool) -> dict:
+    """``compiled_resources`` of ``mod`` (``now``: as today's launch_config runs it); a module from before it existed
+    is compiled through today's entry point."""
     bt, br, nw, ns = launch
+    if now:
+        cfg = mod.launch_config(
+            16 * (8 // group if n_rep == 4 else 4 // group), 32768, group, None, n_rep=n_rep
+        )
+        heads = mod.program_heads(group, cfg.get("sub"))
+        vdesc = mod.transposed_values(bt, bool(cfg.get("kloop")))
+        r = mod.compiled_resources(
+            heads,
+            rk,
+            rvp,
+            bt,
+            br,
+            nw,
+            ns,
+            n_rep=n_rep,
+            bias=bias,
+            vdesc=vdesc,
+            unroll=heads <= cfg.get("unroll", 2) and heads > 1,
+        )  # fmt: skip (one head: as the
+        # rows before, unrolled=False, staged up-projection off; the launch unrolls and stages it)
+        return {**r, "program_heads": heads, "value_descriptor": vdesc}
     if hasattr(mod, "compiled_resources"):
         return mod.compiled_resources(group, rk, rvp, bt, br, nw, ns, n_rep=n_rep, bias=bias)
     from gac.kernels import latent_attention as cur
@@ -73,7 +103,7 @@ def main() -> None:
     rows = []
     for label, g, rk, rvp, launch, n_rep, bias in CASES:
         for tree, mod in mods.items():
-            r = resources(mod, g, rk, rvp, launch, n_rep, bias)
+            r = resources(mod, g, rk, rvp, launch, n_rep, bias, tree == "now")
             rows.append({"case": label, "module": tree, "launch": list(launch), "rk": rk, "rvp": rvp, **r})
             print(f"triton {triton.__version__} {label} {tree}: {r}", flush=True)
     out = Path(args.out)

@@ -309,3 +309,35 @@ def test_a_forced_launch_keeps_its_form_when_shrunk(monkeypatch):
     q, zk, zv, pack, inv = latent_decode_inputs(2, 32, 8, 128, 4096, 4, 4, [512, 512], [472, 472])
     kl._launch(*_args(q, zk, zv, pack, inv, 4000))
     assert tried == [(128, 2, 0), (128, 1, 0)]
+
+
+def test_the_g4_row_runs_a_wide_key_group_as_programs_of_at_most_16_query_rows():
+    # Qwen2.5-7B at key group 4: 28 query rows spilled as one program; two KV heads a program (14 rows), not unrolled
+    qwen = kl.launch_config(16 * 1, 32768, 4, None, n_rep=7)
+    assert qwen["sub"] == 2 and qwen["unroll"] == 1 and qwen["block_t"] >= kl.VALUE_T_TILE
+    assert qwen["splits"] == kl.num_splits(16 * 2, 32768, qwen["block_t"], None, qwen["waves"])
+    assert kl.program_heads(4, qwen["sub"]) * 7 <= kl.QROT_ROWS
+    # Llama-3-8B's key group of 4 x 4 query heads is one program, as before
+    assert "sub" not in kl.launch_config(16 * 2, 32768, 4, None, n_rep=4)
+    assert kl.transposed_values(128, False) and not kl.transposed_values(32, False)
+    assert not kl.transposed_values(128, True)  # the pipelined rank loop keeps the values untransposed
+
+
+def test_value_descriptor_needs_aligned_ranks_and_says_why_once(monkeypatch, caplog):
+    """Where the tensor-memory accelerator could serve (the interpreter stands in for a Hopper GPU), a value cache
+    whose groups are not aligned to 16 bytes loads through registers: warned once, recorded for
+    ``latent_attention_paths``; aligned, a descriptor with the launch's box."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(kl, "_VALUE_PTR_REASONS", {})
+    zv = torch.zeros(2, 300, 296, dtype=torch.bfloat16)
+    d = kl.value_descriptor(zv, 128, 512, 8)
+    assert d is not None and list(d.block_shape) == [1, 128, 256]
+    with caplog.at_level(logging.WARNING, logger="gac.kernels.latent_attention"):
+        assert kl.value_descriptor(torch.zeros(2, 300, 37, dtype=torch.bfloat16), 128, 64, 1) is None
+        assert kl.value_descriptor(torch.zeros(2, 300, 37, dtype=torch.bfloat16), 128, 64, 1) is None
+    assert len([r for r in caplog.records if "through registers" in r.message]) == 1
+    assert len(kl.value_pointer_reasons()) == 1 and "16" in kl.value_pointer_reasons()[0]
+    # a value tile past 512 columns has no descriptor box (at most 256 a load)
+    assert kl.value_descriptor(torch.zeros(1, 300, 1024, dtype=torch.bfloat16), 128, 1024, 8) is None
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert kl.value_descriptor(zv, 128, 512, 8) is None  # on the CPU, compiled: no accelerator to describe for

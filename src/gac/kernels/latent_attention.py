@@ -15,7 +15,9 @@ walks its share of the valid cached tokens in ``BLOCK_T`` tiles and, per tile,
 3. scores every query head of the group against its KV head's keys (the group's query heads are
    the rows of one ``[MQ, BLOCK_T]`` tile) and updates an online softmax;
 4. accumulates ``P·Z_v`` on tensor cores over the value latents (each query head through its
-   value group's latent slice; a value group may be wider or narrower than the key group).
+   value group's latent slice; a value group may be wider or narrower than the key group). At 128-token
+   tiles the product is accumulated transposed, the value latents the Hopper dot's shared-memory operand,
+   loaded by the tensor-memory accelerator where the ranks are aligned to 8 (:func:`value_descriptor`).
 
 A layer whose key groups are all kept at full width caches its keys raw (``RAW_K``: the up-projections are the
 identity): step 1 then loads each KV head's keys from its own latent columns and rebuilds nothing.
@@ -56,9 +58,9 @@ QROT_ROWS = 16
 #: token tiles of at least this many (the launch table's key-group-4 row, 8 warps) accumulate ``P·Z_v`` transposed
 #: (``V_T`` in the flash kernel) and read their value latents through a tensor descriptor where the GPU and the cache
 #: allow (:func:`value_descriptor`); the same tiles turn the queries by the tile start at one or two KV heads a program
-#: (``Q_ROT``). On an H100, in bf16, a launch of 64-token tiles in 4 warps on that path (the GPU tests' forced
-#: launches) hit an illegal memory access; the table's 128-token row ran exact
-#: (``benchmarks/results/h100/palu-kernel/v12/``)
+#: (``Q_ROT``). With 64 here, the GPU tests' forced key-group-4 launch of 64-token tiles in 4 warps (Llama-3-8B
+#: attention, bf16) hit an illegal memory access on an H100; at 128 every GPU kernel test passes
+#: (``benchmarks/results/h100/palu-kernel/v12/diag_vt.txt``, ``../palu-default/run14/gpu-tests/``)
 VALUE_T_TILE = 128
 
 
@@ -404,12 +406,13 @@ if HAVE_TRITON:
         kvh0 = kg * G
         koff = tl.load(koff_ptr + kvh0) // RA * RA
         kr = tl.load(kr_ptr + kvh0) // RA * RA
-        # Tiles of 64 tokens and more (the key-group-4 row, 8 warps) accumulate P·Z_v transposed (V_T): the value
+        # Tiles of VALUE_T_TILE tokens and more (the key-group-4 row, 8 warps) accumulate P·Z_v transposed (V_T): the value
         # latents, in shared memory, are the Hopper dot's first operand; [MQ, BLOCK_T]·[BLOCK_T, RVP] at 16 or 32
         # query rows was the Ampere dot, its [128, RVP] value tile held in registers (64 of them a thread at 256
         # columns in 8 warps, 128 at 512), and the row spilled. Past 256 columns in two halves of at most 256 (the
         # tensor descriptor's box, V_DESC). At 32-token tiles (4 warps) and in the pipelined rank loop (K_LOOP) the
-        # transposed dot took more registers (transposed_values).
+        # transposed dot took more registers (transposed_values). On an H100 the row took 0.85-0.87x the time at
+        # value rank 432 on Llama-3-8B (benchmarks/results/h100/palu-kernel/v12/table_rv432.json).
         V_T: tl.constexpr = BLOCK_T >= _VT_TILE and not K_LOOP
         V_HALF: tl.constexpr = V_T and RVP > 256
         VW: tl.constexpr = RVP // 2 if V_HALF else RVP
@@ -545,7 +548,7 @@ def transposed_values(block_t: int, kloop: bool) -> bool:
     latents through a descriptor: tiles of at least :data:`VALUE_T_TILE` tokens outside the pipelined rank loop.
     Compiled for sm_90 by Triton 3.6, the transposed dot ended the key-group-4 row's spills at value tiles past 256
     and took more registers at 32-token tiles and in the rank loop
-    (``benchmarks/results/cpu/latent_regs.json``)."""
+    (``benchmarks/results/cpu/latent_regs_v12.json``)."""
     return block_t >= VALUE_T_TILE and not kloop
 
 
@@ -757,8 +760,12 @@ RAW_ROWS = 16
 
 
 def raw_program_heads(k_group: int, n_rep: int) -> int:
-    """KV heads a raw-key program takes past one sequence: the most dividing ``k_group`` whose query rows
-    (``heads x n_rep``, padded to a power of two) stay within :data:`RAW_ROWS`, at least one.
+    """KV heads a raw-key program takes past one sequence, and a rebuilding program of the table's key-group-4 row:
+    the most dividing ``k_group`` whose query rows (``heads x n_rep``, padded to a power of two) stay within
+    :data:`RAW_ROWS` (= :data:`QROT_ROWS`), at least one. Qwen2.5-7B's key group of 4 (28 rows) so runs as programs
+    of two KV heads: compiled for sm_90 by Triton 3.6, a 40-byte stack a thread against 520 at the whole group
+    (``benchmarks/results/cpu/latent_regs_v12.json``); with the transposed values, on an H100, 0.88-1.05x the time
+    of the whole-group program at value rank 256, 0.79-0.94x at 432 (``benchmarks/results/h100/palu-kernel/v12/``).
 
     >>> raw_program_heads(4, 4), raw_program_heads(4, 7), raw_program_heads(2, 16)
     (4, 2, 1)
@@ -1044,7 +1051,8 @@ def value_descriptor(zv: torch.Tensor, block_t: int, rvp: int, rav: int) -> Any:
     Through the descriptor a value tile goes to shared memory without passing through registers; loaded
     through them, a ``[128, 512]`` bf16 tile (value ranks 288-496, the 8B shapes' first layers) took 128
     registers a thread in 8 warps, and the key-group-4 launch spilled (compiled for sm_90 by Triton 3.6:
-    ``benchmarks/results/cpu/latent_regs.json``).
+    ``benchmarks/results/cpu/latent_regs_v12.json``). Rows past the valid length are read as cached: they must be
+    finite (the static cache is zero-filled); their probabilities are zero.
     """
     if not _tma_capable(zv.device):
         return None
