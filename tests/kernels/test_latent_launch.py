@@ -340,4 +340,5 @@ def test_value_descriptor_needs_aligned_ranks_and_says_why_once(monkeypatch, cap
     # a value tile past 512 columns has no descriptor box (at most 256 a load)
     assert kl.value_descriptor(torch.zeros(1, 300, 1024, dtype=torch.bfloat16), 128, 1024, 8) is None
     monkeypatch.delenv("TRITON_INTERPRET")
-    assert kl.value_descriptor(zv, 128, 512, 8) is None  # on the CPU, compiled: no accelerator to describe for
+    # on the CPU, compiled: no accelerator to describe for
+    assert kl.value_descriptor(zv, 128, 512, 8) is None

@@ -47,7 +47,7 @@ profiles measured before them, which then load with the documented defaults
         },
         "rank_round": 32, "fit": {...},  # the packed rank's rounding; provenance, every timed call
         "wide": {"rows_over": 16, "groups": {"4": {...}}, "rank_round": 32, "fit": {...}}
-                              # the same, timed on a geometry whose programs score more query rows than
+                              # the same, timed on a geometry whose key groups have more query rows than
                               # rows_over (the kernel's QROT_ROWS: Qwen2.5-7B's 28 at key group 4)
       }
 

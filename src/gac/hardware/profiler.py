@@ -459,7 +459,7 @@ def measure_latency_fields_(
         prof.fused_lowrank = measure_fused_lowrank(device, dtype)
     if "latent_attention" in fields:
         cls = measure_latent_attention(device, dtype, budget_s=latent_budget_s)
-        if cls:  # and its wide rows: programs of more query rows run the kernel otherwise (QROT_ROWS)
+        if cls:  # and its wide rows: key groups of more query rows run the kernel otherwise (QROT_ROWS)
             from gac.kernels.latent_attention import QROT_ROWS
 
             wide = measure_latent_attention(device, dtype, LATENT_WIDE_SHAPES, latent_budget_s / 3,
@@ -662,7 +662,8 @@ LATENT_SHAPES: tuple[tuple[int, int, int, int], ...] = tuple(
 
 
 #: the geometry the latent class's ``wide`` rows are timed on: Qwen2.5-7B's (28 query heads, 4 KV heads, head_dim
-#: 128), whose key group of 4 scores 28 query rows a program, past the kernel's ``QROT_ROWS``; the key-group-4
+#: 128), whose key group of 4 has 28 query rows, past the kernel's ``QROT_ROWS`` (the kernel runs it as programs of
+#: two KV heads, :func:`gac.kernels.latent_attention.raw_program_heads`); the key-group-4
 #: calls of :data:`LATENT_SHAPES` (12)
 LATENT_WIDE_GEOMETRY: tuple[int, int, int] = (28, 4, 128)
 LATENT_WIDE_SHAPES: tuple[tuple[int, int, int, int], ...] = tuple(s for s in LATENT_SHAPES if s[0] == 4)
