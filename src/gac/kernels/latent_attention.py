@@ -844,10 +844,9 @@ def launch_config(
                 "waves": waves,
                 "auto_splits": 1,
             }
+            # a wide key group split: programs of at most QROT_ROWS query rows each, their heads not unrolled
             sub = raw_program_heads(k_group, n_rep) if k_group > 2 else k_group
-            if (
-                sub < k_group
-            ):  # wide programs split: KV heads of at most QROT_ROWS query rows each, not unrolled
+            if sub < k_group:
                 cfg.update(sub=sub, unroll=1)
             cfg["splits"] = num_splits(ctas * (k_group // sub), t, bt, device, waves)
             return cfg
@@ -1026,7 +1025,7 @@ def compiled_resources(*args: Any, **kwargs: Any) -> dict[str, int]:
 
 
 #: why launches read their value latents through registers on a GPU with the tensor-memory accelerator
-#: (:func:`value_descriptor`; reported by :func:`gac.nn.latent.latent_attention_paths` as ``value_loads``)
+#: (:func:`value_descriptor`; reported by :func:`gac.nn.latent.latent_attention_paths` as ``value_pointer_loads``)
 _VALUE_PTR_REASONS: dict[str, int] = {}
 
 
