@@ -31,25 +31,26 @@ import platform
 import subprocess
 from pathlib import Path
 
-#: (label, key group, padded key rank, value tile, launch (block_t, block_r, warps, stages), query heads a KV head, bias)
+#: (label, key group, padded key rank, value tile, launch (block_t, block_r, warps, stages), query heads a KV head, bias,
+#: KV heads)
 CASES = [
-    ("llama3-8b G4", 4, 256, 256, (128, 64, 8, 2), 4, False),
-    ("llama3-8b G4 values 432", 4, 256, 512, (128, 64, 8, 2), 4, False),
-    ("qwen2.5-7b G4", 4, 256, 256, (128, 64, 8, 2), 7, True),
-    ("qwen2.5-7b G4 values 432", 4, 256, 512, (128, 64, 8, 2), 7, True),
-    ("llama3-8b G1", 1, 64, 256, (32, 64, 4, 3), 4, False),
-    ("qwen2.5-7b G1", 1, 64, 256, (32, 64, 4, 3), 7, True),
+    ("llama3-8b G4", 4, 256, 256, (128, 64, 8, 2), 4, False, 8),
+    ("llama3-8b G4 values 432", 4, 256, 512, (128, 64, 8, 2), 4, False, 8),
+    ("qwen2.5-7b G4", 4, 256, 256, (128, 64, 8, 2), 7, True, 4),
+    ("qwen2.5-7b G4 values 432", 4, 256, 512, (128, 64, 8, 2), 7, True, 4),
+    ("llama3-8b G1", 1, 64, 256, (32, 64, 4, 3), 4, False, 8),
+    ("qwen2.5-7b G1", 1, 64, 256, (32, 64, 4, 3), 7, True, 4),
 ]
 
 
-def resources(mod, group: int, rk: int, rvp: int, launch: tuple, n_rep: int, bias: bool, now: bool) -> dict:
+def resources(
+    mod, group: int, rk: int, rvp: int, launch: tuple, n_rep: int, bias: bool, kvh: int, now: bool
+) -> dict:
     """``compiled_resources`` of ``mod`` (``now``: as today's launch_config runs it); a module from before it existed
     is compiled through today's entry point."""
     bt, br, nw, ns = launch
     if now:
-        cfg = mod.launch_config(
-            16 * (8 // group if n_rep == 4 else 4 // group), 32768, group, None, n_rep=n_rep
-        )
+        cfg = mod.launch_config(16 * (kvh // group), 32768, group, None, n_rep=n_rep)
         heads = mod.program_heads(group, cfg.get("sub"))
         vdesc = mod.transposed_values(bt, bool(cfg.get("kloop")))
         r = mod.compiled_resources(
@@ -101,9 +102,9 @@ def main() -> None:
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
     rows = []
-    for label, g, rk, rvp, launch, n_rep, bias in CASES:
+    for label, g, rk, rvp, launch, n_rep, bias, kvh in CASES:
         for tree, mod in mods.items():
-            r = resources(mod, g, rk, rvp, launch, n_rep, bias, tree == "now")
+            r = resources(mod, g, rk, rvp, launch, n_rep, bias, kvh, tree == "now")
             rows.append({"case": label, "module": tree, "launch": list(launch), "rk": rk, "rvp": rvp, **r})
             print(f"triton {triton.__version__} {label} {tree}: {r}", flush=True)
     out = Path(args.out)

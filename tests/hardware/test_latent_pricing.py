@@ -356,8 +356,8 @@ def test_the_class_is_measured_on_cuda_only_and_alone_into_a_profile(monkeypatch
 
 
 def test_wide_rows_price_the_programs_past_the_kernels_query_row_limit(tmp_path):
-    """The kernel turns the queries instead of the keys only where a program scores at most QROT_ROWS query rows
-    (Llama-3-8B's key group of 4 x 4); Qwen2.5-7B's 4 x 7 run it otherwise, and the class's wide rows price them."""
+    """A key group of at most QROT_ROWS query rows is one program of the kernel (Llama-3-8B's 4 x 4); Qwen2.5-7B's
+    4 x 7 run as smaller programs, and the class's wide rows price them."""
     p = _prof({"4": _row(gbps=1000.0, tflops=100.0, block_r=64)})
     p.latent_attention["wide"] = {"rows_over": 16, "groups": {"4": _row(gbps=500.0, tflops=50.0, block_r=64)},
                                   "rank_round": 32, "fit": {"source": "test wide"}}  # fmt: skip

@@ -328,7 +328,7 @@ def test_value_descriptor_needs_aligned_ranks_and_says_why_once(monkeypatch, cap
     whose groups are not aligned to 16 bytes loads through registers: warned once, recorded for
     ``latent_attention_paths``; aligned, a descriptor with the launch's box."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setattr(kl, "_VALUE_PTR_REASONS", {})
+    monkeypatch.setattr(kl, "_VALUE_PTR_REASONS", set())
     zv = torch.zeros(2, 300, 296, dtype=torch.bfloat16)
     d = kl.value_descriptor(zv, 128, 512, 8)
     assert d is not None and list(d.block_shape) == [1, 128, 256]

@@ -270,7 +270,7 @@ class PaluCompressor(Compressor):
                                 "head_dim": hd,
                                 "group_kv": gs[r],
                                 "key_group": gs["k"],  # the decode kernel's launch row, values too
-                                # and the query rows its programs score (the class's wide rows past them)
+                                # and the key group's query rows (the class's wide rows past them)
                                 "query_rows": gs["k"] * (heads // kvh),
                                 # GEMM launches as LatentAttention runs them (allocation.site_ms): the
                                 # projection's one GEMM (dense, or the latent down-projection) shared by its

@@ -491,7 +491,7 @@ def latent_call(
     class (:meth:`Profile.latent_rates`; the form the class was fitted in,
     :func:`fit_latent_attention`; ``tflops`` None adds nothing), and at the roofline
     ``launch_us + max(bytes / copy bandwidth, flops / peak)`` (a perfect kernel hides the lesser
-    under the greater). ``n_rep``: query heads a KV head, so that a key group scoring more query rows than
+    under the greater). ``n_rep``: query heads a KV head, so that a key group of more query rows than
     the class's ``wide.rows_over`` takes its ``wide`` rows (:meth:`Profile.latent_rates`; 0: the class's own).
     Returns those terms, ``ms``, ``serial`` (whether the terms add) and ``rates``.
     """
@@ -538,7 +538,7 @@ def site_cache_ms(profile: Profile, site: Any, d: int, batch: int, kv: int, elem
     if d >= site.max_dim:
         return batch * kv * site.max_dim * elem / (profile.copy_gbps_or_default * 1e9) * 1e3
     g = int(meta.get("group_kv") or 1)
-    # the kernel's row: the key group size, and the query rows its programs score (the class's wide rows past them)
+    # the kernel's row: the key group size, and the key group's query rows (the class's wide rows past them)
     rates = profile.latent_rates(int(meta.get("key_group") or g), int(meta.get("query_rows") or 0))
     ms = batch * kv * d * elem / (float(rates["gbps"]) * 1e9) * 1e3
     hd = int(meta.get("head_dim") or 0)

@@ -267,9 +267,9 @@ class Profile:
         ``{"source", "launch_us", "gbps", "tflops", "block_r", "rank_round", "key_group", "wide"}``: the
         measured ``latent_attention`` class's row of the smallest measured key group size at or above
         ``key_group`` (else the largest: the kernel's launch table is laid out the same way),
-        ``source`` ``"measured"``; where the call's programs score ``rows`` query rows (the key group's
-        KV heads times the query heads of each) past the class's ``wide.rows_over``, its ``wide`` rows
-        (timed on a geometry with that many: the kernel runs such programs otherwise), ``wide`` True.
+        ``source`` ``"measured"``; where the call's key group has ``rows`` query rows (its KV heads times
+        the query heads of each) past the class's ``wide.rows_over``, its ``wide`` rows (timed on a
+        geometry with that many: the kernel splits such a group into programs of fewer), ``wide`` True.
         Else the roofline of the profile (``source`` ``"roofline (not profiled)"``: the peak tensor
         FLOP/s of :meth:`peak_tflops` for the rebuild, the copy bandwidth for the latent bytes, one GEMM
         launch and no rank padding). ``tflops`` None: the rebuild's FLOPs cost nothing on top of the bytes.
@@ -289,7 +289,7 @@ class Profile:
                 "rank_round": 1, "key_group": key_group, "wide": False}  # fmt: skip
 
     def latent_class(self, rows: int = 0) -> dict[str, Any]:
-        """The ``latent_attention`` class (``{}`` if not measured) that prices calls whose programs score
+        """The ``latent_attention`` class (``{}`` if not measured) that prices calls whose key groups have
         ``rows`` query rows: its ``wide`` rows past their ``rows_over``, else the class itself."""
         cls = self.latent_attention or {}
         wide = cls.get("wide") or {}

@@ -1026,7 +1026,7 @@ def compiled_resources(*args: Any, **kwargs: Any) -> dict[str, int]:
 
 #: why launches read their value latents through registers on a GPU with the tensor-memory accelerator
 #: (:func:`value_descriptor`; reported by :func:`gac.nn.latent.latent_attention_paths` as ``value_pointer_loads``)
-_VALUE_PTR_REASONS: dict[str, int] = {}
+_VALUE_PTR_REASONS: set[str] = set()
 
 
 def value_pointer_reasons() -> list[str]:
@@ -1072,7 +1072,7 @@ def value_descriptor(zv: torch.Tensor, block_t: int, rvp: int, rav: int) -> Any:
     if why is not None:
         if why not in _VALUE_PTR_REASONS:
             log.warning("latent decode kernel: value latents loaded through registers: %s", why)
-        _VALUE_PTR_REASONS[why] = _VALUE_PTR_REASONS.get(why, 0) + 1
+            _VALUE_PTR_REASONS.add(why)
         return None
     from triton.tools.tensor_descriptor import TensorDescriptor
 
