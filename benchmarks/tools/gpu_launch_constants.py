@@ -2,7 +2,9 @@
 
 The latency model behind ``--align gac``'s guard prices every GEMM at ``launch_us + bytes / copy_gbps``,
 the fused low-rank kernel at its own fit (``fused_lowrank``) and PaLU's latent decode attention at its
-own class (``latent_attention``: latent bandwidth and key-rebuild FLOP rate). ``gac profile`` measures
+own class (``latent_attention``: latent bandwidth and key-rebuild FLOP rate), the Triton decode GEMV at its
+fit (``gemv_kernel``), prefill attention as the compiled step runs it (``prefill_attention``) and GEMMs at
+serving rows (``gemm_rows``). ``gac profile`` measures
 all of them, but a full profile takes many minutes; this re-measures only those fields (the same function
 ``gac profile`` calls: :func:`gac.hardware.profiler.measure_latency_fields_`), ``--fields`` naming which
 (default: all), and writes the profile (``--profile``, default: the shipped profile of this GPU) with them
@@ -65,6 +67,9 @@ def main() -> None:
         prof.env["launch_constants"] = run
     if "latent_attention" in fields:
         prof.env["latent_attention"] = run
+    for f in ("gemv_kernel", "prefill_attention", "gemm_rows"):
+        if f in fields:
+            prof.env[f] = run
     d = prof.to_dict()
     atomic_write_text(args.out, json.dumps(d, indent=1) + "\n")
     la = prof.latent_attention

@@ -66,7 +66,7 @@ from typing import Any
 import numpy as np
 
 from gac.errors import GacError
-from gac.hardware.dispatch_table import choice
+from gac.hardware.dispatch_table import choice, row_class
 from gac.hardware.profile import Profile, load_profile
 from gac.utils import parse_dtype
 
@@ -276,6 +276,35 @@ def fit_fused_lowrank(records: list[dict[str, Any]], source: str) -> dict[str, A
     }
 
 
+def fit_gemv_kernel(records: list[dict[str, Any]], source: str) -> dict[str, Any]:
+    """A profile's ``gemv_kernel`` entry from Triton GEMV dispatch measurements (:func:`gac.kernels.gemv.measure_shape`
+    records: ``rows``, ``bytes``, ``triton_us``, ``use``): per row class, ``t = launch_us + bytes / gbps`` fitted
+    (:func:`fit_launch`) over the shapes where the kernel won its dispatch, the only ones the inference path runs
+    it at. A row class with fewer than two winners of different sizes gets no row; none at all: ``{}``."""
+    rows: dict[str, Any] = {}
+    for c in sorted({int(r["rows"]) for r in records}):
+        won = [r for r in records if int(r["rows"]) == c and r.get("use") and r.get("triton_us")]
+        if len({r["bytes"] for r in won}) < 2:
+            continue
+        t0, gbps = fit_launch([r["bytes"] for r in won], [r["triton_us"] for r in won])
+        rows[str(c)] = {"launch_us": t0, "gbps": gbps, "points": len(won),
+                        "of": sum(int(r["rows"]) == c for r in records)}  # fmt: skip
+    if not rows:
+        return {}
+    return {
+        "rows": rows,
+        "fit": {
+            "source": source,
+            "method": "per row class, least squares t = launch_us + weight bytes / gbps over the Triton GEMV's best "
+            "time (64 calls per CUDA graph over weights rotated past L2) at the shapes where it beat cuBLAS",
+            "records": [
+                {k: r.get(k) for k in ("n", "k", "rows", "bytes", "cublas_us", "triton_us", "use")}
+                for r in records
+            ],  # fmt: skip
+        },
+    }
+
+
 # ------------------------------------------------------------------------------- structure
 def _layer_dims(layer: Any, config: Any, hidden: int) -> dict[str, int]:
     """Widths of one decoder layer: ``q`` and ``kv`` features, head dim, MLP width ``inter``."""
@@ -348,8 +377,7 @@ def launches(
     c = constants(profile)
     bw = c["copy_gbps"] * 1e9  # bytes/s
     launch_us, aux_us = c["launch_us"], c["aux_us"]
-    peak = max(max(r.curve.get("tflops") or [0.0]) for r in profile.ops.values()) if profile.ops else 0.0
-    peak = peak if peak > 0 else 100.0
+    peak = profile.peak_tflops()
     emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     first_stage = set()
@@ -379,16 +407,13 @@ def launches(
         rows = point.batch if mod is head else t
         kinds = getattr(mod, "kinds", None)  # a fused group: first stages of factorized members
         low = id(mod) in first_stage or (kinds is not None and "factorized" in kinds)
-        op = "lowrank_r" if low and "lowrank_r" in profile.ops else "gemm_n"
-        kp, np_ = (padded(k, elem), padded(n, elem)) if compiled else (k, n)
-        eff = profile.efficiency(op, np_) * (
-            profile.efficiency("gemm_k", kp) if "gemm_k" in profile.ops else 1.0
-        )
-        flops = 2.0 * rows * k * n
-        flop_ms = 2.0 * rows * kp * np_ / (peak * 1e12 * eff) * 1e3
-        nbytes = float((k * n + rows * (k + n)) * elem)
-        out.append(Launch("head" if mod is head else "gemm", name or "model", flops, nbytes, launch_us,
-                          flop_ms, nbytes / bw * 1e3))  # fmt: skip
+        x = gemm_launch(profile, rows, k, n, low, compiled, elem, peak, bw, launch_us)
+        x.kind, x.name = "head" if mod is head else "gemm", name or "model"
+        gv = None if id(mod) in merged else choice(getattr(mod, "gemv_table", None), rows)
+        fit = profile.gemv_kernel_at(row_class(rows, mod.gemv_table) or 0) if gv is not None else None
+        if fit is not None:  # the Triton GEMV runs this weight at these rows: its own fit
+            x.fixed_us, x.byte_ms, x.flop_ms = fit[0], x.bytes / (fit[1] * 1e9) * 1e3, 0.0
+        out.append(x)
         keys.append(merged.get(id(mod)))
     out = _merge(out, keys)
     fused = profile.fused_lowrank_at(t)
@@ -413,8 +438,12 @@ def launches(
             flops = 2.0 * b * s * s * q
             eff = profile.efficiency(sdpa_eff_op, hd) if sdpa_eff_op else 1.0
             nbytes = float(b * s * (2 * q + 2 * kv) * elem)
-            out.append(Launch("attention", f"layer{i}.attention", flops, nbytes, launch_us,
-                              flops / (peak * 1e12 * eff) * 1e3, nbytes / bw * 1e3))  # fmt: skip
+            measured = profile.prefill_attention_ms(b, s, q, hd)
+            if measured is not None:  # timed as the compiled step runs it: its launch included
+                out.append(Launch("attention", f"layer{i}.attention", flops, nbytes, 0.0, measured, 0.0))
+            else:
+                out.append(Launch("attention", f"layer{i}.attention", flops, nbytes, launch_us,
+                                  flops / (peak * 1e12 * eff) * 1e3, nbytes / bw * 1e3))  # fmt: skip
         else:
             b, n_kv = point.batch, point.kv
             cache = float(b * n_kv * 2 * kv * elem)
@@ -437,6 +466,105 @@ def launches(
         out.append(Launch("aux", f"step.aux{j}", 0.0, glob / AUX_PER_STEP, aux_us, 0.0,
                           glob / AUX_PER_STEP / bw * 1e3))  # fmt: skip
     return out
+
+
+def gemm_launch(
+    profile: Profile,
+    rows: int,
+    k: int,
+    n: int,
+    low: bool = False,
+    compiled: bool = True,
+    elem: int = 2,
+    peak: float | None = None,
+    bw: float | None = None,
+    launch_us: float | None = None,
+) -> Launch:
+    """One ``[rows, k] @ [k, n]`` GEMM launch priced as :func:`launches` prices it (see the module doc).
+
+    ``low``: the first factor of a low-rank pair (``lowrank_r`` efficiency of N); ``compiled``: at Inductor's
+    padded dims (:func:`padded`); ``peak`` (TFLOP/s), ``bw`` (bytes/s), ``launch_us``: the profile's unless
+    given. At fewer rows than the profile's curves were measured at, the whole launch is scaled by
+    :func:`gemm_row_factor` (where the profile has ``gemm_rows``).
+    """
+    c = constants(profile)
+    peak = peak if peak is not None else profile.peak_tflops()
+    bw = bw if bw is not None else c["copy_gbps"] * 1e9
+    launch_us = launch_us if launch_us is not None else c["launch_us"]
+    op = "lowrank_r" if low and "lowrank_r" in profile.ops else "gemm_n"
+    kp, np_ = (padded(k, elem), padded(n, elem)) if compiled else (k, n)
+    eff = profile.efficiency(op, np_) * (profile.efficiency("gemm_k", kp) if "gemm_k" in profile.ops else 1.0)
+    nbytes = float((k * n + rows * (k + n)) * elem)
+    x = Launch("gemm", "", 2.0 * rows * k * n, nbytes, launch_us, 2.0 * rows * kp * np_ / (peak * 1e12 * eff) * 1e3,
+               nbytes / bw * 1e3)  # fmt: skip
+    f = gemm_row_factor(profile, rows, k, n)
+    if f != 1.0:
+        x.fixed_us, x.flop_ms, x.byte_ms = x.fixed_us * f, x.flop_ms * f, x.byte_ms * f
+    return x
+
+
+#: the row factors of each profile's ``gemm_rows`` (keyed by the entry's id; computed once)
+_ROW_FACTORS: dict[int, tuple[dict[str, Any], np.ndarray]] = {}
+
+
+def gemm_row_factors(profile: Profile) -> np.ndarray | None:
+    """``[rows, n, k]`` factors of the profile's ``gemm_rows`` grid: each GEMM's measured time over its price at
+    those rows, divided by the same at the reference rows (the grid's last row count, where the curves were
+    measured). None where the profile has no ``gemm_rows``."""
+    g = profile.gemm_rows
+    if not g:
+        return None
+    hit = _ROW_FACTORS.get(id(g))
+    if hit is not None and hit[0] is g:
+        return hit[1]
+    rows, ns, ks, us = g["rows"], g["n"], g["k"], np.asarray(g["us"], dtype=np.float64)
+    bare = Profile(
+        profile.id,
+        profile.ops,
+        profile.measured,
+        launch_us=profile.launch_us,
+        copy_gbps=profile.copy_gbps,
+        aux_us=profile.aux_us,
+    )  # fmt: skip  (no gemm_rows: unscaled)
+    price = np.array(
+        [[[gemm_launch(bare, r, k, n, compiled=False).ms * 1e3 for k in ks] for n in ns] for r in rows]
+    )
+    miss = us / price
+    out = miss / miss[-1:]
+    _ROW_FACTORS[id(g)] = (g, out)
+    return out
+
+
+def _interp(xs: list[int], x: float) -> tuple[int, int, float]:
+    """Bracketing indices of ``x`` in increasing ``xs`` and its weight on the upper one, in log space, clamped."""
+    if x <= xs[0]:
+        return 0, 0, 0.0
+    if x >= xs[-1]:
+        return len(xs) - 1, len(xs) - 1, 0.0
+    j = max(i for i, v in enumerate(xs) if v <= x)
+    return j, j + 1, (math.log(x) - math.log(xs[j])) / (math.log(xs[j + 1]) - math.log(xs[j]))
+
+
+def gemm_row_factor(profile: Profile, rows: int, k: int, n: int) -> float:
+    """How much slower than its price a ``[rows, k] @ [k, n]`` GEMM runs at ``rows`` than at the rows the
+    profile's curves were measured at: the profile's ``gemm_rows`` grid (:func:`gemm_row_factors`), log-linear
+    in rows, N and K between its points (clamped at its edges). 1.0 without that grid, below its fewest rows
+    (the GEMV fit prices those) and at or past its reference rows.
+    """
+    f = gemm_row_factors(profile)
+    g = profile.gemm_rows
+    if f is None or rows < g["rows"][0] or rows >= g["rows"][-1]:
+        return 1.0
+    (r0, r1, wr), (n0, n1, wn), (k0, k1, wk) = (
+        _interp(g[a], v) for a, v in (("rows", rows), ("n", n), ("k", k))
+    )
+    lf = np.log(f)
+    v = 0.0
+    for ri, a in ((r0, 1 - wr), (r1, wr)):
+        for ni, b in ((n0, 1 - wn), (n1, wn)):
+            for ki, c in ((k0, 1 - wk), (k1, wk)):
+                v += a * b * c * lf[ri, ni, ki]
+    return float(math.exp(v))
 
 
 # ------------------------------------------------------------------- latent attention (PaLU)

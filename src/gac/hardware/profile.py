@@ -159,6 +159,18 @@ class Profile:
     #: executed key-rebuild FLOPs or None where not limiting, ``block_r`` the rank tile), ``rank_round``,
     #: ``fit`` (provenance)
     latent_attention: dict[str, Any] = field(default_factory=dict)
+    #: the Triton decode GEMV (:mod:`gac.kernels.gemv`) on this GPU, ``{}`` if not measured: ``rows``, per
+    #: row class (``"1"``, ``"16"``) the ``launch_us`` and ``gbps`` of its fit ``t = launch_us + bytes / gbps``
+    #: over the shapes where it beat cuBLAS (the only ones its dispatch runs it at); ``fit``: provenance
+    gemv_kernel: dict[str, Any] = field(default_factory=dict)
+    #: prefill attention as the compiled prefill step runs it, ``{}`` if not measured: ``geometry`` (query
+    #: heads, KV heads, head_dim), ``points`` (``batch``, ``seq``, ``us`` of one layer's call), ``mask``, ``fit``
+    prefill_attention: dict[str, Any] = field(default_factory=dict)
+    #: GEMMs at serving rows, ``{}`` if not measured: ``us[r][i][j]``, the time of ``[rows[r], k[j]] @
+    #: [k[j], n[i]]`` timed as the curves were (64-call CUDA graphs), ``ref_rows`` the rows the curves were
+    #: measured at (the last of ``rows``); the latency model scales a GEMM at fewer rows by how much more
+    #: than its price it took there than at ``ref_rows`` (:func:`gac.hardware.latency.gemm_row_factor`)
+    gemm_rows: dict[str, Any] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ rules
     def rule(self, op: str) -> OpRule:
@@ -256,6 +268,47 @@ class Profile:
             return None
         return float(fl["launch_us"]), float(fl["gbps"])
 
+    def gemv_kernel_at(self, row_class: int) -> tuple[float, float] | None:
+        """``(launch_us, gbps)`` of the Triton decode GEMV's fit at ``row_class`` (a row class of its
+        dispatch table), None where the profile has none there."""
+        r = (self.gemv_kernel.get("rows") or {}).get(str(int(row_class)))
+        return (float(r["launch_us"]), float(r["gbps"])) if r else None
+
+    def prefill_attention_ms(self, batch: int, seq: int, q_width: int, head_dim: int) -> float | None:
+        """Milliseconds of one layer's prefill attention over ``batch x seq`` tokens, from the measured
+        ``prefill_attention`` points (None where the profile has none).
+
+        Interpolated log-linearly in batch and sequence between the measured points (beyond them: linear in
+        the batch, quadratic in the sequence), scaled by the query width over the measured geometry's and by
+        the ``sdpa_head_dim`` efficiency of the measured head_dim over ``head_dim``'s.
+        """
+        pa = self.prefill_attention
+        if not pa:
+            return None
+        h, _, d = (int(x) for x in pa["geometry"])
+        table = {(int(p["batch"]), int(p["seq"])): float(p["us"]) for p in pa["points"]}
+        bs, ss = sorted({b for b, _ in table}), sorted({s for _, s in table})
+
+        def at_seq(b: int) -> float:  # log-log in the sequence at a measured batch
+            s = min(max(seq, ss[0]), ss[-1])
+            j = max(i for i, x in enumerate(ss) if x <= s)
+            lo, hi = ss[j], ss[min(j + 1, len(ss) - 1)]
+            t = table[(b, lo)] if hi == lo else math.exp(
+                math.log(table[(b, lo)]) + (math.log(table[(b, hi)]) - math.log(table[(b, lo)]))
+                * (math.log(s) - math.log(lo)) / (math.log(hi) - math.log(lo)))  # fmt: skip
+            return t * (seq / s) ** 2
+
+        b = min(max(batch, bs[0]), bs[-1])
+        j = max(i for i, x in enumerate(bs) if x <= b)
+        lo, hi = bs[j], bs[min(j + 1, len(bs) - 1)]
+        t = at_seq(lo) if hi == lo else math.exp(
+            math.log(at_seq(lo)) + (math.log(at_seq(hi)) - math.log(at_seq(lo)))
+            * (math.log(b) - math.log(lo)) / (math.log(hi) - math.log(lo)))  # fmt: skip
+        t *= batch / b * q_width / (h * d)
+        if "sdpa_head_dim" in self.ops and head_dim != d:
+            t *= self.efficiency("sdpa_head_dim", d) / max(self.efficiency("sdpa_head_dim", head_dim), 1e-6)
+        return t * 1e-3
+
     def peak_tflops(self) -> float:
         """The best measured TFLOP/s on any operator class's curve (100 where none is measured)."""
         peak = max((max(r.curve.get("tflops") or [0.0]) for r in self.ops.values()), default=0.0)
@@ -316,6 +369,9 @@ class Profile:
             d["fused_lowrank"] = self.fused_lowrank
         if self.latent_attention:
             d["latent_attention"] = self.latent_attention
+        for k in ("gemv_kernel", "prefill_attention", "gemm_rows"):
+            if getattr(self, k):
+                d[k] = getattr(self, k)
         d["ops"] = {k: v.to_dict() for k, v in self.ops.items()}
         return d
 
@@ -336,6 +392,9 @@ class Profile:
             latency_fit=dict(d.get("latency_fit") or {}),
             fused_lowrank=_fused_lowrank(d.get("fused_lowrank"), str(d["id"])),
             latent_attention=_latent_attention(d.get("latent_attention"), str(d["id"])),
+            gemv_kernel=_gemv_kernel(d.get("gemv_kernel"), str(d["id"])),
+            prefill_attention=_prefill_attention(d.get("prefill_attention"), str(d["id"])),
+            gemm_rows=_gemm_rows(d.get("gemm_rows"), str(d["id"])),
         )
 
     def save(self, path: str | Path) -> None:
@@ -390,6 +449,63 @@ def _latent_attention(x: Any, pid: str) -> dict[str, Any]:
             raise GacError(f"profile {pid!r}: latent_attention.wide needs rows_over (query rows)") from None
         out["wide"] = {**wide, "rows_over": over}
     return out
+
+
+def _gemv_kernel(x: Any, pid: str) -> dict[str, Any]:
+    """A profile's ``gemv_kernel`` entry, checked (``{}`` when absent)."""
+    if not x:
+        return {}
+    try:
+        rows = {str(int(c)): {**r, "launch_us": float(r["launch_us"]), "gbps": float(r["gbps"])}
+                for c, r in x["rows"].items()}  # fmt: skip
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise GacError(f"profile {pid!r}: gemv_kernel needs rows of launch_us and gbps ({e!r})") from None
+    if not rows or any(int(c) < 1 or not (r["launch_us"] >= 0 and r["gbps"] > 0) for c, r in rows.items()):
+        raise GacError(
+            f"profile {pid!r}: gemv_kernel has no row class, or one with a negative time or no bandwidth"
+        )
+    return {**x, "rows": rows}
+
+
+def _prefill_attention(x: Any, pid: str) -> dict[str, Any]:
+    """A profile's ``prefill_attention`` entry, checked (``{}`` when absent): a full grid of batches x sequences."""
+    if not x:
+        return {}
+    try:
+        geo = [int(v) for v in x["geometry"]]
+        pts = [
+            {**p, "batch": int(p["batch"]), "seq": int(p["seq"]), "us": float(p["us"])} for p in x["points"]
+        ]
+    except (KeyError, TypeError, ValueError) as e:
+        raise GacError(
+            f"profile {pid!r}: prefill_attention needs geometry and points of batch, seq, us ({e!r})"
+        ) from None
+    grid = {(p["batch"], p["seq"]) for p in pts}
+    full = {(b, s) for b in {p["batch"] for p in pts} for s in {p["seq"] for p in pts}}
+    if len(geo) != 3 or min(geo) < 1 or not pts or grid != full or min(p["us"] for p in pts) <= 0:
+        raise GacError(f"profile {pid!r}: prefill_attention needs a geometry of three positive ints and a full "
+                       "grid of batches x sequences with positive times")  # fmt: skip
+    return {**x, "geometry": geo, "points": pts}
+
+
+def _gemm_rows(x: Any, pid: str) -> dict[str, Any]:
+    """A profile's ``gemm_rows`` entry, checked (``{}`` when absent)."""
+    if not x:
+        return {}
+    try:
+        rows, ns, ks = ([int(v) for v in x[k]] for k in ("rows", "n", "k"))
+        us = [[[float(v) for v in row] for row in plane] for plane in x["us"]]
+    except (KeyError, TypeError, ValueError) as e:
+        raise GacError(f"profile {pid!r}: gemm_rows needs rows, n, k and us ({e!r})") from None
+    shape_ok = len(us) == len(rows) and all(
+        len(p) == len(ns) and all(len(r) == len(ks) for r in p) for p in us
+    )
+    if not (rows and ns and ks and shape_ok and rows == sorted(set(rows)) and ns == sorted(set(ns))
+            and ks == sorted(set(ks)) and min(v for p in us for r in p for v in r) > 0):  # fmt: skip
+        raise GacError(
+            f"profile {pid!r}: gemm_rows needs increasing rows, n and k and a positive time for each"
+        )
+    return {**x, "rows": rows, "n": ns, "k": ks, "us": us}
 
 
 def default_profile(dtype: str = "float16") -> Profile:

@@ -428,7 +428,9 @@ def build_profile(
 
 
 #: the latency fields of a profile, as :func:`measure_latency_fields_` names them
-LATENCY_FIELDS: tuple[str, ...] = ("launch", "fused_lowrank", "latent_attention")
+LATENCY_FIELDS: tuple[str, ...] = (
+    "launch", "fused_lowrank", "latent_attention", "gemv_kernel", "prefill_attention", "gemm_rows",
+)  # fmt: skip
 
 
 def measure_latency_fields_(
@@ -445,7 +447,9 @@ def measure_latency_fields_(
     :func:`measure_launch_constants`), ``fused_lowrank`` (:func:`measure_fused_lowrank`),
     ``latent_attention`` (:func:`measure_latent_attention`, its calls cut off after ``latent_budget_s``
     seconds: ``gac profile --quick`` gives it 20; then its ``wide`` rows on :data:`LATENT_WIDE_GEOMETRY`, cut
-    off after a third of that); the others are left as they are.
+    off after a third of that), ``gemv_kernel`` (:func:`measure_gemv_kernel`), ``prefill_attention``
+    (:func:`measure_prefill_attention`), ``gemm_rows`` (:func:`measure_gemm_rows`); the others are left as
+    they are.
     """
     fields = list(fields)
     unknown = [f for f in fields if f not in LATENCY_FIELDS]
@@ -467,6 +471,12 @@ def measure_latency_fields_(
             if wide:
                 cls["wide"] = {**wide, "rows_over": QROT_ROWS}
         prof.latent_attention = cls
+    if "gemv_kernel" in fields:
+        prof.gemv_kernel = measure_gemv_kernel(device, dtype)
+    if "prefill_attention" in fields:
+        prof.prefill_attention = measure_prefill_attention(device, dtype)
+    if "gemm_rows" in fields:
+        prof.gemm_rows = measure_gemm_rows(device, dtype)
     return prof
 
 
@@ -645,6 +655,148 @@ def measure_fused_lowrank(device: torch.device, dtype: torch.dtype) -> dict[str,
         fit["fit"]["sites"] = [{k: r.get(k) for k in ("site", "bytes", "existing_us", "fused_us", "use")}
                                for r in recs]  # fmt: skip
     return fit
+
+
+#: weights ``(out, in)`` timed for the Triton decode GEMV's fit: Llama-3-8B's projections, fused groups and head
+GEMV_SHAPES: tuple[tuple[int, int], ...] = (
+    (1024, 4096), (4096, 4096), (6144, 4096), (4096, 14336), (14336, 4096), (28672, 4096), (128256, 4096),
+)  # fmt: skip
+
+
+def measure_gemv_kernel(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    """The profile's ``gemv_kernel`` entry on this GPU: the Triton decode GEMV's launch fit per row class.
+
+    Each weight of :data:`GEMV_SHAPES` at each row class of the GEMV's dispatch is measured as the dispatch
+    measures it (:func:`gac.kernels.gemv.measure_shape`: cuBLAS and every configuration, checked, in CUDA
+    graphs), and :func:`gac.hardware.latency.fit_gemv_kernel` fits the shapes where the kernel won. ``{}``
+    without Triton, or where it won at fewer than two shapes of every row class.
+    """
+    from gac.hardware.latency import fit_gemv_kernel
+    from gac.kernels import gemv as G
+
+    if device.type != "cuda":
+        raise GacError("the Triton GEMV is measured on CUDA only")
+    if not G.HAVE_TRITON:
+        console.print("[yellow]note:[/yellow] no Triton: the profile gets no gemv_kernel entry")
+        return {}
+    recs = []
+    for (n, k), rows in track(
+        [(s, r) for s in GEMV_SHAPES for r in G.ROW_CLASSES], "Triton GEMV: launch fit"
+    ):
+        try:
+            recs.append(G.measure_shape(n, k, rows, dtype, device))
+        except torch.OutOfMemoryError:
+            torch.cuda.empty_cache()
+    return fit_gemv_kernel(recs, "gac profile (gac.hardware.profiler.measure_gemv_kernel)")
+
+
+#: prefill attention's timed grid: Llama-3-8B's geometry (query heads, KV heads, head_dim), batches, sequences
+PREFILL_GEOMETRY: tuple[int, int, int] = (32, 8, 128)
+PREFILL_BATCHES: tuple[int, ...] = (1, 8)
+PREFILL_SEQS: tuple[int, ...] = (128, 256, 512, 1024, 2048, 4096)
+
+
+def measure_prefill_attention(
+    device: torch.device,
+    dtype: torch.dtype,
+    geometry: tuple[int, int, int] = PREFILL_GEOMETRY,
+    batches: Iterable[int] = PREFILL_BATCHES,
+    seqs: Iterable[int] = PREFILL_SEQS,
+) -> dict[str, Any]:
+    """The profile's ``prefill_attention`` entry on this GPU: one layer's prefill attention, timed as the
+    compiled prefill step runs it.
+
+    transformers' SDPA attention (``sdpa_attention_forward``, which ``gac_sdpa`` hands every prompt to) over
+    ``[B, H, S, D]`` queries and ``[B, KV, S, D]`` keys and values, with the causal mask as a boolean ``[B, 1, S,
+    S]`` tensor: under ``torch.compile`` before torch 2.14 transformers materializes the mask rather than pass
+    ``is_causal`` (``masking_utils._ignore_causal_mask_sdpa``), so SDPA attends every position and expands the KV
+    heads. Each point is timed in a CUDA graph (:func:`gac.hardware.timing.graph_timings`, median).
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from gac.hardware.timing import graph_timings
+
+    if device.type != "cuda":
+        raise GacError("prefill attention is measured on CUDA only")
+    h, kvh, d = geometry
+    mod = torch.nn.Module()
+    mod.num_key_value_groups, mod.is_causal = h // kvh, True
+    pts = []
+    for b, s in track([(b, s) for b in batches for s in seqs], "prefill attention"):
+        q = torch.randn(b, h, s, d, device=device, dtype=dtype)
+        k, v = (torch.randn(b, kvh, s, d, device=device, dtype=dtype) for _ in range(2))
+        mask = torch.ones(s, s, dtype=torch.bool, device=device).tril().expand(b, 1, s, s).contiguous()
+        est_us = 4.0 * b * h * s * s * d / 200e12 * 1e6 + 20.0
+        reps = int(min(64, max(4, 2e4 // est_us)))
+        call = lambda i, q=q, k=k, v=v, m=mask: sdpa_attention_forward(mod, q, k, v, m, scaling=d**-0.5)  # noqa: E731
+        ts = graph_timings(call, reps, 7)
+        pts.append({"batch": b, "seq": s, "us": round(ts[len(ts) // 2], 3)})
+        del q, k, v, mask
+        torch.cuda.empty_cache()
+    return {
+        "geometry": [h, kvh, d],
+        "points": pts,
+        "mask": "bool [B, 1, S, S] (transformers' causal mask under torch.compile before torch 2.14)",
+        "fit": {
+            "source": "gac profile (gac.hardware.profiler.measure_prefill_attention)",
+            "method": "median time of one layer's transformers sdpa_attention_forward with a materialized causal "
+            "mask, in CUDA graphs",
+            "torch": torch.__version__,
+        },  # fmt: skip
+    }
+
+
+#: the grid of GEMMs timed at serving rows: rows (the last: the rows the curves were measured at), N, K
+GEMM_ROWS: tuple[int, ...] = (128, 256, 512, 1024, 2048, 4096, 8192)
+GEMM_ROWS_N: tuple[int, ...] = (512, 1024, 1536, 2048, 3072, 4096, 6144, 14336, 28672)
+GEMM_ROWS_K: tuple[int, ...] = (512, 1024, 1536, 2048, 3072, 4096, 8192, 14336)
+
+
+def measure_gemm_rows(
+    device: torch.device,
+    dtype: torch.dtype,
+    rows: Iterable[int] = GEMM_ROWS,
+    ns: Iterable[int] = GEMM_ROWS_N,
+    ks: Iterable[int] = GEMM_ROWS_K,
+) -> dict[str, Any]:
+    """The profile's ``gemm_rows`` entry on this GPU: ``[rows, k] @ [k, n]`` timed over the grid.
+
+    Each GEMM is ``torch.mm`` in a CUDA graph over weight copies past L2 (:func:`gac.hardware.timing.graph_timings`,
+    median of seven replays; fewer calls a graph for the largest). The latency model divides each point's time by
+    its price and by the same ratio at the last row count (:func:`gac.hardware.latency.gemm_row_factors`).
+    """
+    from gac.hardware.timing import copies_past_l2, graph_timings
+
+    if device.type != "cuda":
+        raise GacError("GEMMs at serving rows are measured on CUDA only")
+    rows, ns, ks = sorted(set(rows)), sorted(set(ns)), sorted(set(ks))
+    elem = torch.tensor([], dtype=dtype).element_size()
+    us = np.zeros((len(rows), len(ns), len(ks)))
+    for i, j in track([(i, j) for i in range(len(ns)) for j in range(len(ks))], "GEMMs at serving rows"):
+        n, k = ns[i], ks[j]
+        copies = copies_past_l2(n * k * elem)
+        ws = [torch.randn(n, k, device=device, dtype=dtype) for _ in range(copies)]
+        for r, m in enumerate(rows):
+            x = torch.randn(m, k, device=device, dtype=dtype)
+            y = torch.empty(m, n, device=device, dtype=dtype)
+            est_us = 2.0 * m * n * k / 500e12 * 1e6 + 5.0
+            reps = int(min(64, max(4, 2e4 // est_us)))
+            ts = graph_timings(lambda c, x=x, y=y, ws=ws: torch.mm(x, ws[c % len(ws)].t(), out=y), reps, 7)
+            us[r, i, j] = round(ts[len(ts) // 2], 3)
+            del x, y
+        del ws
+        torch.cuda.empty_cache()
+    return {
+        "rows": rows,
+        "n": ns,
+        "k": ks,
+        "us": us.tolist(),
+        "fit": {
+            "source": "gac profile (gac.hardware.profiler.measure_gemm_rows)",
+            "method": "median us of torch.mm [rows, k] @ [k, n] in CUDA graphs over weights rotated past L2; the "
+            "last row count is the reference the profile's GEMM curves stand for",
+        },  # fmt: skip
+    }
 
 
 #: the attention the latent class is timed on: (query heads, KV heads, head_dim), Llama-3-8B's

@@ -1,7 +1,7 @@
 """Recorded cells priced by the latency model: each cell's model rebuilt as its ``infer`` eval ran it.
 
 A cell of ``gac run`` records the model spec, the kept dims and what its ``infer`` eval switched
-(``fused_lowrank`` and ``branches``: the shapes whose dispatch chose the kernel).
+(``gemv``, ``fused_lowrank`` and ``branches``: the shapes whose dispatch chose the kernel).
 :func:`cell_skeleton` rebuilds that structure on the meta device (:func:`gac.hardware.latency.skeleton`)
 and switches the recorded sites again (:meth:`gac.runtime.dispatch.Dispatch.switch_recorded_`:
 measuring nothing), so :func:`gac.hardware.latency.predict` prices each switched site from its table;
@@ -25,17 +25,19 @@ from gac.hardware.latency import (
 )
 from gac.hardware.profile import Profile
 from gac.runtime.branches import BRANCHES
+from gac.runtime.gemv import GEMV
 from gac.runtime.lowrank_fused import LOWRANK_FUSED
 
 
 def cell_skeleton(cell: dict[str, Any]) -> Any:
     """:func:`~gac.hardware.latency.skeleton` of a recorded cell: its model spec, its kept dims, fused as its ``infer`` ran,
-    with the sites its ``infer`` switched to the fused low-rank kernel, and the groups it switched to
-    parallel second stages, switched again."""
+    with the weights its ``infer`` switched to the Triton decode GEMV, the sites it switched to the fused low-rank
+    kernel, and the groups it switched to parallel second stages, switched again."""
     inf = infer_of(cell) or {}
     spec = str((cell.get("cell") or {}).get("model"))
     model = skeleton(spec, (cell.get("results") or {}).get("dims"), str(inf.get("dtype") or "bfloat16"),
                      fused=bool(inf.get("fused", True)))  # fmt: skip
+    GEMV.switch_recorded_(model, (inf.get("gemv") or {}).get("shapes"))
     LOWRANK_FUSED.switch_recorded_(model, (inf.get("fused_lowrank") or {}).get("shapes"))
     BRANCHES.switch_recorded_(model, (inf.get("branches") or {}).get("shapes"))
     return model

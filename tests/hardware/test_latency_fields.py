@@ -1,0 +1,176 @@
+"""The latency model's measured fields beyond the launch constants: the Triton decode GEMV's fit
+(``gemv_kernel``), prefill attention as the compiled step runs it (``prefill_attention``) and GEMMs at
+serving rows (``gemm_rows``). Synthetic profiles on tiny models; the shipped H100 profile for what it holds."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from gac.errors import GacError
+from gac.hardware.latency import (
+    Point,
+    fit_gemv_kernel,
+    gemm_launch,
+    gemm_row_factor,
+    launches,
+    predict,
+)
+from gac.hardware.profile import Profile, default_profile, load_profile
+from gac.nn.fused import fuse_projections_
+from gac.testing import tiny_model
+
+
+def _prof() -> Profile:
+    p = default_profile("bfloat16")
+    p.launch_us, p.copy_gbps, p.aux_us = 5.0, 4500.0, 2.0
+    return p
+
+
+def _rows_grid(p: Profile, slow: dict[tuple[int, int, int], float]) -> dict:
+    """A ``gemm_rows`` grid whose times are the profile's own prices, times ``slow[(rows, n, k)]`` where given."""
+    rows, ns, ks = [128, 512, 8192], [256, 1024, 4096], [256, 1024, 4096]
+    us = [[[gemm_launch(p, r, k, n, compiled=False).ms * 1e3 * slow.get((r, n, k), 1.0) for k in ks] for n in ns]
+          for r in rows]  # fmt: skip
+    return {"rows": rows, "n": ns, "k": ks, "us": us}
+
+
+def test_gemm_row_factor_is_the_measured_miss_at_fewer_rows_relative_to_the_reference():
+    p = _prof()
+    # at 512 rows, [512, 1024] @ [1024, 256] ran 2x its price; the reference rows missed by 1.25 everywhere
+    p.gemm_rows = _rows_grid(p, {(512, 256, 1024): 2.5} | {(8192, n, k): 1.25 for n in (256, 1024, 4096)
+                                                          for k in (256, 1024, 4096)})  # fmt: skip
+    assert gemm_row_factor(p, 512, 1024, 256) == pytest.approx(2.0)
+    # priced right at 512 rows but 1.25x slow at the reference: relatively faster at fewer rows
+    assert gemm_row_factor(p, 512, 1024, 4096) == pytest.approx(0.8)
+    assert gemm_row_factor(p, 128, 1024, 256) == pytest.approx(0.8)
+    assert gemm_row_factor(p, 8192, 1024, 256) == 1.0 and gemm_row_factor(p, 16384, 1024, 256) == 1.0
+    assert gemm_row_factor(p, 64, 1024, 256) == 1.0  # below the grid: the GEMV fit prices decode rows
+    mid = gemm_row_factor(p, 256, 1024, 256)  # log-linear between 128 (0.8) and 512 (2.0) rows
+    assert mid == pytest.approx(1.6**0.5)
+    assert gemm_row_factor(p, 512, 1024, 128) == pytest.approx(2.0)  # clamped to the grid's smallest N
+    # a launch at those rows costs the factor times its price, and the site pricing of the guard agrees
+    plain = gemm_launch(_prof(), 512, 1024, 256, compiled=False).ms
+    assert gemm_launch(p, 512, 1024, 256, compiled=False).ms == pytest.approx(2.0 * plain)
+
+
+def test_gemm_rows_reach_the_guard_site_price():
+    from gac.allocation import site_ms
+    from gac.sites import Site
+
+    p = _prof()
+    site = Site("l.q", "lowrank_r", max_dim=204, unit_cost=1280, dense_cost=256 * 1024, shape=(256, 1024),
+                members=("l.q",))  # fmt: skip
+    base, dense = site_ms(p, site, 64, tokens=512), site_ms(p, site, 204, tokens=512)
+    p.gemm_rows = _rows_grid(p, {(512, 256, 1024): 1.5, (512, 256, 256): 3.0})
+    # the dense site is one [512, 1024] @ [1024, 256] GEMM: 1.5x; rank 64 clamps to the grid's smallest N and K:
+    # its first factor (K 1024) 1.5x, its second (K 64) 3x, weighted by their FLOPs
+    assert site_ms(p, site, 204, tokens=512) == pytest.approx(1.5 * dense)
+    assert site_ms(p, site, 64, tokens=512) == pytest.approx((1024 * 1.5 + 256 * 3.0) / 1280 * base)
+    assert site_ms(p, site, 64, tokens=1) == site_ms(_prof(), site, 64, tokens=1)  # decode rows: unscaled
+
+
+def test_prefill_attention_is_priced_from_its_measured_grid():
+    m = tiny_model()
+    fuse_projections_(m)
+    p = _prof()
+    before = [x for x in launches(m, p, Point("prefill", 1, seq=64)) if x.kind == "attention"]
+    q = m.model.layers[0].self_attn.q_proj.out_features
+    hd = m.model.layers[0].self_attn.head_dim
+    p.prefill_attention = {"geometry": [q // hd, 1, hd], "points": [
+        {"batch": b, "seq": s, "us": us} for (b, s), us in
+        {(1, 32): 10.0, (1, 128): 40.0, (4, 32): 20.0, (4, 128): 160.0}.items()]}  # fmt: skip
+    at = lambda b, s: [x.ms for x in launches(m, p, Point("prefill", b, seq=s)) if x.kind == "attention"]  # noqa: E731
+    assert at(1, 32) == pytest.approx([10.0e-3] * 2)  # a measured point, per layer, its launch included
+    assert at(1, 64) == pytest.approx([20.0e-3] * 2)  # log-linear between 32 and 128
+    assert at(2, 32) == pytest.approx([10.0e-3 * 2**0.5] * 2)  # log-linear between batches 1 and 4
+    assert at(8, 128) == pytest.approx([320.0e-3] * 2)  # past the batches: linear in the batch
+    assert at(1, 256) == pytest.approx([160.0e-3] * 2)  # past the sequences: quadratic
+    assert [x.ms for x in before] != at(1, 64)
+    p.prefill_attention["geometry"] = [2 * q // hd, 1, hd]  # twice the measured query width: half the time
+    assert at(1, 32) == pytest.approx([5.0e-3] * 2)
+    assert not [
+        x for x in launches(m, p, Point("decode", 1, kv=64)) if x.fixed_us == 0.0 and x.kind == "attention"
+    ]
+
+
+def test_weights_on_the_triton_gemv_are_priced_with_its_fit_at_their_row_class():
+    from gac.runtime.gemv import GEMV
+
+    m = tiny_model()
+    fuse_projections_(m)
+    p = _prof()
+    p.gemv_kernel = {"rows": {"1": {"launch_us": 1.5, "gbps": 9000.0}}}
+    dec = Point("decode", 1, kv=64)
+    assert not [x for x in launches(m, p, dec) if x.fixed_us == 1.5]  # nothing switched: cuBLAS
+    shapes = {f"{n}x{k}": {"1": [4, 512, 4, 3], "16": None} for n, k in
+              {tuple(mod.weight.shape) for _, mod, _ in GEMV.sites(m)}}  # fmt: skip
+    assert GEMV.switch_recorded_(m, shapes) == 2 * 4 + 1  # fused q/k/v, o, gate/up, down; the head
+    own = [x for x in launches(m, p, dec) if x.fixed_us == 1.5]
+    assert len(own) == 2 * 4 + 1 and all(x.byte_ms == pytest.approx(x.bytes / 9000e9 * 1e3) for x in own)
+    assert predict(m, p, dec)["ms"] < predict(m, _prof(), dec)["ms"]
+    assert not [x for x in launches(m, p, Point("decode", 16, kv=64)) if x.fixed_us == 1.5]  # 16 rows: cuBLAS
+    # a prompt's GEMMs take cuBLAS; its head runs on the last position of one sequence: the GEMV
+    assert [x.kind for x in launches(m, p, Point("prefill", 1, seq=32)) if x.fixed_us == 1.5] == ["head"]
+
+
+def test_gemv_kernel_fit_per_row_class_over_the_winners():
+    line = lambda b, t0: t0 + b / 3.0e6  # noqa: E731 - us at 3000 GB/s
+    recs = [{"rows": 1, "bytes": b, "triton_us": line(b, 3.5), "use": True} for b in (2e6, 3e7, 2.6e8)]
+    recs += [{"rows": 1, "bytes": 1e8, "triton_us": 999.0, "use": False}]  # lost to cuBLAS: not what runs
+    recs += [{"rows": 16, "bytes": 3e7, "triton_us": line(3e7, 4.0), "use": True}]  # one winner: no row
+    fit = fit_gemv_kernel(recs, "test")
+    assert list(fit["rows"]) == ["1"] and fit["fit"]["source"] == "test"
+    assert (fit["rows"]["1"]["launch_us"], fit["rows"]["1"]["gbps"]) == (3.5, 3000.0)
+    assert fit["rows"]["1"]["points"] == 3 and fit["rows"]["1"]["of"] == 4
+    assert fit_gemv_kernel(recs[3:], "test") == {}
+    p = default_profile()
+    p.gemv_kernel = fit
+    back = Profile.from_dict(json.loads(json.dumps(p.to_dict())))
+    assert back.gemv_kernel_at(1) == (3.5, 3000.0) and back.gemv_kernel_at(16) is None
+
+
+def test_profile_round_trip_keeps_the_new_fields_and_refuses_bad_ones_in_one_line():
+    p = _prof()
+    p.gemm_rows = _rows_grid(p, {})
+    p.prefill_attention = {"geometry": [4, 1, 30], "points": [{"batch": 1, "seq": 32, "us": 10.0}]}
+    back = Profile.from_dict(json.loads(json.dumps(p.to_dict())))
+    assert back.gemm_rows["us"] == p.gemm_rows["us"] and back.prefill_attention["points"][0]["us"] == 10.0
+    bad = {
+        "gemm_rows": [{**p.gemm_rows, "us": [[[1.0]]]}, {**p.gemm_rows, "rows": [512, 128, 8192]}],
+        "prefill_attention": [{"geometry": [4, 1], "points": [{"batch": 1, "seq": 32, "us": 1.0}]},
+                              {"geometry": [4, 1, 30], "points": [{"batch": 1, "seq": 32, "us": 1.0},
+                                                                  {"batch": 2, "seq": 64, "us": 1.0}]}],
+        "gemv_kernel": [{"rows": {"1": {"launch_us": 1.0}}}, {"rows": {"1": {"launch_us": 1.0, "gbps": 0}}}],
+    }  # fmt: skip
+    for field, entries in bad.items():
+        for e in entries:
+            d = p.to_dict()
+            d[field] = e
+            with pytest.raises(GacError, match=field) as err:
+                Profile.from_dict(d)
+            assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["measure_gemv_kernel", "measure_prefill_attention", "measure_gemm_rows"])
+def test_the_new_fields_are_measured_on_cuda_only(name):
+    from gac.hardware import profiler
+
+    with pytest.raises(GacError, match="CUDA only"):
+        getattr(profiler, name)(torch.device("cpu"), torch.bfloat16)
+
+
+def test_shipped_h100_profile_holds_the_fields_it_was_measured_with():
+    p = load_profile("h100-bfloat16")
+    assert p.gemv_kernel_at(1) is not None and "measure_gemv_kernel" in p.gemv_kernel["fit"]["source"]
+    g = p.gemm_rows
+    assert g["rows"][-1] == p.ops["gemm_n"].curve["context"]["M"]  # the rows its GEMM curves stand for
+    f = np.array([[[gemm_row_factor(p, r, k, n) for k in g["k"]] for n in g["n"]] for r in g["rows"][:-1]])
+    assert f.min() > 0.5 and f.max() < 5.0
+    pa = p.prefill_attention
+    assert pa["geometry"] == [32, 8, 128] and len(pa["points"]) == 12
+    # one layer of Llama-3-8B's masked prefill attention at 8 x 2048: 2.03 ms a layer in the traced compiled step
+    assert p.prefill_attention_ms(8, 2048, 4096, 128) == pytest.approx(2.03, rel=0.1)
