@@ -3,8 +3,8 @@
 The latency model behind ``--align gac``'s guard prices every GEMM at ``launch_us + bytes / copy_gbps``,
 the fused low-rank kernel at its own fit (``fused_lowrank``) and PaLU's latent decode attention at its
 own class (``latent_attention``: latent bandwidth and key-rebuild FLOP rate), the Triton decode GEMV at its
-fit (``gemv_kernel``), prefill attention as the compiled step runs it (``prefill_attention``) and GEMMs at
-serving rows (``gemm_rows``). ``gac profile`` measures
+fit (``gemv_kernel``) and prefill attention as the compiled step runs it (``prefill_attention``). ``gac
+profile`` measures
 all of them, but a full profile takes many minutes; this re-measures only those fields (the same function
 ``gac profile`` calls: :func:`gac.hardware.profiler.measure_latency_fields_`), ``--fields`` naming which
 (default: all), and writes the profile (``--profile``, default: the shipped profile of this GPU) with them
@@ -67,7 +67,7 @@ def main() -> None:
         prof.env["launch_constants"] = run
     if "latent_attention" in fields:
         prof.env["latent_attention"] = run
-    for f in ("gemv_kernel", "prefill_attention", "gemm_rows"):
+    for f in ("gemv_kernel", "prefill_attention"):
         if f in fields:
             prof.env[f] = run
     d = prof.to_dict()

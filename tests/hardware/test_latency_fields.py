@@ -1,24 +1,16 @@
 """The latency model's measured fields beyond the launch constants: the Triton decode GEMV's fit
-(``gemv_kernel``), prefill attention as the compiled step runs it (``prefill_attention``) and GEMMs at
-serving rows (``gemm_rows``). Synthetic profiles on tiny models; the shipped H100 profile for what it holds."""
+(``gemv_kernel``) and prefill attention as the compiled step runs it (``prefill_attention``). Synthetic
+profiles on tiny models; the shipped H100 profile for what it holds."""
 
 from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
 
 from gac.errors import GacError
-from gac.hardware.latency import (
-    Point,
-    fit_gemv_kernel,
-    gemm_launch,
-    gemm_row_factor,
-    launches,
-    predict,
-)
+from gac.hardware.latency import Point, fit_gemv_kernel, launches, predict
 from gac.hardware.profile import Profile, default_profile, load_profile
 from gac.nn.fused import fuse_projections_
 from gac.testing import tiny_model
@@ -28,49 +20,6 @@ def _prof() -> Profile:
     p = default_profile("bfloat16")
     p.launch_us, p.copy_gbps, p.aux_us = 5.0, 4500.0, 2.0
     return p
-
-
-def _rows_grid(p: Profile, slow: dict[tuple[int, int, int], float]) -> dict:
-    """A ``gemm_rows`` grid whose times are the profile's own prices, times ``slow[(rows, n, k)]`` where given."""
-    rows, ns, ks = [128, 512, 8192], [256, 1024, 4096], [256, 1024, 4096]
-    us = [[[gemm_launch(p, r, k, n, compiled=False).ms * 1e3 * slow.get((r, n, k), 1.0) for k in ks] for n in ns]
-          for r in rows]  # fmt: skip
-    return {"rows": rows, "n": ns, "k": ks, "us": us}
-
-
-def test_gemm_row_factor_is_the_measured_miss_at_fewer_rows_relative_to_the_reference():
-    p = _prof()
-    # at 512 rows, [512, 1024] @ [1024, 256] ran 2x its price; the reference rows missed by 1.25 everywhere
-    p.gemm_rows = _rows_grid(p, {(512, 256, 1024): 2.5} | {(8192, n, k): 1.25 for n in (256, 1024, 4096)
-                                                          for k in (256, 1024, 4096)})  # fmt: skip
-    assert gemm_row_factor(p, 512, 1024, 256) == pytest.approx(2.0)
-    # priced right at 512 rows but 1.25x slow at the reference: relatively faster at fewer rows
-    assert gemm_row_factor(p, 512, 1024, 4096) == pytest.approx(0.8)
-    assert gemm_row_factor(p, 128, 1024, 256) == pytest.approx(0.8)
-    assert gemm_row_factor(p, 8192, 1024, 256) == 1.0 and gemm_row_factor(p, 16384, 1024, 256) == 1.0
-    assert gemm_row_factor(p, 64, 1024, 256) == 1.0  # below the grid: the GEMV fit prices decode rows
-    mid = gemm_row_factor(p, 256, 1024, 256)  # log-linear between 128 (0.8) and 512 (2.0) rows
-    assert mid == pytest.approx(1.6**0.5)
-    assert gemm_row_factor(p, 512, 1024, 128) == pytest.approx(2.0)  # clamped to the grid's smallest N
-    # a launch at those rows costs the factor times its price, and the site pricing of the guard agrees
-    plain = gemm_launch(_prof(), 512, 1024, 256, compiled=False).ms
-    assert gemm_launch(p, 512, 1024, 256, compiled=False).ms == pytest.approx(2.0 * plain)
-
-
-def test_gemm_rows_reach_the_guard_site_price():
-    from gac.allocation import site_ms
-    from gac.sites import Site
-
-    p = _prof()
-    site = Site("l.q", "lowrank_r", max_dim=204, unit_cost=1280, dense_cost=256 * 1024, shape=(256, 1024),
-                members=("l.q",))  # fmt: skip
-    base, dense = site_ms(p, site, 64, tokens=512), site_ms(p, site, 204, tokens=512)
-    p.gemm_rows = _rows_grid(p, {(512, 256, 1024): 1.5, (512, 256, 256): 3.0})
-    # the dense site is one [512, 1024] @ [1024, 256] GEMM: 1.5x; rank 64 clamps to the grid's smallest N and K:
-    # its first factor (K 1024) 1.5x, its second (K 64) 3x, weighted by their FLOPs
-    assert site_ms(p, site, 204, tokens=512) == pytest.approx(1.5 * dense)
-    assert site_ms(p, site, 64, tokens=512) == pytest.approx((1024 * 1.5 + 256 * 3.0) / 1280 * base)
-    assert site_ms(p, site, 64, tokens=1) == site_ms(_prof(), site, 64, tokens=1)  # decode rows: unscaled
 
 
 def test_prefill_attention_is_priced_from_its_measured_grid():
@@ -135,12 +84,10 @@ def test_gemv_kernel_fit_per_row_class_over_the_winners():
 
 def test_profile_round_trip_keeps_the_new_fields_and_refuses_bad_ones_in_one_line():
     p = _prof()
-    p.gemm_rows = _rows_grid(p, {})
     p.prefill_attention = {"geometry": [4, 1, 30], "points": [{"batch": 1, "seq": 32, "us": 10.0}]}
     back = Profile.from_dict(json.loads(json.dumps(p.to_dict())))
-    assert back.gemm_rows["us"] == p.gemm_rows["us"] and back.prefill_attention["points"][0]["us"] == 10.0
+    assert back.prefill_attention["points"][0]["us"] == 10.0 and back.gemv_kernel == {}
     bad = {
-        "gemm_rows": [{**p.gemm_rows, "us": [[[1.0]]]}, {**p.gemm_rows, "rows": [512, 128, 8192]}],
         "prefill_attention": [{"geometry": [4, 1], "points": [{"batch": 1, "seq": 32, "us": 1.0}]},
                               {"geometry": [4, 1, 30], "points": [{"batch": 1, "seq": 32, "us": 1.0},
                                                                   {"batch": 2, "seq": 64, "us": 1.0}]}],
@@ -155,7 +102,7 @@ def test_profile_round_trip_keeps_the_new_fields_and_refuses_bad_ones_in_one_lin
             assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("name", ["measure_gemv_kernel", "measure_prefill_attention", "measure_gemm_rows"])
+@pytest.mark.parametrize("name", ["measure_gemv_kernel", "measure_prefill_attention"])
 def test_the_new_fields_are_measured_on_cuda_only(name):
     from gac.hardware import profiler
 
@@ -166,10 +113,6 @@ def test_the_new_fields_are_measured_on_cuda_only(name):
 def test_shipped_h100_profile_holds_the_fields_it_was_measured_with():
     p = load_profile("h100-bfloat16")
     assert p.gemv_kernel_at(1) is not None and "measure_gemv_kernel" in p.gemv_kernel["fit"]["source"]
-    g = p.gemm_rows
-    assert g["rows"][-1] == p.ops["gemm_n"].curve["context"]["M"]  # the rows its GEMM curves stand for
-    f = np.array([[[gemm_row_factor(p, r, k, n) for k in g["k"]] for n in g["n"]] for r in g["rows"][:-1]])
-    assert f.min() > 0.5 and f.max() < 5.0
     pa = p.prefill_attention
     assert pa["geometry"] == [32, 8, 128] and len(pa["points"]) == 12
     # one layer of Llama-3-8B's masked prefill attention at 8 x 2048: 2.03 ms a layer in the traced compiled step

@@ -47,7 +47,7 @@ import numpy as np
 from gac.alignment import round_down, round_nearest, round_up
 from gac.allocation.knapsack import DEFAULT_MAX_STATES, solve_mckp
 from gac.errors import GacError
-from gac.hardware.latency import Point, gemm_row_factor, site_cache_ms
+from gac.hardware.latency import Point, site_cache_ms
 from gac.hardware.profile import Profile
 from gac.sites import Site
 
@@ -241,23 +241,9 @@ def site_ms(profile: Profile, site: Site, d: int, tokens: int = DEFAULT_TOKENS, 
         launches, fused = float(declared[phase]), None
     byte_ms = nbytes / (profile.copy_gbps_or_default * 1e9) * 1e3
     ms = launches * profile.launch_us_or_default * 1e-3 + max(flop_ms, byte_ms)
-    ms *= _row_factor(profile, site, d, tokens) if two_d and not per_dim else 1.0
     if fused is not None:  # one fused launch per member, where that beats two launches
         ms = min(ms, members * fused[0] * 1e-3 + max(flop_ms, nbytes / (fused[1] * 1e9) * 1e3))
     return ms + site_cache_ms(profile, site, d, tokens, kv)
-
-
-def _row_factor(profile: Profile, site: Site, d: int, tokens: int) -> float:
-    """:func:`~gac.hardware.latency.gemm_row_factor` of a site's GEMMs at ``tokens`` rows, weighted by their FLOPs:
-    the one ``[tokens, in] @ [in, out]`` of a dense site, else the factorized pair's two (through rank ``d``)."""
-    out_f, in_f = site.shape
-    if d >= site.max_dim or site.op != "lowrank_r":
-        return gemm_row_factor(profile, tokens, in_f, out_f)
-    first, second = in_f * d, d * out_f
-    return (
-        first * gemm_row_factor(profile, tokens, in_f, d)
-        + second * gemm_row_factor(profile, tokens, d, out_f)
-    ) / (first + second)
 
 
 # --------------------------------------------------------------------------- latency guard

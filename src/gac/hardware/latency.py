@@ -484,8 +484,7 @@ def gemm_launch(
 
     ``low``: the first factor of a low-rank pair (``lowrank_r`` efficiency of N); ``compiled``: at Inductor's
     padded dims (:func:`padded`); ``peak`` (TFLOP/s), ``bw`` (bytes/s), ``launch_us``: the profile's unless
-    given. At fewer rows than the profile's curves were measured at, the whole launch is scaled by
-    :func:`gemm_row_factor` (where the profile has ``gemm_rows``).
+    given.
     """
     c = constants(profile)
     peak = peak if peak is not None else profile.peak_tflops()
@@ -495,76 +494,8 @@ def gemm_launch(
     kp, np_ = (padded(k, elem), padded(n, elem)) if compiled else (k, n)
     eff = profile.efficiency(op, np_) * (profile.efficiency("gemm_k", kp) if "gemm_k" in profile.ops else 1.0)
     nbytes = float((k * n + rows * (k + n)) * elem)
-    x = Launch("gemm", "", 2.0 * rows * k * n, nbytes, launch_us, 2.0 * rows * kp * np_ / (peak * 1e12 * eff) * 1e3,
-               nbytes / bw * 1e3)  # fmt: skip
-    f = gemm_row_factor(profile, rows, k, n)
-    if f != 1.0:
-        x.fixed_us, x.flop_ms, x.byte_ms = x.fixed_us * f, x.flop_ms * f, x.byte_ms * f
-    return x
-
-
-#: the row factors of each profile's ``gemm_rows`` (keyed by the entry's id; computed once)
-_ROW_FACTORS: dict[int, tuple[dict[str, Any], np.ndarray]] = {}
-
-
-def gemm_row_factors(profile: Profile) -> np.ndarray | None:
-    """``[rows, n, k]`` factors of the profile's ``gemm_rows`` grid: each GEMM's measured time over its price at
-    those rows, divided by the same at the reference rows (the grid's last row count, where the curves were
-    measured). None where the profile has no ``gemm_rows``."""
-    g = profile.gemm_rows
-    if not g:
-        return None
-    hit = _ROW_FACTORS.get(id(g))
-    if hit is not None and hit[0] is g:
-        return hit[1]
-    rows, ns, ks, us = g["rows"], g["n"], g["k"], np.asarray(g["us"], dtype=np.float64)
-    bare = Profile(
-        profile.id,
-        profile.ops,
-        profile.measured,
-        launch_us=profile.launch_us,
-        copy_gbps=profile.copy_gbps,
-        aux_us=profile.aux_us,
-    )  # fmt: skip  (no gemm_rows: unscaled)
-    price = np.array(
-        [[[gemm_launch(bare, r, k, n, compiled=False).ms * 1e3 for k in ks] for n in ns] for r in rows]
-    )
-    miss = us / price
-    out = miss / miss[-1:]
-    _ROW_FACTORS[id(g)] = (g, out)
-    return out
-
-
-def _interp(xs: list[int], x: float) -> tuple[int, int, float]:
-    """Bracketing indices of ``x`` in increasing ``xs`` and its weight on the upper one, in log space, clamped."""
-    if x <= xs[0]:
-        return 0, 0, 0.0
-    if x >= xs[-1]:
-        return len(xs) - 1, len(xs) - 1, 0.0
-    j = max(i for i, v in enumerate(xs) if v <= x)
-    return j, j + 1, (math.log(x) - math.log(xs[j])) / (math.log(xs[j + 1]) - math.log(xs[j]))
-
-
-def gemm_row_factor(profile: Profile, rows: int, k: int, n: int) -> float:
-    """How much slower than its price a ``[rows, k] @ [k, n]`` GEMM runs at ``rows`` than at the rows the
-    profile's curves were measured at: the profile's ``gemm_rows`` grid (:func:`gemm_row_factors`), log-linear
-    in rows, N and K between its points (clamped at its edges). 1.0 without that grid, below its fewest rows
-    (the GEMV fit prices those) and at or past its reference rows.
-    """
-    f = gemm_row_factors(profile)
-    g = profile.gemm_rows
-    if f is None or rows < g["rows"][0] or rows >= g["rows"][-1]:
-        return 1.0
-    (r0, r1, wr), (n0, n1, wn), (k0, k1, wk) = (
-        _interp(g[a], v) for a, v in (("rows", rows), ("n", n), ("k", k))
-    )
-    lf = np.log(f)
-    v = 0.0
-    for ri, a in ((r0, 1 - wr), (r1, wr)):
-        for ni, b in ((n0, 1 - wn), (n1, wn)):
-            for ki, c in ((k0, 1 - wk), (k1, wk)):
-                v += a * b * c * lf[ri, ni, ki]
-    return float(math.exp(v))
+    flop_ms = 2.0 * rows * kp * np_ / (peak * 1e12 * eff) * 1e3
+    return Launch("gemm", "", 2.0 * rows * k * n, nbytes, launch_us, flop_ms, nbytes / bw * 1e3)
 
 
 # ------------------------------------------------------------------- latent attention (PaLU)

@@ -166,11 +166,6 @@ class Profile:
     #: prefill attention as the compiled prefill step runs it, ``{}`` if not measured: ``geometry`` (query
     #: heads, KV heads, head_dim), ``points`` (``batch``, ``seq``, ``us`` of one layer's call), ``mask``, ``fit``
     prefill_attention: dict[str, Any] = field(default_factory=dict)
-    #: GEMMs at serving rows, ``{}`` if not measured: ``us[r][i][j]``, the time of ``[rows[r], k[j]] @
-    #: [k[j], n[i]]`` timed as the curves were (64-call CUDA graphs), ``ref_rows`` the rows the curves were
-    #: measured at (the last of ``rows``); the latency model scales a GEMM at fewer rows by how much more
-    #: than its price it took there than at ``ref_rows`` (:func:`gac.hardware.latency.gemm_row_factor`)
-    gemm_rows: dict[str, Any] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ rules
     def rule(self, op: str) -> OpRule:
@@ -369,7 +364,7 @@ class Profile:
             d["fused_lowrank"] = self.fused_lowrank
         if self.latent_attention:
             d["latent_attention"] = self.latent_attention
-        for k in ("gemv_kernel", "prefill_attention", "gemm_rows"):
+        for k in ("gemv_kernel", "prefill_attention"):
             if getattr(self, k):
                 d[k] = getattr(self, k)
         d["ops"] = {k: v.to_dict() for k, v in self.ops.items()}
@@ -394,7 +389,6 @@ class Profile:
             latent_attention=_latent_attention(d.get("latent_attention"), str(d["id"])),
             gemv_kernel=_gemv_kernel(d.get("gemv_kernel"), str(d["id"])),
             prefill_attention=_prefill_attention(d.get("prefill_attention"), str(d["id"])),
-            gemm_rows=_gemm_rows(d.get("gemm_rows"), str(d["id"])),
         )
 
     def save(self, path: str | Path) -> None:
@@ -486,26 +480,6 @@ def _prefill_attention(x: Any, pid: str) -> dict[str, Any]:
         raise GacError(f"profile {pid!r}: prefill_attention needs a geometry of three positive ints and a full "
                        "grid of batches x sequences with positive times")  # fmt: skip
     return {**x, "geometry": geo, "points": pts}
-
-
-def _gemm_rows(x: Any, pid: str) -> dict[str, Any]:
-    """A profile's ``gemm_rows`` entry, checked (``{}`` when absent)."""
-    if not x:
-        return {}
-    try:
-        rows, ns, ks = ([int(v) for v in x[k]] for k in ("rows", "n", "k"))
-        us = [[[float(v) for v in row] for row in plane] for plane in x["us"]]
-    except (KeyError, TypeError, ValueError) as e:
-        raise GacError(f"profile {pid!r}: gemm_rows needs rows, n, k and us ({e!r})") from None
-    shape_ok = len(us) == len(rows) and all(
-        len(p) == len(ns) and all(len(r) == len(ks) for r in p) for p in us
-    )
-    if not (rows and ns and ks and shape_ok and rows == sorted(set(rows)) and ns == sorted(set(ns))
-            and ks == sorted(set(ks)) and min(v for p in us for r in p for v in r) > 0):  # fmt: skip
-        raise GacError(
-            f"profile {pid!r}: gemm_rows needs increasing rows, n and k and a positive time for each"
-        )
-    return {**x, "rows": rows, "n": ns, "k": ks, "us": us}
 
 
 def default_profile(dtype: str = "float16") -> Profile:

@@ -429,7 +429,7 @@ def build_profile(
 
 #: the latency fields of a profile, as :func:`measure_latency_fields_` names them
 LATENCY_FIELDS: tuple[str, ...] = (
-    "launch", "fused_lowrank", "latent_attention", "gemv_kernel", "prefill_attention", "gemm_rows",
+    "launch", "fused_lowrank", "latent_attention", "gemv_kernel", "prefill_attention",
 )  # fmt: skip
 
 
@@ -448,8 +448,7 @@ def measure_latency_fields_(
     ``latent_attention`` (:func:`measure_latent_attention`, its calls cut off after ``latent_budget_s``
     seconds: ``gac profile --quick`` gives it 20; then its ``wide`` rows on :data:`LATENT_WIDE_GEOMETRY`, cut
     off after a third of that), ``gemv_kernel`` (:func:`measure_gemv_kernel`), ``prefill_attention``
-    (:func:`measure_prefill_attention`), ``gemm_rows`` (:func:`measure_gemm_rows`); the others are left as
-    they are.
+    (:func:`measure_prefill_attention`); the others are left as they are.
     """
     fields = list(fields)
     unknown = [f for f in fields if f not in LATENCY_FIELDS]
@@ -475,8 +474,6 @@ def measure_latency_fields_(
         prof.gemv_kernel = measure_gemv_kernel(device, dtype)
     if "prefill_attention" in fields:
         prof.prefill_attention = measure_prefill_attention(device, dtype)
-    if "gemm_rows" in fields:
-        prof.gemm_rows = measure_gemm_rows(device, dtype)
     return prof
 
 
@@ -742,59 +739,6 @@ def measure_prefill_attention(
             "method": "median time of one layer's transformers sdpa_attention_forward with a materialized causal "
             "mask, in CUDA graphs",
             "torch": torch.__version__,
-        },  # fmt: skip
-    }
-
-
-#: the grid of GEMMs timed at serving rows: rows (the last: the rows the curves were measured at), N, K
-GEMM_ROWS: tuple[int, ...] = (128, 256, 512, 1024, 2048, 4096, 8192)
-GEMM_ROWS_N: tuple[int, ...] = (512, 1024, 1536, 2048, 3072, 4096, 6144, 14336, 28672)
-GEMM_ROWS_K: tuple[int, ...] = (512, 1024, 1536, 2048, 3072, 4096, 8192, 14336)
-
-
-def measure_gemm_rows(
-    device: torch.device,
-    dtype: torch.dtype,
-    rows: Iterable[int] = GEMM_ROWS,
-    ns: Iterable[int] = GEMM_ROWS_N,
-    ks: Iterable[int] = GEMM_ROWS_K,
-) -> dict[str, Any]:
-    """The profile's ``gemm_rows`` entry on this GPU: ``[rows, k] @ [k, n]`` timed over the grid.
-
-    Each GEMM is ``torch.mm`` in a CUDA graph over weight copies past L2 (:func:`gac.hardware.timing.graph_timings`,
-    median of seven replays; fewer calls a graph for the largest). The latency model divides each point's time by
-    its price and by the same ratio at the last row count (:func:`gac.hardware.latency.gemm_row_factors`).
-    """
-    from gac.hardware.timing import copies_past_l2, graph_timings
-
-    if device.type != "cuda":
-        raise GacError("GEMMs at serving rows are measured on CUDA only")
-    rows, ns, ks = sorted(set(rows)), sorted(set(ns)), sorted(set(ks))
-    elem = torch.tensor([], dtype=dtype).element_size()
-    us = np.zeros((len(rows), len(ns), len(ks)))
-    for i, j in track([(i, j) for i in range(len(ns)) for j in range(len(ks))], "GEMMs at serving rows"):
-        n, k = ns[i], ks[j]
-        copies = copies_past_l2(n * k * elem)
-        ws = [torch.randn(n, k, device=device, dtype=dtype) for _ in range(copies)]
-        for r, m in enumerate(rows):
-            x = torch.randn(m, k, device=device, dtype=dtype)
-            y = torch.empty(m, n, device=device, dtype=dtype)
-            est_us = 2.0 * m * n * k / 500e12 * 1e6 + 5.0
-            reps = int(min(64, max(4, 2e4 // est_us)))
-            ts = graph_timings(lambda c, x=x, y=y, ws=ws: torch.mm(x, ws[c % len(ws)].t(), out=y), reps, 7)
-            us[r, i, j] = round(ts[len(ts) // 2], 3)
-            del x, y
-        del ws
-        torch.cuda.empty_cache()
-    return {
-        "rows": rows,
-        "n": ns,
-        "k": ks,
-        "us": us.tolist(),
-        "fit": {
-            "source": "gac profile (gac.hardware.profiler.measure_gemm_rows)",
-            "method": "median us of torch.mm [rows, k] @ [k, n] in CUDA graphs over weights rotated past L2; the "
-            "last row count is the reference the profile's GEMM curves stand for",
         },  # fmt: skip
     }
 
