@@ -27,6 +27,7 @@ profile: ``latency_fit.guard_margin = {"value": most optimistic ratio - 1, round
         benchmarks/results/h100/speed-guarded-margin/asvd-llama-0.787 \\
         benchmarks/results/h100/speed-guarded-margin/asvd-llama-0.787-rerun \\
         benchmarks/results/h100/speed-guarded-margin/asvd-qwen-0.846 benchmarks/results/h100/speed-guarded-pruner \\
+        benchmarks/results/h100/speed-guarded-v2/{svd-llm-llama,svd-llm-qwen,asvd-llama,asvd-qwen} \\
         benchmarks/results/h200/speed-final \\
         --write benchmarks/results/h100/speed-guarded=src/gac/profiles/h100-bfloat16.json \\
         --write benchmarks/results/h200/speed-final=src/gac/profiles/h200-bfloat16.json \\
