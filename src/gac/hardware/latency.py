@@ -18,7 +18,9 @@ The formula (every term below is one line of :func:`launches`)::
   :class:`~gac.nn.fused.FusedInputProjection`, the factors inside a
   :class:`~gac.nn.FactorizedLinear`...) except the input embedding is one
   launch of ``[rows, k] @ [k, n]``: rows = ``B·S`` (prefill) or ``B`` (decode), and ``B`` for
-  the output head (the sweep keeps only the last position's logits). So a fused q/k/v group is
+  the output head (the sweep keeps only the last position's logits); a weight switched to the Triton
+  decode GEMV (a ``gemv_table`` with a decision at these rows, :mod:`gac.runtime.gemv`) is priced at the
+  profile's ``gemv_kernel`` fit of that row class where it has one. So a fused q/k/v group is
   one launch, a factorized layer two, a :class:`~gac.nn.fused.FusedSlice` of a factorized
   member one (its ``u``), a dense slice none; a site switched to the fused low-rank kernel
   (a ``lowrank_table`` recorded on it by :mod:`gac.runtime.lowrank_fused`, at the row classes the table
@@ -32,8 +34,9 @@ The formula (every term below is one line of :func:`launches`)::
   for the first factor of a low-rank pair, else ``gemm_n``) and of K (``gemm_k``), as
   :meth:`Profile.gemm_ms` does; bytes: the weight plus the activations in and out.
 * **Attention**, per decoder layer (q/k widths read from the layer, so pruned heads count):
-  prefill is one launch of ``2·B·S²·q`` FLOPs (causal; ``sdpa_head_dim`` efficiency) reading
-  Q, K, V and writing O; decode is three launches (``QKᵀ``, softmax, ``PV``: the grouped
+  prefill is one launch, timed from the profile's ``prefill_attention`` points where it has them
+  (:meth:`Profile.prefill_attention_ms`: the compiled step's masked SDPA), else ``2·B·S²·q`` FLOPs (causal;
+  ``sdpa_head_dim`` efficiency) reading Q, K, V and writing O; decode is three launches (``QKᵀ``, softmax, ``PV``: the grouped
   decode of :mod:`gac.kernels.attention`) reading the KV cache once. With ``gqa_decode=False``
   (transformers' ``repeat_kv``, cells recorded before it existed) the cache is read once,
   written ``n_rep`` times expanded and read expanded: ``(1 + 2·n_rep)`` times its bytes.
@@ -51,8 +54,8 @@ The formula (every term below is one line of :func:`launches`)::
   ``8·T·H``; rotary: ``2·T·(q+kv)``; gated activation ``3·T·I``; cache write ``2·T·kv``;
   elements of the model's dtype).
 
-What it leaves out, on purpose: cuBLAS's split-K reduce kernels (inside the GEMV fit), the
-Triton GEMV used at a few shapes (:mod:`gac.runtime.gemv`), L2 reuse, overlap. Measured agreement
+What it leaves out, on purpose: cuBLAS's split-K reduce kernels (inside the GEMV fit), the Triton GEMV
+where the profile has no ``gemv_kernel`` fit, L2 reuse, overlap. Measured agreement
 on the H200: ``docs/eval.md`` and ``benchmarks/results/h200/decode-diag/latency_model.md``.
 """
 

@@ -50,6 +50,13 @@ profiles measured before them, which then load with the documented defaults
                               # the same, timed on a geometry whose key groups have more query rows than
                               # rows_over (the kernel's QROT_ROWS: Qwen2.5-7B's 28 at key group 4)
       }
+      "gemv_kernel": {        # the Triton decode GEMV (gac.kernels.gemv), if measured: per row class
+        "rows": {"1": {"launch_us": 3.76, "gbps": 3179.2, ...}, "16": {...}}, "fit": {...}
+      },
+      "prefill_attention": {  # one layer's prefill attention as the compiled step runs it, if measured
+        "geometry": [32, 8, 128], "points": [{"batch": 1, "seq": 128, "us": 22.7}, ...],
+        "mask": "...", "fit": {...}
+      }
 
 The latent class is an operator class of its own: a call of the kernel at key group size ``G``
 (KV heads per key group), key rank ``r`` per group, batch ``B`` and ``KV`` cached tokens is priced
