@@ -117,7 +117,9 @@ def test_shipped_margins_are_the_committed_grids_worst_optimism():
         worst = max(r["ratio"] for r in rows)
         assert m == math.ceil((worst - 1.0) * 1000 - 1e-9) / 1000 and grid in src
         assert all(r["ratio"] <= 1.0 + m for r in rows)  # every committed point within the margin
-    assert resolve_margin(load_profile("h100-bfloat16"))[0] == 0.071  # with the GEMV and prefill attention fields
+    assert (
+        resolve_margin(load_profile("h100-bfloat16"))[0] == 0.071
+    )  # with the GEMV and prefill attention fields
 
 
 def test_config_round_trip_and_bad_values():
