@@ -492,13 +492,20 @@ def test_gac_bench_latent_attention_writes_the_calls_and_refuses_the_cpu(tmp_pat
         for g in (1, 4) for r in (32 * g, 64 * g) for b, kv in ((1, 4096), (16, 16384))
     ]  # fmt: skip
     result = fit_latent_attention(recs, "test")
-    result["fit"]["calls"] = recs
+    result["fit"].update(calls=recs, geometry={"heads": 32, "kv_heads": 8})
+    # the wide rows (Qwen2.5-7B's key group of 28 query rows): their own calls and fit, at half the bandwidth
+    wrecs = [{**r, "us": 10.0 + r["bytes"] / 1e3 + r["flops"] / 1e8} for r in recs if r["key_group"] == 4]
+    wide = fit_latent_attention(wrecs, "test wide")
+    wide["fit"].update(calls=wrecs, geometry={"heads": 28, "kv_heads": 4})
+    result["wide"] = {**wide, "rows_over": 16}
     path = write_latent_bench(result, tmp_path / "gpu", "bfloat16", {"gpu": "test GPU"})
     doc = json.loads(path.read_text())
-    assert doc["experiment"] == "latent_attention" and len(doc["records"]) == 8
-    assert all(abs(r["fit_us"] - r["us"]) <= 1e-3 * r["us"] for r in doc["records"])  # the fit's own form
+    assert doc["experiment"] == "latent_attention" and len(doc["records"]) == 8 + 4
+    assert [r["rows"] for r in doc["records"]] == ["class"] * 8 + ["wide"] * 4
+    assert {r["heads"] for r in doc["records"] if r["rows"] == "wide"} == {28}
+    assert all(abs(r["fit_us"] - r["us"]) <= 1e-3 * r["us"] for r in doc["records"])  # each part's own fit
     with open(path.with_suffix(".csv")) as f:
-        assert len(list(csv.DictReader(f))) == 8
+        assert len(list(csv.DictReader(f))) == 12
     assert path.with_suffix(".png").stat().st_size > 0
     assert not list((tmp_path / "gpu").glob("*.tmp*"))
 

@@ -461,15 +461,7 @@ def measure_latency_fields_(
     if "fused_lowrank" in fields:
         prof.fused_lowrank = measure_fused_lowrank(device, dtype)
     if "latent_attention" in fields:
-        cls = measure_latent_attention(device, dtype, budget_s=latent_budget_s)
-        if cls:  # and its wide rows: key groups of more query rows run the kernel otherwise (QROT_ROWS)
-            from gac.kernels.latent_attention import QROT_ROWS
-
-            wide = measure_latent_attention(device, dtype, LATENT_WIDE_SHAPES, latent_budget_s / 3,
-                                            LATENT_WIDE_GEOMETRY)  # fmt: skip
-            if wide:
-                cls["wide"] = {**wide, "rows_over": QROT_ROWS}
-        prof.latent_attention = cls
+        prof.latent_attention = measure_latent_class(device, dtype, latent_budget_s)
     if "gemv_kernel" in fields:
         prof.gemv_kernel = measure_gemv_kernel(device, dtype)
     if "prefill_attention" in fields:
@@ -848,27 +840,46 @@ def measure_latent_attention(
     return fit
 
 
+def measure_latent_class(device: torch.device, dtype: torch.dtype, budget_s: float = 60.0) -> dict[str, Any]:
+    """The profile's whole ``latent_attention`` class: :func:`measure_latent_attention` on
+    :data:`LATENT_GEOMETRY` (cut off after ``budget_s`` seconds), then its ``wide`` rows on
+    :data:`LATENT_WIDE_GEOMETRY` (a third of that): key groups of more query rows than the kernel's
+    ``QROT_ROWS`` run otherwise (:func:`gac.kernels.latent_attention.raw_program_heads`). ``{}`` where the first
+    timed nothing."""
+    cls = measure_latent_attention(device, dtype, budget_s=budget_s)
+    if cls:
+        from gac.kernels.latent_attention import QROT_ROWS
+
+        wide = measure_latent_attention(device, dtype, LATENT_WIDE_SHAPES, budget_s / 3, LATENT_WIDE_GEOMETRY)
+        if wide:
+            cls["wide"] = {**wide, "rows_over": QROT_ROWS}
+    return cls
+
+
 def write_latent_bench(result: dict[str, Any], out_dir: Path, dtype: str, env: dict[str, Any]) -> Path:
-    """``gac bench -e latent_attention``'s files from :func:`measure_latent_attention`'s ``result``:
-    ``latent_attention-<dtype>.json`` (the fitted rows, every call, the environment and the command),
+    """``gac bench -e latent_attention``'s files from :func:`measure_latent_class`'s ``result``:
+    ``latent_attention-<dtype>.json`` (the fitted rows, every call, its ``wide`` rows' calls marked ``rows:
+    wide``, the environment and the command),
     ``.csv`` (one row per call) and ``.png`` (achieved latent GB/s and key-rebuild TFLOP/s per call, by
     key group, beside the fit's prediction); each written to a temporary sibling and renamed."""
     import csv
     import io
 
-    calls = result.get("fit", {}).get("calls", [])
-    if not calls:
+    if not result.get("fit", {}).get("calls"):
         raise GacError("the latent attention sweep timed no call (no Triton, or every call over its budget)")
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = out_dir / f"latent_attention-{dtype}"
-    # the fit's time of each call, from the relative errors the fit kept per group (in the calls' order)
-    errs = {g: iter(row["rel_err"]) for g, row in result["groups"].items()}
     rows = []
-    for c in calls:
-        e = next(errs[str(c["key_group"])], None) if str(c["key_group"]) in errs and c.get("us") else None
-        fit = round(c["us"] * (1 + e), 3) if e is not None else None
-        rows.append({k: v for k, v in c.items() if k != "launch"}
-                    | {"launch": json.dumps(c["launch"], sort_keys=True), "fit_us": fit})  # fmt: skip
+    for part, cls in (("class", result), ("wide", result.get("wide") or {})):  # the wide rows: their own fit
+        # the fit's time of each call, from the relative errors the fit kept per group (in the calls' order)
+        errs = {g: iter(row["rel_err"]) for g, row in (cls.get("groups") or {}).items()}
+        geo = (cls.get("fit") or {}).get("geometry") or {}
+        for c in (cls.get("fit") or {}).get("calls", []):
+            e = next(errs[str(c["key_group"])], None) if str(c["key_group"]) in errs and c.get("us") else None
+            fit = round(c["us"] * (1 + e), 3) if e is not None else None
+            rows.append({"rows": part, "heads": geo.get("heads"), "kv_heads": geo.get("kv_heads")}
+                        | {k: v for k, v in c.items() if k != "launch"}
+                        | {"launch": json.dumps(c["launch"], sort_keys=True), "fit_us": fit})  # fmt: skip
     doc = {"schema": "gac.bench/1", "experiment": "latent_attention", "dtype": dtype, "env": env,
            "command": shlex.join(["gac", *sys.argv[1:]]), "latent_attention": result, "records": rows}  # fmt: skip
     atomic_write_text(stem.with_suffix(".json"), json.dumps(doc, indent=1, default=float) + "\n")
@@ -883,11 +894,12 @@ def write_latent_bench(result: dict[str, Any], out_dir: Path, dtype: str, env: d
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for g in sorted({c["key_group"] for c in rows}):
-        mine = [c for c in rows if c["key_group"] == g]
+    for part, g in sorted({(c["rows"], c["key_group"]) for c in rows}):
+        mine = [c for c in rows if c["key_group"] == g and c["rows"] == part]
         xs = range(len(mine))
-        axes[0].plot(xs, [c["gbps"] for c in mine], "o-", label=f"key group {g}")
-        axes[1].plot(xs, [c["rebuild_tflops"] for c in mine], "o-", label=f"key group {g}")
+        label = f"key group {g}" + (f", {mine[0]['heads']} query heads (wide)" if part == "wide" else "")
+        axes[0].plot(xs, [c["gbps"] for c in mine], "o-" if part == "class" else "s--", label=label)
+        axes[1].plot(xs, [c["rebuild_tflops"] for c in mine], "o-" if part == "class" else "s--", label=label)
     axes[0].set(title="latent bytes / time", ylabel="GB/s", xlabel="call (rank, batch, KV)")
     axes[1].set(title="useful key-rebuild FLOPs / time", ylabel="TFLOP/s", xlabel="call (rank, batch, KV)")
     for ax in axes:
