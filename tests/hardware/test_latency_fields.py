@@ -117,3 +117,25 @@ def test_shipped_h100_profile_holds_the_fields_it_was_measured_with():
     assert pa["geometry"] == [32, 8, 128] and len(pa["points"]) == 12
     # one layer of Llama-3-8B's masked prefill attention at 8 x 2048: 2.03 ms a layer in the traced compiled step
     assert p.prefill_attention_ms(8, 2048, 4096, 128) == pytest.approx(2.03, rel=0.1)
+
+
+def test_a_recorded_cell_is_priced_with_the_weights_its_infer_switched_to_the_gemv():
+    """``gac report`` rebuilds a cell as its infer ran it: the GEMV sites it recorded are switched again on the
+    skeleton, and a profile with a ``gemv_kernel`` fit prices them at it (a profile without one: as before)."""
+    from gac.runtime.cells import cell_skeleton
+
+    d = {"id": "tiny/base", "status": "ok", "cell": {"model": "tiny:llama"},
+         "results": {"dims": None, "evals": {"infer": {"dtype": "bfloat16", "fused": 2}}}}  # fmt: skip
+    plain = cell_skeleton(d)
+    from gac.runtime.gemv import GEMV
+
+    shapes = {GEMV.key(shape): {"1": [4, 512, 4, 3], "16": None} for _, _, shape in GEMV.sites(plain)}
+    d["results"]["evals"]["infer"]["gemv"] = {"modules": len(shapes), "shapes": shapes}
+    switched = cell_skeleton(d)
+    assert sum(getattr(m, "gemv_table", None) is not None for m in switched.modules()) == len(
+        GEMV.sites(plain)
+    )
+    p, dec = _prof(), Point("decode", 1, kv=64)
+    assert predict(switched, p, dec)["ms"] == predict(plain, p, dec)["ms"]  # no fit: priced as cuBLAS
+    p.gemv_kernel = {"rows": {"1": {"launch_us": 1.5, "gbps": 9000.0}}}
+    assert predict(switched, p, dec)["ms"] < predict(plain, p, dec)["ms"]
