@@ -410,7 +410,7 @@ def launches(
         rows = point.batch if mod is head else t
         kinds = getattr(mod, "kinds", None)  # a fused group: first stages of factorized members
         low = id(mod) in first_stage or (kinds is not None and "factorized" in kinds)
-        x = gemm_launch(profile, rows, k, n, low, compiled, elem, peak, bw, launch_us)
+        x = _gemm_launch(profile, rows, k, n, low, compiled, elem, peak, bw, launch_us)
         x.kind, x.name = "head" if mod is head else "gemm", name or "model"
         gv = None if id(mod) in merged else choice(getattr(mod, "gemv_table", None), rows)
         fit = profile.gemv_kernel_at(row_class(rows, mod.gemv_table) or 0) if gv is not None else None
@@ -471,7 +471,7 @@ def launches(
     return out
 
 
-def gemm_launch(
+def _gemm_launch(
     profile: Profile,
     rows: int,
     k: int,
