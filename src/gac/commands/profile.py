@@ -71,7 +71,8 @@ def profile_cmd(
 ) -> None:
     """Sweep GEMM K/N, GEMV, SDPA head_dim and low-rank r; write the discovered rules to --out
     (a .json file). On CUDA also measure the latency model's fields: launch constants, the fused
-    low-rank kernel and the latent_attention class (PaLU's decode kernel, about a minute).
+    low-rank kernel, the latent_attention class (PaLU's decode kernel, about a minute), the Triton
+    decode GEMV's fit and prefill attention as the compiled step runs it.
 
     With --refine MODEL --profile P: re-measure P around the dims where its prediction and
     MODEL's measured GEMMs disagree most, and write the refined profile to --out.
