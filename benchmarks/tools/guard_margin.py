@@ -12,8 +12,10 @@ profile's curve was measured at) and prints the same statistics: the rows-aware 
 docs/allocation.md ("Where the latency model is optimistic"). It is not in the model.
 
 The shipped margins come from the grids run without a margin (``speed-guarded``, ``speed-final``); the
-H100 margin grid (``speed-guarded-margin``, run with it) is judged beside them: its most optimistic ratio,
-1.077 (SVD-LLM on Llama-3-8B at prefill B1×512), is 0.001 over the margin it ran with (docs/allocation.md).
+H100 margin grid (``speed-guarded-margin``, run with it) is judged beside them: priced as it ran, its most
+optimistic ratio, 1.077 (SVD-LLM on Llama-3-8B at prefill B1×512), was 0.001 over the 0.076 it ran with; re-priced
+with the profile's GEMV and prefill-attention fields it is 1.061, and the grid run under them
+(``speed-guarded-v2``, margin 0.071) 1.067 (docs/allocation.md).
 
 Points where a cell or its base fell back from the default path (timed eager, ``fallback`` in the record)
 are left out: they are not what the model prices.
