@@ -54,8 +54,15 @@ The formula (every term below is one line of :func:`launches`)::
   ``8·T·H``; rotary: ``2·T·(q+kv)``; gated activation ``3·T·I``; cache write ``2·T·kv``;
   elements of the model's dtype).
 
-What it leaves out, on purpose: cuBLAS's split-K reduce kernels (inside the GEMV fit), the Triton GEMV
-where the profile has no ``gemv_kernel`` fit, L2 reuse, overlap. Measured agreement
+* **Split-K reductions**: a GEMM run by cuBLAS (not the Triton GEMV or the fused low-rank kernel) whose
+  output has few tiles for its K (:func:`splits_k`) is followed by cuBLAS's reduction kernel, priced as an
+  ``aux`` launch over its fp32 partials (:func:`_reduce_launch`). At one row they sit inside the launch fit.
+
+* **Bias copies**: a compiled biased cuBLAS GEMM whose output row Inductor pads (:func:`bias_copied`)
+  runs after a copy of its broadcast bias into the output, one ``aux`` launch.
+
+What it leaves out, on purpose: the Triton GEMV where the profile has no ``gemv_kernel`` fit, L2 reuse,
+overlap. Measured agreement
 on the H200: ``docs/eval.md`` and ``benchmarks/results/h200/decode-diag/latency_model.md``.
 """
 
@@ -418,6 +425,14 @@ def launches(
             x.fixed_us, x.byte_ms, x.flop_ms = fit[0], x.bytes / (fit[1] * 1e9) * 1e3, 0.0
         out.append(x)
         keys.append(merged.get(id(mod)))
+        cublas = gv is None and rows > 1 and id(mod) not in merged  # one row: inside the launch fit
+        if cublas and splits_k(rows, k, n):  # cuBLAS's split-K reduction
+            out.append(_reduce_launch(x.name, rows, n, elem, aux_us, bw))
+            keys.append(None)
+        if cublas and compiled and getattr(mod, "bias", None) is not None and bias_copied(n, elem):
+            nbytes = float(rows * n * elem)  # the bias broadcast into the output
+            out.append(Launch("aux", f"{x.name}.bias_copy", 0.0, nbytes, aux_us, 0.0, nbytes / bw * 1e3))
+            keys.append(None)
     out = _merge(out, keys)
     fused = profile.fused_lowrank_at(t)
     if fused is not None:  # the kernel's own fit for its launches, where the profile has one
@@ -469,6 +484,54 @@ def launches(
         out.append(Launch("aux", f"step.aux{j}", 0.0, glob / AUX_PER_STEP, aux_us, 0.0,
                           glob / AUX_PER_STEP / bw * 1e3))  # fmt: skip
     return out
+
+
+#: cuBLAS splits K (a second kernel reduces the fp32 partial sums) where the output has fewer 128 x 128
+#: tiles than ``K / SPLIT_K_PER_TILE``: 227 of 245 plain bf16 GEMMs on an H100 (M 16-2048, K 4096-18944,
+#: N 1024-4096; ``benchmarks/results/h100/latency-fields/splitk/``), and every split of the traced steps
+#: (``benchmarks/results/h100/svdllm-trace/``)
+SPLIT_K_PER_TILE = 240
+#: bytes per output element the reduction moves: two fp32 partial slices read, the output written
+#: (fitted: 1.6 us + 11 bytes per element at the copy bandwidth, within 6% at the median of 117 reductions)
+SPLIT_K_REDUCE_BYTES = 8
+
+
+def splits_k(rows: int, k: int, n: int, tile: int = 128) -> bool:
+    """Whether cuBLAS runs the ``[rows, k] @ [k, n]`` GEMM split over K, with a reduction kernel after it.
+
+    >>> splits_k(512, 18944, 2304), splits_k(512, 14336, 2288), splits_k(128, 14336, 4096), splits_k(512, 4096, 4096)
+    (True, False, True, False)
+    """
+    return k >= SPLIT_K_PER_TILE * (-(-rows // tile)) * (-(-n // tile))
+
+
+#: Inductor pads the row stride of a GEMM output held inside the compiled graph to this many bytes where the
+#: stride is over :data:`PAD_STRIDE_THRESHOLD` elements (``torch._inductor.config.comprehensive_padding``,
+#: ``padding_alignment_bytes``, ``padding_stride_threshold``)
+PAD_ALIGN_BYTES = 128
+PAD_STRIDE_THRESHOLD = 1024
+
+
+def bias_copied(n: int, elem: int = 2) -> bool:
+    """Whether a compiled step runs a biased ``[rows, k] @ [k, n]`` GEMM as a copy of the broadcast bias
+    into the output and a GEMM that accumulates onto it, rather than with the bias in cuBLASLt's epilogue.
+
+    Inductor pads the output's row stride (:data:`PAD_ALIGN_BYTES`); a padded output is not contiguous,
+    and ATen's ``addmm`` takes the epilogue only for a contiguous one. Traced on an H100: the fused q/k/v
+    first stage of the Qwen2.5-7B shape at SVD-LLM 23% (``n`` 2416) ran ``direct_copy`` then a ``badd``
+    kernel in each layer, the dense one (``n`` 4608) neither (``benchmarks/results/h100/svdllm-trace/``).
+
+    >>> bias_copied(2416), bias_copied(4608), bias_copied(512), bias_copied(1400, 4)
+    (True, False, False, True)
+    """
+    align = max(PAD_ALIGN_BYTES // max(elem, 1), 1)
+    return n > PAD_STRIDE_THRESHOLD and n % align != 0
+
+
+def _reduce_launch(name: str, rows: int, n: int, elem: int, aux_us: float, bw: float) -> Launch:
+    """The split-K reduction after GEMM ``name`` (:func:`splits_k`): fp32 partials in, the output out."""
+    nbytes = float(rows * n * (SPLIT_K_REDUCE_BYTES + elem))
+    return Launch("aux", f"{name}.splitk_reduce", 0.0, nbytes, aux_us, 0.0, nbytes / bw * 1e3)
 
 
 def _gemm_launch(
