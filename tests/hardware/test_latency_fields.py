@@ -139,3 +139,38 @@ def test_a_recorded_cell_is_priced_with_the_weights_its_infer_switched_to_the_ge
     assert predict(switched, p, dec)["ms"] == predict(plain, p, dec)["ms"]  # no fit: priced as cuBLAS
     p.gemv_kernel = {"rows": {"1": {"launch_us": 1.5, "gbps": 9000.0}}}
     assert predict(switched, p, dec)["ms"] < predict(plain, p, dec)["ms"]
+
+
+def test_cublas_split_k_reductions_are_priced_where_the_output_has_few_tiles_for_its_k():
+    from gac.hardware.latency import splits_k
+
+    assert splits_k(512, 18944, 2304) and not splits_k(512, 14336, 2288)  # the traced Qwen/Llama down_proj.v
+    assert splits_k(128, 14336, 4096) and not splits_k(512, 14336, 4096)  # dense down_proj at 128 / 512 rows
+    m = tiny_model(intermediate=1000)
+    fuse_projections_(m)
+    p = _prof()
+    reduces = lambda pt: [x for x in launches(m, p, pt) if x.name.endswith(".splitk_reduce")]  # noqa: E731
+    red = reduces(Point("prefill", 1, seq=128))  # down_proj: K 1000 over one 128 x 128 tile
+    assert [x.name for x in red] == [f"model.layers.{i}.mlp.down_proj.splitk_reduce" for i in range(2)]
+    assert red[0].kind == "aux" and red[0].fixed_us == p.aux_us and red[0].bytes > 0
+    assert reduces(Point("prefill", 1, seq=2048)) == []  # 16 tiles: K 1000 is too short to split
+    assert reduces(Point("decode", 1, kv=64)) == []  # one row: inside the launch fit
+    no_split = predict(m, p, Point("prefill", 1, seq=2048))["by_kind"]["aux"]["launches"]
+    assert predict(m, p, Point("prefill", 1, seq=128))["by_kind"]["aux"]["launches"] == no_split + 2
+
+
+def test_a_compiled_biased_gemm_whose_output_row_inductor_pads_pays_a_bias_copy():
+    from gac.hardware.latency import bias_copied
+
+    assert bias_copied(2416) and not bias_copied(4608) and not bias_copied(1000)  # 1000: under the threshold
+    m = tiny_model("qwen2", hidden=1040, heads=8, kv_heads=2)
+    fuse_projections_(m)  # q/k/v in one biased GEMM of 1040 + 2 x 260 = 1560 outputs: not a multiple of 64
+    p = _prof()
+    pt = Point("prefill", 1, seq=64)
+    copies = [x for x in launches(m, p, pt) if x.name.endswith(".bias_copy")]
+    assert [x.name for x in copies] == [f"model.layers.{i}.self_attn.fused_q_k_v.bias_copy" for i in range(2)]
+    assert copies[0].bytes == 64 * 1560 * 4  # the output written once (float32 model)
+    assert not [x for x in launches(m, p, pt, compiled=False) if x.name.endswith(".bias_copy")]
+    plain = tiny_model("llama", hidden=1040, heads=8, kv_heads=2)
+    fuse_projections_(plain)  # no bias: no copy
+    assert not [x for x in launches(plain, p, pt) if x.name.endswith(".bias_copy")]
