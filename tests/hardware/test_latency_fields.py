@@ -174,3 +174,14 @@ def test_a_compiled_biased_gemm_whose_output_row_inductor_pads_pays_a_bias_copy(
     plain = tiny_model("llama", hidden=1040, heads=8, kv_heads=2)
     fuse_projections_(plain)  # no bias: no copy
     assert not [x for x in launches(plain, p, pt) if x.name.endswith(".bias_copy")]
+
+
+def test_the_bias_copy_rule_follows_inductors_padding_config():
+    """The rule's constants are Inductor's stride padding (torch 2.11 on the GPU machine, the CI's torch here):
+    if a torch release changes them, the model must follow."""
+    import torch._inductor.config as ic
+
+    from gac.hardware.latency import PAD_ALIGN_BYTES, PAD_STRIDE_THRESHOLD
+
+    assert ic.comprehensive_padding
+    assert (ic.padding_alignment_bytes, ic.padding_stride_threshold) == (PAD_ALIGN_BYTES, PAD_STRIDE_THRESHOLD)
