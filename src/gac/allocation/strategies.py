@@ -181,12 +181,6 @@ class Allocation:
 
 
 # ---------------------------------------------------------------------------- latency model
-def _peak_tflops(profile: Profile) -> float:
-    peaks = [max(r.curve.get("tflops") or [0.0]) for r in profile.ops.values()]
-    best = max(peaks, default=0.0)
-    return best if best > 0 else 100.0
-
-
 def site_ms(profile: Profile, site: Site, d: int, tokens: int = DEFAULT_TOKENS, kv: int = 0) -> float:
     """Predicted time (ms) of one site's matmuls at kept dim ``d`` for ``tokens`` rows.
 
@@ -229,7 +223,7 @@ def site_ms(profile: Profile, site: Site, d: int, tokens: int = DEFAULT_TOKENS, 
     else:
         params = d * per_dim if per_dim else site.cost(d)
         flop_ms = (
-            2.0 * tokens * params / (_peak_tflops(profile) * 1e12 * profile.efficiency(site.op, d)) * 1e3
+            2.0 * tokens * params / (profile.peak_tflops() * 1e12 * profile.efficiency(site.op, d)) * 1e3
         )
         factorized = site.op == "lowrank_r" and d < site.max_dim
         nbytes = (params + act + (2 * tokens * d * members if factorized else 0)) * elem

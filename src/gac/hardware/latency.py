@@ -539,23 +539,19 @@ def _gemm_launch(
     rows: int,
     k: int,
     n: int,
-    low: bool = False,
-    compiled: bool = True,
-    elem: int = 2,
-    peak: float | None = None,
-    bw: float | None = None,
-    launch_us: float | None = None,
+    low: bool,
+    compiled: bool,
+    elem: int,
+    peak: float,
+    bw: float,
+    launch_us: float,
 ) -> Launch:
     """One ``[rows, k] @ [k, n]`` GEMM launch priced as :func:`launches` prices it (see the module doc).
 
     ``low``: the first factor of a low-rank pair (``lowrank_r`` efficiency of N); ``compiled``: at Inductor's
-    padded dims (:func:`padded`); ``peak`` (TFLOP/s), ``bw`` (bytes/s), ``launch_us``: the profile's unless
-    given.
+    padded dims (:func:`padded`); ``peak`` (TFLOP/s), ``bw`` (bytes/s), ``launch_us``: the profile's, as
+    :func:`launches` resolved them.
     """
-    c = constants(profile)
-    peak = peak if peak is not None else profile.peak_tflops()
-    bw = bw if bw is not None else c["copy_gbps"] * 1e9
-    launch_us = launch_us if launch_us is not None else c["launch_us"]
     op = "lowrank_r" if low and "lowrank_r" in profile.ops else "gemm_n"
     kp, np_ = (padded(k, elem), padded(n, elem)) if compiled else (k, n)
     eff = profile.efficiency(op, np_) * (profile.efficiency("gemm_k", kp) if "gemm_k" in profile.ops else 1.0)

@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -290,23 +291,10 @@ class Profile:
         h, _, d = (int(x) for x in pa["geometry"])
         table = {(int(p["batch"]), int(p["seq"])): float(p["us"]) for p in pa["points"]}
         bs, ss = sorted({b for b, _ in table}), sorted({s for _, s in table})
-
-        def at_seq(b: int) -> float:  # log-log in the sequence at a measured batch
-            s = min(max(seq, ss[0]), ss[-1])
-            j = max(i for i, x in enumerate(ss) if x <= s)
-            lo, hi = ss[j], ss[min(j + 1, len(ss) - 1)]
-            t = table[(b, lo)] if hi == lo else math.exp(
-                math.log(table[(b, lo)]) + (math.log(table[(b, hi)]) - math.log(table[(b, lo)]))
-                * (math.log(s) - math.log(lo)) / (math.log(hi) - math.log(lo)))  # fmt: skip
-            return t * (seq / s) ** 2
-
+        s = min(max(seq, ss[0]), ss[-1])
         b = min(max(batch, bs[0]), bs[-1])
-        j = max(i for i, x in enumerate(bs) if x <= b)
-        lo, hi = bs[j], bs[min(j + 1, len(bs) - 1)]
-        t = at_seq(lo) if hi == lo else math.exp(
-            math.log(at_seq(lo)) + (math.log(at_seq(hi)) - math.log(at_seq(lo)))
-            * (math.log(b) - math.log(lo)) / (math.log(hi) - math.log(lo)))  # fmt: skip
-        t *= batch / b * q_width / (h * d)
+        t = _log_interp(bs, b, lambda bb: _log_interp(ss, s, lambda x: table[(bb, x)]))
+        t *= (seq / s) ** 2 * batch / b * q_width / (h * d)
         if "sdpa_head_dim" in self.ops and head_dim != d:
             t *= self.efficiency("sdpa_head_dim", d) / max(self.efficiency("sdpa_head_dim", head_dim), 1e-6)
         return t * 1e-3
@@ -450,6 +438,16 @@ def _latent_attention(x: Any, pid: str) -> dict[str, Any]:
             raise GacError(f"profile {pid!r}: latent_attention.wide needs rows_over (query rows)") from None
         out["wide"] = {**wide, "rows_over": over}
     return out
+
+
+def _log_interp(xs: list[int], x: float, f: Callable[[int], float]) -> float:
+    """``f`` between the two measured ``xs`` around ``x`` (sorted, ``x`` within them), linear in log-log."""
+    j = max(i for i, v in enumerate(xs) if v <= x)
+    lo, hi = xs[j], xs[min(j + 1, len(xs) - 1)]
+    if hi == lo:
+        return f(lo)
+    w = (math.log(x) - math.log(lo)) / (math.log(hi) - math.log(lo))
+    return math.exp(math.log(f(lo)) + (math.log(f(hi)) - math.log(f(lo))) * w)
 
 
 def _gemv_kernel(x: Any, pid: str) -> dict[str, Any]:

@@ -617,6 +617,19 @@ FUSED_SHAPES: tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...] = (
 )
 
 
+def _measured_each(
+    items: Iterable[Any], label: str, measure: Callable[[Any], dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """``measure(item)`` for every item with a progress bar; an item that runs out of GPU memory is skipped."""
+    recs = []
+    for x in track(list(items), label):
+        try:
+            recs.append(measure(x))
+        except torch.OutOfMemoryError:
+            torch.cuda.empty_cache()
+    return recs
+
+
 def measure_fused_lowrank(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
     """The profile's ``fused_lowrank`` entry on this GPU: the fused low-rank kernel's launch fit.
 
@@ -633,12 +646,8 @@ def measure_fused_lowrank(device: torch.device, dtype: torch.dtype) -> dict[str,
     if not L.HAVE_TRITON:
         console.print("[yellow]note:[/yellow] no Triton: the profile gets no fused low-rank entry")
         return {}
-    recs = []
-    for k, splits, outs in track(FUSED_SHAPES, "fused low-rank kernel: launch fit"):
-        try:
-            recs.append(L.measure_site(k, list(splits), list(outs), 1, dtype, device))
-        except torch.OutOfMemoryError:
-            torch.cuda.empty_cache()
+    recs = _measured_each(FUSED_SHAPES, "fused low-rank kernel: launch fit",
+                          lambda x: L.measure_site(x[0], list(x[1]), list(x[2]), 1, dtype, device))  # fmt: skip
     fit = fit_fused_lowrank(recs, "gac profile (gac.hardware.profiler.measure_fused_lowrank)")
     if fit:
         fit["fit"]["sites"] = [{k: r.get(k) for k in ("site", "bytes", "existing_us", "fused_us", "use")}
@@ -668,14 +677,8 @@ def measure_gemv_kernel(device: torch.device, dtype: torch.dtype) -> dict[str, A
     if not G.HAVE_TRITON:
         console.print("[yellow]note:[/yellow] no Triton: the profile gets no gemv_kernel entry")
         return {}
-    recs = []
-    for (n, k), rows in track(
-        [(s, r) for s in GEMV_SHAPES for r in G.ROW_CLASSES], "Triton GEMV: launch fit"
-    ):
-        try:
-            recs.append(G.measure_shape(n, k, rows, dtype, device))
-        except torch.OutOfMemoryError:
-            torch.cuda.empty_cache()
+    recs = _measured_each([(s, r) for s in GEMV_SHAPES for r in G.ROW_CLASSES], "Triton GEMV: launch fit",
+                          lambda x: G.measure_shape(x[0][0], x[0][1], x[1], dtype, device))  # fmt: skip
     return fit_gemv_kernel(recs, "gac profile (gac.hardware.profiler.measure_gemv_kernel)")
 
 
