@@ -65,9 +65,7 @@ def main() -> None:
     }
     if "launch" in fields or "fused_lowrank" in fields:
         prof.env["launch_constants"] = run
-    if "latent_attention" in fields:
-        prof.env["latent_attention"] = run
-    for f in ("gemv_kernel", "prefill_attention"):
+    for f in ("latent_attention", "gemv_kernel", "prefill_attention"):  # each recorded under its own name
         if f in fields:
             prof.env[f] = run
     d = prof.to_dict()
