@@ -601,3 +601,19 @@ def test_the_shipped_h200_class_prices_the_committed_h200_palu_cells_below_dense
     for r in decode:
         assert r["measured_speedup"] < 1.0 and r["predicted_speedup"] < 1.0, r["point"]
         assert 0.65 <= r["ratio"] <= 1.25, (r["point"], r["ratio"])
+
+
+def test_every_shipped_profile_prices_the_latent_cache_from_a_measured_class():
+    """At its roofline the latent cache was priced up to 2.9x faster than an H200 ran it
+    (``benchmarks/results/h200/palu-default/``): a shipped profile without the class lets the guard pass a PaLU
+    that decodes slower than dense."""
+    from gac.hardware.profile import shipped_profiles
+
+    paths = shipped_profiles()
+    assert {p.name for p in paths} >= {"h100-bfloat16.json", "h200-bfloat16.json", "h200-float16.json"}
+    for path in paths:
+        prof = load_profile(path)
+        assert prof.latent_attention and {"1", "2", "4"} <= set(prof.latent_attention["groups"]), path.name
+        assert prof.latent_rates(4, 16)["source"] != ROOF and prof.env["latent_attention"]["command"], (
+            path.name
+        )
