@@ -184,4 +184,7 @@ def test_the_bias_copy_rule_follows_inductors_padding_config():
     from gac.hardware.latency import PAD_ALIGN_BYTES, PAD_STRIDE_THRESHOLD
 
     assert ic.comprehensive_padding
-    assert (ic.padding_alignment_bytes, ic.padding_stride_threshold) == (PAD_ALIGN_BYTES, PAD_STRIDE_THRESHOLD)
+    assert (ic.padding_alignment_bytes, ic.padding_stride_threshold) == (
+        PAD_ALIGN_BYTES,
+        PAD_STRIDE_THRESHOLD,
+    )
