@@ -38,7 +38,6 @@ profile: ``latency_fit.guard_margin = {"value": most optimistic ratio - 1, round
         --write benchmarks/results/h200/speed-final=src/gac/profiles/h200-bfloat16.json \\
         --write benchmarks/results/h200/speed-final=src/gac/profiles/h200-float16.json --wave 64x64,64x128,128x128 \\
         --out benchmarks/results/cpu/guard_margin.json
-
 """
 
 from __future__ import annotations
