@@ -41,6 +41,11 @@ def main() -> None:
     ap.add_argument("--eval-len", type=int, default=512)
     ap.add_argument("--eval-windows", type=int, default=4)
     ap.add_argument("--profile", default="default")
+    ap.add_argument(
+        "--allow-slower",
+        action="store_true",
+        help="lift the latency guard of --align gac (a GPU profile on which PaLU is predicted slower than dense)",
+    )
     args = ap.parse_args()
 
     import torch
@@ -83,6 +88,7 @@ def main() -> None:
         },
         eval={"text": "britannica test half", "seq_len": args.eval_len, "windows": args.eval_windows},
         profile=args.profile,
+        allow_slower=args.allow_slower,
     )
     result.setdefault("runs", [])
 
@@ -109,7 +115,12 @@ def main() -> None:
     for ratio in (float(r) for r in args.ratios.split(",")):
         t0 = time.time()
         cfg = CompressConfig(
-            compressor="palu", param_ratio=ratio, align="none", profile=args.profile, options=options
+            compressor="palu",
+            param_ratio=ratio,
+            align="gac" if args.allow_slower else "none",  # the config's align only carries the lifted guard
+            profile=args.profile,
+            options=options,
+            allow_slower=args.allow_slower,
         )
         from gac.compressors.base import get_compressor
 

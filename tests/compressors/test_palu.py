@@ -143,6 +143,9 @@ def test_near_full_key_ranks_become_raw_keys(align):
     from gac.nn.latent import raw_key_groups
 
     prof = load_profile("h100-bfloat16")  # measured latent class: key group 4 breaks even near rank 81
+    # without the class's ranks short of the kernel's tile, key ranks keep the projection's modulus (site_modulus)
+    fit = prof.latent_attention["fit"]
+    fit["calls"] = [c for c in fit["calls"] if c["rank"] % 64 == 0]
     base = tiny_model("llama", hidden=128, layers=2, heads=8, kv_heads=4, head_dim=64).double()
     p = plan(copy.deepcopy(base), CompressConfig(compressor="palu", param_ratio=0.75, align=align),
              calib_batches=_batches(), profile=prof)  # fmt: skip
@@ -161,6 +164,54 @@ def test_near_full_key_ranks_become_raw_keys(align):
     (_, a0), (_, a1) = latent_modules(m)
     assert raw_key_groups(a0.k_proj) == [True] and a0.decode_pack()["k_raw"]
     assert not a1.decode_pack()["k_raw"]
+
+
+def test_gac_keeps_rebuilt_key_ranks_on_the_kernels_rank_tile_within_the_budget():
+    """On a profile whose latent class timed a key rank short of the decode kernel's 64-wide rank tile slower than
+    the tile (the shipped H200's), ``--align gac`` picks key ranks in whole tiles (or the full width, cached raw)
+    and value ranks at the projection's modulus, within the none budget; on the built-in default (no class) key
+    ranks keep the projection's modulus. The unaligned control is offered the same window."""
+    from gac.hardware.profile import default_profile, load_profile
+
+    base = tiny_model("llama", hidden=128, layers=3, heads=8, kv_heads=4, head_dim=64).double()
+    keys = lambda dims: {n: d for n, d in dims.items() if ".k_proj:" in n}  # noqa: E731
+    vals = lambda dims: {n: d for n, d in dims.items() if ".v_proj:" in n}  # noqa: E731
+    prof = load_profile("h200-bfloat16")
+    p = plan(copy.deepcopy(base), CompressConfig(compressor="palu", param_ratio=0.5, align="gac"),
+             calib_batches=_batches(), profile=prof)  # fmt: skip
+    rec = p.allocation("gac", allow_slower=True)
+    assert rec.cost <= p.budget and rec.pct_aligned == 100.0
+    assert all(d % 64 == 0 for d in keys(rec.dims).values()), rec.dims
+    assert all(d % prof.modulus("lowrank_r") == 0 for d in vals(rec.dims).values())
+    assert any(d % 64 for d in vals(rec.dims).values()), "values are not held to the key tile"
+    assert any(d % 64 for d in keys(p.native).values()), (
+        "the native ranks must be off the tile for this to test"
+    )
+    ctl = p.allocation("knapsack")
+    assert ctl.cost <= p.budget
+    q = plan(copy.deepcopy(base), CompressConfig(compressor="palu", param_ratio=0.5, align="gac"),
+             calib_batches=_batches(), profile=default_profile("bfloat16"))  # fmt: skip
+    drec = q.allocation("gac", allow_slower=True)
+    assert all(d % 8 == 0 for d in drec.dims.values()) and any(d % 64 for d in keys(drec.dims).values())
+
+
+def test_key_ranks_past_what_the_class_timed_are_offered_raw_instead():
+    """A key group of the Llama-3-8B geometry (4 KV heads of 128: 512 wide) whose native rank is 470: on the shipped
+    H200 profile its 64-rank candidates would be 448 and 512, but the class timed key ranks up to 256 at key group 4
+    (rank 384 ran 0.44-0.48x dense decode attention there): only the raw keys remain. Ranks within it stay."""
+    from gac.allocation.strategies import _candidates
+    from gac.hardware.latency import timed_key_rank
+    from gac.hardware.profile import default_profile, load_profile
+    from gac.sites import Site
+
+    prof = load_profile("h200-bfloat16")
+    meta = {"rebuild_flops_per_dim_per_cached_token": 1024, "head_dim": 128, "group_kv": 4, "key_group": 4,
+            "query_rows": 16}  # fmt: skip
+    s = Site("k:g0", "lowrank_r", max_dim=512, unit_cost=1, dense_cost=512, meta=meta)
+    assert timed_key_rank(prof, 4, 16) == 256
+    assert _candidates(prof, s, 470) == [512]
+    assert _candidates(prof, s, 244) == [192, 256, 512]
+    assert 448 in _candidates(default_profile("bfloat16"), s, 450)  # no class: nothing to hold it to
 
 
 def test_a_group_wider_than_the_hidden_size_takes_any_rank_exactly():

@@ -617,3 +617,51 @@ def test_every_shipped_profile_prices_the_latent_cache_from_a_measured_class():
         assert prof.latent_rates(4, 16)["source"] != ROOF and prof.env["latent_attention"]["command"], (
             path.name
         )
+
+
+def _tile_class(short_us: float, full_us: float) -> dict:
+    """A measured class whose key-group-4 calls pair a rank 8 short of the 64-wide tile (248) with the tile (256)."""
+    calls = [
+        {"key_group": 4, "rank": r, "batch": b, "kv": kv, "us": us * s}
+        for b, kv, s in ((1, 4096, 1.0), (16, 16384, 20.0), (64, 4096, 18.0))
+        for r, us in ((248, short_us), (256, full_us), (128, 0.6 * full_us))  # 128: on the tile, no pair
+    ]
+    row = {"launch_us": 18.0, "gbps": 1000.0, "tflops": None, "block_r": 64}
+    return {"groups": {"4": row}, "rank_round": 32, "fit": {"source": "test", "calls": calls}}
+
+
+@pytest.mark.parametrize(
+    ("short_us", "full_us", "tile"), [(27.9, 25.2, 64), (25.2, 25.2, 64), (24.0, 25.2, 1)]
+)
+def test_a_key_rank_short_of_the_kernels_tile_is_off_the_contract_only_where_the_class_timed_it_slower(
+    short_us, full_us, tile
+):
+    """``key_rank_tile``: the class's rank tile where its rank just short of the tile took at least the tile's time
+    (fewer bytes, no faster: the committed H200 pairs ran 1.06-1.11x), else none; ``site_modulus`` then aligns a
+    rebuilt-key site wider than the tile to it and leaves value sites at their projection's modulus."""
+    from gac.hardware.latency import key_rank_tile, site_modulus
+    from gac.sites import Site
+
+    p = _prof()
+    p.latent_attention = _tile_class(short_us, full_us)
+    assert key_rank_tile(p, 4) == tile
+    meta = {"rebuild_flops_per_dim_per_cached_token": 1024, "key_group": 4, "group_kv": 4}
+    key = Site("k:g0", "lowrank_r", max_dim=512, unit_cost=1, dense_cost=512, meta=meta)
+    val = Site("v:g0", "lowrank_r", max_dim=512, unit_cost=1, dense_cost=512, meta={**meta, "kind": "v"})
+    val.meta["rebuild_flops_per_dim_per_cached_token"] = 0
+    narrow = Site("k:g1", "lowrank_r", max_dim=64, unit_cost=1, dense_cost=64, meta=meta)  # one tile wide
+    m = p.modulus("lowrank_r")
+    assert site_modulus(p, key) == (64 if tile == 64 else m)
+    assert site_modulus(p, val) == m and site_modulus(p, narrow) == m
+    assert key_rank_tile(_prof(), 4) == 1  # the roofline: no class, no tile
+
+
+def test_every_shipped_profile_puts_key_ranks_on_the_kernels_tile():
+    """The shipped H100 and H200 classes timed a key rank 8 short of the tile slower than the tile at every key
+    group (medians 1.02-1.10): on them ``--align gac`` offers rebuilt keys in whole 64-rank tiles."""
+    from gac.hardware.latency import key_rank_tile
+
+    for name in ("h100-bfloat16", "h200-bfloat16", "h200-float16"):
+        p = load_profile(name)
+        assert [key_rank_tile(p, g) for g in (1, 2, 4)] == [64, 64, 64], name
+        assert key_rank_tile(p, 4, rows=28) == 64, name  # the wide rows (Qwen2.5-7B's geometry)

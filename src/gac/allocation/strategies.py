@@ -9,8 +9,10 @@ are aligned under the hardware profile and the speedup that profile predicts.
   the compressor's own reference rounding where a site names one (``Site.meta["round_multiple"]``:
   PaLU's 32, half to even); it may land over or under the budget, which the record reports.
 * ``gac``: a multiple-choice knapsack (:func:`gac.allocation.knapsack.solve_mckp`). Candidates per
-  site are the aligned dims (multiples of the profile's modulus for the site's operator class)
-  inside the site's *window* around the native dim (:func:`candidate_range`). The budget is the
+  site are the aligned dims (multiples of the profile's modulus for the site's operator class; for
+  PaLU's rebuilt keys also of the decode kernel's rank tile where the profile's latent class shows it,
+  :func:`gac.hardware.latency.site_modulus`) inside the site's *window* around the native dim
+  (:func:`candidate_range`). The budget is the
   native allocation's own total, so GAC never uses more parameters than ``none``. After the DP,
   a fill pass spends any leftover on the best affordable aligned up-steps, so at most one cost
   unit (the smallest aligned step of any site) stays unused.
@@ -47,7 +49,7 @@ import numpy as np
 from gac.alignment import round_down, round_nearest, round_up
 from gac.allocation.knapsack import DEFAULT_MAX_STATES, solve_mckp
 from gac.errors import GacError
-from gac.hardware.latency import Point, site_cache_ms
+from gac.hardware.latency import Point, latent_rank, site_cache_ms, site_modulus, timed_key_rank
 from gac.hardware.profile import Profile
 from gac.sites import Site
 
@@ -454,14 +456,14 @@ def _limits(
 
 # ------------------------------------------------------------------------------- helpers
 def _is_aligned(profile: Profile, site: Site, d: int) -> bool:
-    return d >= site.max_dim or profile.is_aligned(site.op, d)
+    return d >= site.max_dim or d % site_modulus(profile, site) == 0
 
 
 def _pct_aligned(profile: Profile, sites: list[Site], dims: dict[str, int]) -> float:
     comp = [s for s in sites if dims[s.name] < s.max_dim]
     if not comp:
         return 100.0
-    return 100.0 * sum(profile.is_aligned(s.op, dims[s.name]) for s in comp) / len(comp)
+    return 100.0 * sum(_is_aligned(profile, s, dims[s.name]) for s in comp) / len(comp)
 
 
 def _loss_fn(site: Site, curve: np.ndarray | None, importance: float, native: int):
@@ -524,7 +526,7 @@ def _candidates(
 ) -> list[int]:
     """Candidate dims of one site: aligned dims (or, ``aligned=False``, every dim) in its window."""
     d = min(native, site.max_dim)
-    m = profile.modulus(site.op)
+    m = site_modulus(profile, site)
     if step == "prefer" and aligned:
         # Multiples of the modulus at which the profile measured the best throughput; a site too
         # small to hold any falls back to the (finer) modulus.
@@ -553,17 +555,27 @@ RAW_KEY_SHARE = 7 / 8
 
 
 def raw_key_candidates(profile: Profile, site: Site, cands: set[int]) -> set[int]:
-    """``cands`` of a rebuilt-key site (PaLU's key groups) without the ranks past :data:`RAW_KEY_SHARE` of its
-    width that are predicted slower than the keys cached raw; full width (raw keys) added in their place.
+    """``cands`` of a rebuilt-key site (PaLU's key groups) without the ranks the latent kernel is not known to
+    run well, the full width (keys cached raw) added in their place:
 
-    At full width the group's keys are cached as they are (the identity up-projection: nothing is rebuilt,
-    :func:`gac.nn.latent.raw_key_groups`). A rank ``d`` rebuilds ``2 · G·hd · d`` FLOPs per cached token
-    where the raw keys read ``2 · G·hd`` bytes, so past ``d* ≈ FLOP/s ÷ bytes/s`` of the latent attention
-    class (:func:`gac.hardware.latency.site_cache_ms`: about 81 at key group 4 on the shipped H100 profile)
-    a latent is slower to attend than the raw keys. Past 7/8 of the width it saves under 1/8 of the group's
-    cache for a rebuild of nearly the whole width (the first layer of the Llama-3-8B and Qwen2.5-7B shapes:
-    rank 496 of 512, 0.23-0.77x dense decode attention on an H100, its raw keys 0.96-1.85x:
-    ``benchmarks/results/h100/palu-kernel/v9/``): there the knapsack is offered the raw keys.
+    * the ranks past :data:`RAW_KEY_SHARE` of its width predicted slower than the keys cached raw. At full width
+      the group's keys are cached as they are (the identity up-projection: nothing is rebuilt,
+      :func:`gac.nn.latent.raw_key_groups`). A rank ``d`` rebuilds ``2 · G·hd · d`` FLOPs per cached token where
+      the raw keys read ``2 · G·hd`` bytes, so past ``d* ≈ FLOP/s ÷ bytes/s`` of the latent attention class
+      (:func:`gac.hardware.latency.site_cache_ms`: about 81 at key group 4 on the shipped H100 profile) a latent
+      is slower to attend than the raw keys. Past 7/8 of the width it saves under 1/8 of the group's cache for a
+      rebuild of nearly the whole width (the first layer of the Llama-3-8B and Qwen2.5-7B shapes: rank 496 of
+      512, 0.23-0.77x dense decode attention on an H100, its raw keys 0.96-1.85x:
+      ``benchmarks/results/h100/palu-kernel/v9/``): there the knapsack is offered the raw keys.
+    * on a measured class, the ranks the kernel would run (:func:`gac.hardware.latency.latent_rank`) past the
+      largest its calls timed for the key group (:func:`gac.hardware.latency.timed_key_rank`; ``gac profile``
+      times ``G·hd/2``, 256 at key group 4 and head_dim 128): the class cannot price them, and the kernel slows
+      sharply past it. On an H200 key rank 384 (values 128) ran 0.44-0.48x dense decode attention from 16
+      sequences where 256 ran 0.78-0.83x and 128 (values 384) 0.90-0.96x, at the same latent bytes
+      (``benchmarks/results/h200/palu-default/call5/ranks/``); with 64-rank candidates
+      (:func:`gac.hardware.latency.site_modulus`)
+      the first layer's near-full key groups were otherwise offered 448, and took the Llama-3-8B shape's
+      decode from 0.89x dense to 0.76x (``benchmarks/results/h200/palu-default/call6/``).
 
     >>> from gac.hardware.profile import default_profile
     >>> s = Site("k:g0", "lowrank_r", max_dim=512, unit_cost=1, dense_cost=512,
@@ -572,12 +584,18 @@ def raw_key_candidates(profile: Profile, site: Site, cands: set[int]) -> set[int
     [432, 448, 512]
     """
     raw = site_cache_ms(profile, site, site.max_dim, 1, 1)
+    g = int(site.meta.get("key_group") or site.meta.get("group_kv") or 1)
+    rows = int(site.meta.get("query_rows") or 0)
+    top = timed_key_rank(profile, g, rows)
+    rates = profile.latent_rates(g, rows)
     out = {
         c
         for c in cands
         if c >= site.max_dim
-        or c <= RAW_KEY_SHARE * site.max_dim
-        or site_cache_ms(profile, site, c, 1, 1) <= raw
+        or (
+            (top is None or latent_rank(rates, c) <= top)
+            and (c <= RAW_KEY_SHARE * site.max_dim or site_cache_ms(profile, site, c, 1, 1) <= raw)
+        )
     }
     return out if out == cands else out | {site.max_dim}
 
@@ -739,7 +757,7 @@ def _round_dims(sites: list[Site], native: dict[str, int], profile: Profile) -> 
         if rm:  # the compressor's reference rounding (PaLU: Python's round, half to even)
             r = max(max(1, round(d / rm)) * rm, s.min_dim)
         else:
-            r = max(round_nearest(d, profile.modulus(s.op)), s.min_dim)
+            r = max(round_nearest(d, site_modulus(profile, s)), s.min_dim)
         dims[s.name] = s.max_dim if r >= s.max_dim else r
     return dims
 
@@ -749,7 +767,7 @@ def _paper_loss(sites, native, profile, window, curve_loss, importance, has) -> 
     loss = {}
     for s, h in zip(sites, has, strict=True):
         # one window per site for gac and knapsack alike, so both value a dim the same
-        lo, hi = candidate_range(s, native[s.name], profile.modulus(s.op), window)
+        lo, hi = candidate_range(s, native[s.name], site_modulus(profile, s), window)
         sens = _sensitivity(s, curve_loss[s.name], importance.get(s.name, 1.0), lo, hi, h)
         loss[s.name] = _linear_loss(s, sens, native[s.name])
     return loss
@@ -918,7 +936,7 @@ def _fill(
                     continue
                 nxt = up[0]
             else:
-                m = profile.modulus(s.op) if aligned else 1
+                m = site_modulus(profile, s) if aligned else 1
                 if step == "prefer" and d % profile.prefer(s.op) == 0:
                     m = profile.prefer(s.op)
                 nxt = min((d // m + 1) * m, s.max_dim)
@@ -1034,7 +1052,7 @@ def _record(
             )
         )
     comp = [s for s in sites if dims[s.name] < s.max_dim]
-    step = (lambda s: 1) if strategy == "knapsack" else (lambda s: profile.modulus(s.op))
+    step = (lambda s: 1) if strategy == "knapsack" else (lambda s: site_modulus(profile, s))
     unit = min((s.unit_cost * step(s) for s in comp), default=0)
     return Allocation(
         strategy=strategy,

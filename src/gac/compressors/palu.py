@@ -38,7 +38,11 @@ none of its code is copied.
   ``meta["rebuild_flops_per_dim_per_cached_token"] = 2·G_k·hd`` (the decode rebuild). At a decode
   serving shape the latency guard prices each site's share of the cache read and the keys' rebuild
   (:func:`gac.hardware.latency.site_cache_ms`: the profile's ``latent_attention`` class, else its
-  roofline), against the dense group's cache read. The knapsack's value is
+  roofline), against the dense group's cache read. Under ``--align gac`` a key group's ranks are also
+  multiples of the decode kernel's rank tile where the profile's class timed a rank short of it no
+  faster (:func:`gac.hardware.latency.site_modulus`: 64 on the shipped H100 and H200 profiles), and
+  none past the ranks the class timed (:func:`gac.allocation.strategies.raw_key_candidates`: the raw
+  keys instead). The knapsack's value is
   the Fisher-weighted truncation loss: ``F̄_g · Σ_{i>=d} σ_i² / tokens`` on the whitened spectrum.
 
 Settings that differ from the reference, and why: calibration uses gac's calibration windows for
@@ -293,16 +297,24 @@ class PaluCompressor(Compressor):
         return out
 
     def check_budget(self, sites: list[Site], budget: int, profile: Any, align: str) -> None:
-        """Aligned ranks (``gac``) need at least one rank modulus of the profile per group."""
+        """Aligned ranks (``gac``) need at least one rank modulus of the profile per group: the projection's, and
+        for a key group the latent decode kernel's rank tile where the profile's class shows it
+        (:func:`gac.hardware.latency.site_modulus`)."""
         if not align.startswith("gac") or not sites or profile is None:
             return
-        m = profile.modulus("lowrank_r")
-        if budget < len(sites) * m:
+        from gac.hardware.latency import site_modulus
+
+        mods = [site_modulus(profile, s) for s in sites]
+        if budget < sum(mods):
             dense = sum(s.max_dim for s in sites)
+            m, mk = profile.modulus("lowrank_r"), max(mods)
+            each = (
+                f"{m}" if mk == m else f"{m} a value group, {mk} a key group (the latent kernel's rank tile)"
+            )
             raise GacError(
                 f"palu: this KV ratio leaves {budget / len(sites):.1f} latent dims per group, below one rank "
-                f"modulus ({m}) of the profile for each of the {len(sites)} groups (align gac); use a ratio "
-                f">= {len(sites) * m / dense:.3f} or larger groups"
+                f"modulus of the profile for each of the {len(sites)} groups ({each}; align gac); use a ratio "
+                f">= {sum(mods) / dense:.3f} or larger groups"
             )
 
     # ------------------------------------------------------------ calibration
