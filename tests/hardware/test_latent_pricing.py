@@ -665,3 +665,31 @@ def test_every_shipped_profile_puts_key_ranks_on_the_kernels_tile():
         p = load_profile(name)
         assert [key_rank_tile(p, g) for g in (1, 2, 4)] == [64, 64, 64], name
         assert key_rank_tile(p, 4, rows=28) == 64, name  # the wide rows (Qwen2.5-7B's geometry)
+
+
+@pytest.mark.parametrize("shape", ["llama/cells/shape-llama3-8b-8", "qwen/cells/shape-qwen2.5-7b-8"])
+def test_the_committed_h200_cells_with_key_ranks_on_the_tile_decode_faster(shape):
+    """``benchmarks/results/h200/palu-default/call7/``: the same plan's pairs after ``--align gac`` put rebuilt key
+    ranks in whole 64-rank tiles and offered none past the class's timed ranks. Every key group is on the tile or
+    cached raw, and every decode point from 16 sequences is faster against its own dense run than before (the
+    plan's first H200 run, ranks off the tile), one sequence within 1%."""
+    from gac.runtime.cells import compare_cells
+
+    d = ROOT / "benchmarks/results/h200/palu-default"
+
+    def speedups(folder: Path) -> tuple[dict, dict]:
+        base, palu = (json.loads((folder / f"{c}.json").read_text()) for c in ("base", "palu-r0.5-gac"))
+        (res,) = compare_cells(base, [palu]).values()
+        return {r["point"]: r["measured_speedup"] for r in res["rows"] if r["phase"] == "decode"}, palu
+
+    before, _ = speedups(d / shape)
+    after, cell = speedups(d / "call7" / shape)
+    keys = {n: v for n, v in cell["results"]["dims"].items() if ".k_proj:" in n}
+    assert keys and all(v % 64 == 0 for v in keys.values()), keys
+    assert len(after) == len(before) == 9
+    for point, s in after.items():
+        assert s > before[point] if "_b1_" not in point else s >= before[point] - 0.01, (
+            point,
+            s,
+            before[point],
+        )
