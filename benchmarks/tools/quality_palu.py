@@ -71,7 +71,11 @@ def main() -> None:
     result.update(
         schema="gac.bench.quality_palu/1",
         command="OMP_NUM_THREADS=1 python benchmarks/tools/quality_palu.py "
-        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None),
+        + " ".join(
+            f"--{k.replace('_', '-')}" + ("" if isinstance(v, bool) else f" {v}")
+            for k, v in vars(args).items()
+            if v is not None and v is not False
+        ),
         model={**lm.source, "name": "SmolLM2-135M-Instruct, Q4_1 GGUF dequantized to float32"},
         env={
             "torch": torch.__version__,

@@ -170,7 +170,7 @@ def test_gac_keeps_rebuilt_key_ranks_on_the_kernels_rank_tile_within_the_budget(
     """On a profile whose latent class timed a key rank short of the decode kernel's 64-wide rank tile slower than
     the tile (the shipped H200's), ``--align gac`` picks key ranks in whole tiles (or the full width, cached raw)
     and value ranks at the projection's modulus, within the none budget; on the built-in default (no class) key
-    ranks keep the projection's modulus. The unaligned control is offered the same window."""
+    ranks keep the projection's modulus. The unaligned control keeps the projection's window."""
     from gac.hardware.profile import default_profile, load_profile
 
     base = tiny_model("llama", hidden=128, layers=3, heads=8, kv_heads=4, head_dim=64).double()
@@ -187,8 +187,9 @@ def test_gac_keeps_rebuilt_key_ranks_on_the_kernels_rank_tile_within_the_budget(
     assert any(d % 64 for d in keys(p.native).values()), (
         "the native ranks must be off the tile for this to test"
     )
-    ctl = p.allocation("knapsack")
+    ctl = p.allocation("knapsack")  # the control keeps the projection's window (one modulus step) for keys too
     assert ctl.cost <= p.budget
+    assert all(abs(d - p.native[n]) <= 8 or d == 256 for n, d in keys(ctl.dims).items()), ctl.dims
     q = plan(copy.deepcopy(base), CompressConfig(compressor="palu", param_ratio=0.5, align="gac"),
              calib_batches=_batches(), profile=default_profile("bfloat16"))  # fmt: skip
     drec = q.allocation("gac", allow_slower=True)

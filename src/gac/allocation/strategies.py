@@ -17,7 +17,8 @@ are aligned under the hardware profile and the speedup that profile predicts.
   a fill pass spends any leftover on the best affordable aligned up-steps, so at most one cost
   unit (the smallest aligned step of any site) stays unused.
 * ``knapsack``: the unaligned control: the same knapsack, objective, window and fill pass as
-  ``gac`` but with every integer dim of the window as a candidate (modulus 1). ``gac`` vs
+  ``gac`` but with every integer dim of the window as a candidate (modulus 1); for PaLU's rebuilt
+  keys on the kernel's rank tile, the window of their projection's modulus (:func:`_candidates`). ``gac`` vs
   ``knapsack`` is what alignment costs; ``knapsack`` vs ``none`` is what re-allocation does.
 
 The knapsack's value (``objective``, minimised):
@@ -524,9 +525,18 @@ def _candidates(
     aligned: bool = True,
     keep_dense: bool = True,
 ) -> list[int]:
-    """Candidate dims of one site: aligned dims (or, ``aligned=False``, every dim) in its window."""
+    """Candidate dims of one site: aligned dims (or, ``aligned=False``, every dim) in its window.
+
+    The window (:func:`candidate_range`) steps by the site's modulus (:func:`gac.hardware.latency.site_modulus`)
+    for the aligned strategies, and by its operator class's (:meth:`Profile.modulus`) for the unaligned control.
+    The two differ only for PaLU's rebuilt keys on a profile whose latent class puts them on the kernel's rank
+    tile: there the control keeps the projection's window, because every integer rank within a tile of the
+    native one let the linear ``paper`` objective drive key ranks to their extremes (1 to 192 of 192:
+    perplexity 397 on SmolLM2 at KV 0.5 against 35 with the projection's window).
+    """
     d = min(native, site.max_dim)
     m = site_modulus(profile, site)
+    w = m if aligned else profile.modulus(site.op)
     if step == "prefer" and aligned:
         # Multiples of the modulus at which the profile measured the best throughput; a site too
         # small to hold any falls back to the (finer) modulus.
@@ -534,8 +544,8 @@ def _candidates(
         lo, hi = candidate_range(site, d, mp, window)
         cands = {c for c in range(round_up(lo, mp), hi + 1, mp)}
         if cands:
-            m = mp
-    lo, hi = candidate_range(site, d, m, window)
+            m = w = mp
+    lo, hi = candidate_range(site, d, w, window)
     if not aligned:
         cands = set(range(lo, hi + 1))
     elif not (step == "prefer" and cands):
