@@ -187,7 +187,8 @@ def test_gac_keeps_rebuilt_key_ranks_on_the_kernels_rank_tile_within_the_budget(
     assert any(d % 64 for d in keys(p.native).values()), (
         "the native ranks must be off the tile for this to test"
     )
-    ctl = p.allocation("knapsack")  # the control keeps the projection's window (one modulus step) for keys too
+    # the control keeps the projection's window (one modulus step) for keys too
+    ctl = p.allocation("knapsack")
     assert ctl.cost <= p.budget
     assert all(abs(d - p.native[n]) <= 8 or d == 256 for n, d in keys(ctl.dims).items()), ctl.dims
     q = plan(copy.deepcopy(base), CompressConfig(compressor="palu", param_ratio=0.5, align="gac"),
