@@ -398,15 +398,21 @@ def test_capacity_search_climbs_past_a_pessimistic_prediction_and_keeps_the_last
     b = infer.largest_fitting_batch(lambda n: dev(n, budget), predicted, budget, dev.held)
     assert dev.tried[0] == predicted and b > predicted, (dev.tried, b)
     assert dev.peak(b) <= budget < dev.peak(b + 1), (dev.tried, b)  # the largest that fits: 72 of 73.5
-    assert len(dev.tried) <= 1 + infer.CAPACITY_PROBES
+    assert len(dev.tried) <= 1 + infer.CAPACITY_MAX_PROBES
     # a prediction past what fits walks down first, then climbs again only where the fit leaves room
     dev.tried.clear()
     b = infer.largest_fitting_batch(lambda n: dev(n, budget), 90, budget, dev.held)
     assert dev.tried[0] == 90 and dev.tried[1] == 85 and b == 72, (dev.tried, b)
-    # a device that runs out of memory before the budget: after a miss the climb halves the gap
+    # a device that runs out of memory before the budget: after a miss the climb halves the gap until it closes
+    # (three tries, as before, stopped at 48 of 55)
     dev = _Memory(held=5 * gib, seq=gib, workspace=lambda b: 0, capacity=60 * gib)
     b = infer.largest_fitting_batch(lambda n: dev(n, budget), 40, budget, dev.held)
-    assert dev.tried == [40, 73, 56, 48] and b == 48, (dev.tried, b)
+    assert dev.tried == [40, 73, 56, 48, 52, 54, 55] and b == 55, (dev.tried, b)
+    # a coarser resolution stops within it: 2 sequences of 100 at 2%
+    dev = _Memory(held=5 * gib, seq=gib / 2, workspace=lambda b: 0, capacity=56 * gib)  # 102 fit
+    b = infer.largest_fitting_batch(lambda n: dev(n, budget), 60, budget, dev.held)
+    assert dev.peak(b) <= 56 * gib and 102 - b <= max(1, int(0.02 * b)), (dev.tried, b)
+    assert len(dev.tried) <= 1 + infer.CAPACITY_MAX_PROBES
     # nothing fits: 0, after trying down to 1
     dev = _Memory(held=5 * gib, seq=100 * gib, workspace=lambda b: 0, capacity=80 * gib)
     assert infer.largest_fitting_batch(lambda n: dev(n, budget), 3, budget, dev.held) == 0

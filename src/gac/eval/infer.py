@@ -396,23 +396,37 @@ def _capacity_budget(model: nn.Module, cfg: SweepConfig) -> dict[str, int]:
     return {"budget": budget, "weights": weights, "kv_per_token": kv_tok, "context": ctx}
 
 
-#: tries above the first batch that fits, each priced by the bytes a sequence took at the last that fit
+#: climbs above the first batch that fits, each priced by the bytes a sequence took at the last that fit, before one
+#: misses
 CAPACITY_PROBES = 3
+#: after a miss, the search halves the gap until it is at most this share of the batch that fit (at least one
+#: sequence), within :data:`CAPACITY_MAX_PROBES` tries above the first fit in all
+CAPACITY_RESOLUTION = 0.02
+CAPACITY_MAX_PROBES = 8
 
 
 def largest_fitting_batch(
-    fits: Callable[[int], int | None], predicted: int, budget: int, held: int, probes: int = CAPACITY_PROBES
+    fits: Callable[[int], int | None],
+    predicted: int,
+    budget: int,
+    held: int,
+    probes: int = CAPACITY_PROBES,
+    resolution: float = CAPACITY_RESOLUTION,
+    max_probes: int = CAPACITY_MAX_PROBES,
 ) -> int:
     """The largest batch the capacity search saw fit: ``fits(b)`` runs batch ``b`` and returns its peak bytes, or
     ``None`` where it ran out of memory or past ``budget``. 0 where none down to 1 fits.
 
-    Down from ``predicted`` (5% steps, at least one) until a batch fits; then up, at most ``probes`` tries: the
-    bytes one sequence took at the last batch that fit (its peak beyond ``held``, divided by the batch; the
-    fixed workspace folded in, so an over-count) price the next, and after a batch that did not fit, the next
-    goes at most halfway to it. The workspace measured at batch 1 and 2, which ``predicted`` extrapolates, need
-    not grow linearly: on an H100 the Llama-3-8B shape's predicted batch at 32k context peaked 17 GiB under a
-    78.6 GiB budget (``benchmarks/results/h100/palu-default/run8/``); climbing found 72 sequences where 56 were
-    predicted (``capacity-climb/``).
+    Down from ``predicted`` (5% steps, at least one) until a batch fits; then up. Until a batch misses, at most
+    ``probes`` climbs, each priced by the bytes one sequence took at the last batch that fit (its peak beyond
+    ``held``, divided by the batch; the fixed workspace folded in, so an over-count). After a miss, each try goes
+    at most halfway to the smallest batch that missed, until that gap is within ``resolution`` of the batch that
+    fit (at least one sequence), ``max_probes`` tries above the first fit in all. The workspace measured at batch 1
+    and 2, which ``predicted`` extrapolates, need not grow linearly: on an H100 the Llama-3-8B shape's predicted
+    batch at 32k context peaked 17 GiB under a 78.6 GiB budget (``benchmarks/results/h100/palu-default/run8/``);
+    climbing found 72 sequences where 56 were predicted (``capacity-climb/``). With three tries and no closing
+    of the gap, an H200's dense search stopped at 117 sequences below a miss at 133 where an earlier run fit 132
+    (``benchmarks/results/h200/palu-default/call8/``), and the capacity ratio against it read 2.21x for 1.95x.
     """
     b, best, peak = predicted, 0, None
     while b >= 1 and peak is None:
@@ -420,10 +434,17 @@ def largest_fitting_batch(
         best = b if peak is not None else 0
         b = min(b - 1, int(b * 0.95))
     hi = None  # the smallest batch seen not to fit above the best
-    for _ in range(probes if best else 0):
-        guess = int((budget - held) // max(1.0, (peak - held) / best))
-        if hi is not None:  # after a miss, at most halfway to it
-            guess = min(guess, (best + hi) // 2)
+    climbs = 0
+    for _ in range(max_probes if best else 0):
+        if hi is None:
+            if climbs >= probes:
+                break
+            climbs += 1
+            guess = int((budget - held) // max(1.0, (peak - held) / best))
+        else:  # after a miss: halfway to it, until the gap is within the resolution
+            if hi - best <= max(1, int(resolution * best)):
+                break
+            guess = (best + hi) // 2
         if guess <= best:
             break
         p = fits(guess)
@@ -513,8 +534,11 @@ def capacity_point(
         out.update(max_batch=0, tokens_per_s=None, ms_per_token=None, peak_mem_gib=None)
     else:
         r = runs[b]
+        missed = [t["batch"] for t in out["tries"] if t["status"] != "ok" and t["batch"] > b]
         out.update(
             max_batch=b,
+            # the smallest batch tried that did not fit, above the largest that did (None: none was tried)
+            first_miss=min(missed) if missed else None,
             tokens_per_s=r["tokens_per_s"],
             ms_per_token=r["ms_per_token"],
             peak_mem_gib=r["peak_mem_gib"],
