@@ -187,6 +187,7 @@ def test_gac_keeps_rebuilt_key_ranks_on_the_kernels_rank_tile_within_the_budget(
     assert any(d % 64 for d in keys(p.native).values()), (
         "the native ranks must be off the tile for this to test"
     )
+    assert any("3 key group(s) ranked in whole 64-rank tiles" in n for n in rec.notes), rec.notes
     # the control keeps the projection's window (one modulus step) for keys too
     ctl = p.allocation("knapsack")
     assert ctl.cost <= p.budget
@@ -195,6 +196,7 @@ def test_gac_keeps_rebuilt_key_ranks_on_the_kernels_rank_tile_within_the_budget(
              calib_batches=_batches(), profile=default_profile("bfloat16"))  # fmt: skip
     drec = q.allocation("gac", allow_slower=True)
     assert all(d % 8 == 0 for d in drec.dims.values()) and any(d % 64 for d in keys(drec.dims).values())
+    assert not any("tiles" in n for n in drec.notes + ctl.notes)
 
 
 def test_key_ranks_past_what_the_class_timed_are_offered_raw_instead():

@@ -736,8 +736,16 @@ def allocate(
         if raw:
             notes.append(
                 f"{len(raw)} key group(s) kept at full width and cached raw ({', '.join(raw[:3])}"
-                f"{', ...' if len(raw) > 3 else ''}): their ranks past {RAW_KEY_SHARE:g} of the width were "
-                "predicted slower to attend than the raw keys"
+                f"{', ...' if len(raw) > 3 else ''}): their ranks were past {RAW_KEY_SHARE:g} of the width and "
+                "predicted slower to attend than the raw keys, or past the largest key rank the profile's "
+                "latent_attention class timed"
+            )
+        tiled = [s for s in sites if aligned and site_modulus(profile, s) > profile.modulus(s.op)]
+        if tiled:
+            notes.append(
+                f"{len(tiled)} key group(s) ranked in whole {site_modulus(profile, tiled[0])}-rank tiles of the "
+                f"latent decode kernel: profile {profile.id}'s latent_attention class timed a key rank short of "
+                "the tile no faster than the tile"
             )
     label = "native" if strategy in ("none", "round") else f"{objective}:{source}"
     solve_s = time.perf_counter() - t0
