@@ -199,6 +199,18 @@ def test_gac_keeps_rebuilt_key_ranks_on_the_kernels_rank_tile_within_the_budget(
     assert not any("tiles" in n for n in drec.notes + ctl.notes)
 
 
+def test_a_ratio_below_one_key_tile_a_group_is_one_line_before_any_work():
+    """Bad input: on a profile whose class puts key ranks on the kernel's 64-rank tile, a KV ratio that leaves a key
+    group below one tile is refused before calibration, naming both moduli and the least ratio that fits."""
+    from gac.hardware.profile import load_profile
+
+    base = tiny_model("llama", hidden=128, layers=3, heads=8, kv_heads=4, head_dim=64).double()
+    cfg = CompressConfig(compressor="palu", param_ratio=0.1, align="gac", allow_slower=True)
+    with pytest.raises(GacError, match=r"8 a value group, 64 a key group .*use a ratio >= 0\.141") as e:
+        plan(copy.deepcopy(base), cfg, calib_batches=_batches(), profile=load_profile("h200-bfloat16"))
+    assert "\n" not in str(e.value)
+
+
 def test_key_ranks_past_what_the_class_timed_are_offered_raw_instead():
     """A key group of the Llama-3-8B geometry (4 KV heads of 128: 512 wide) whose native rank is 470: on the shipped
     H200 profile its 64-rank candidates would be 448 and 512, but the class timed key ranks up to 256 at key group 4
