@@ -12,8 +12,8 @@ are aligned under the hardware profile and the speedup that profile predicts.
   site are the aligned dims (multiples of the profile's modulus for the site's operator class; for
   PaLU's rebuilt keys also of the decode kernel's rank tile where the profile's latent class shows it,
   :func:`gac.hardware.latency.site_modulus`) inside the site's *window* around the native dim
-  (:func:`candidate_range`). The budget is the
-  native allocation's own total, so GAC never uses more parameters than ``none``. After the DP,
+  (:func:`candidate_range`). The budget is the native allocation's own total, so GAC never uses more
+  parameters than ``none``. After the DP,
   a fill pass spends any leftover on the best affordable aligned up-steps, so at most one cost
   unit (the smallest aligned step of any site) stays unused.
 * ``knapsack``: the unaligned control: the same knapsack, objective, window and fill pass as
