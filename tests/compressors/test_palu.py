@@ -216,7 +216,6 @@ def test_key_ranks_past_what_the_class_timed_are_offered_raw_instead():
     H200 profile its 64-rank candidates would be 448 and 512, but the class timed key ranks up to 256 at key group 4
     (rank 384 ran 0.44-0.48x dense decode attention there): only the raw keys remain. Ranks within it stay."""
     from gac.allocation.strategies import _candidates
-    from gac.hardware.latency import timed_key_rank
     from gac.hardware.profile import default_profile, load_profile
     from gac.sites import Site
 
@@ -224,7 +223,7 @@ def test_key_ranks_past_what_the_class_timed_are_offered_raw_instead():
     meta = {"rebuild_flops_per_dim_per_cached_token": 1024, "head_dim": 128, "group_kv": 4, "key_group": 4,
             "query_rows": 16}  # fmt: skip
     s = Site("k:g0", "lowrank_r", max_dim=512, unit_cost=1, dense_cost=512, meta=meta)
-    assert timed_key_rank(prof, 4, 16) == 256
+    assert prof.timed_key_rank(4, 16) == 256
     assert _candidates(prof, s, 470) == [512]
     assert _candidates(prof, s, 244) == [192, 256, 512]
     assert 448 in _candidates(default_profile("bfloat16"), s, 450)  # no class: nothing to hold it to
@@ -449,6 +448,45 @@ def test_analyze_sees_latent_ranks(llama64, planned):
     an = analyze(m, default_profile())
     ranks = {d.where: d.value for d in an.dims if d.kind.endswith(".rank")}
     assert ranks == {s.name: planned.native[s.name] for s in planned.sites}
+
+
+def test_analyze_and_repair_hold_latent_key_ranks_to_the_kernels_tile():
+    """Under a profile whose class puts rebuilt keys on the decode kernel's 64-rank tile (the shipped H200's),
+    ``gac analyze`` judges a PaLU model's key ranks against the tile (penalty: the class's measured short-rank
+    ratio; value ranks against the projection's 8), and ``gac repair --strategy profile`` zero-pads them onto it,
+    exactly; under the built-in default both keep the projection's modulus."""
+    from gac.hardware.profile import default_profile, load_profile
+    from gac.models.inventory import analyze
+    from gac.surgery.repair import repair_
+
+    prof = load_profile("h200-bfloat16")
+    base = tiny_model("llama", hidden=128, layers=2, heads=8, kv_heads=4, head_dim=64).float()
+    m = copy.deepcopy(base)
+    compress_(m, CompressConfig(compressor="palu", param_ratio=0.45, align="none"), calib_batches=_batches())
+    an = analyze(m, prof)
+    keys = [d for d in an.dims if d.kind == "k.rank"]
+    vals = [d for d in an.dims if d.kind == "v.rank"]
+    assert keys and all(d.key_group == {"key_group": 4, "query_rows": 8, "width": 256} for d in keys)
+    assert any(d.value % 64 for d in keys), "the native key ranks must be off the tile for this to test"
+    for d in keys:
+        assert d.aligned == (d.value % 64 == 0) and d.target == -(-d.value // 64) * 64
+        if d.value % 8 == 0 and d.value % 64:
+            assert d.penalty == pytest.approx(prof.key_rank_penalty(4, 8))
+    assert all(d.key_group is None and d.target == -(-d.value // 8) * 8 for d in vals)
+    assert all(
+        d.aligned == (d.value % 8 == 0)
+        for d in analyze(m, default_profile("float32")).dims
+        if d.kind == "k.rank"
+    )
+    ids = _ids()
+    with torch.no_grad():
+        before = m(ids).logits
+        rep = repair_(m, "profile", prof)
+        after = m(ids).logits
+    assert torch.allclose(after, before, atol=1e-4, rtol=0)
+    (_, a0), (_, a1) = latent_modules(m)
+    assert all(r % 64 == 0 for a in (a0, a1) for r in a.k_proj.ranks), rep.changes
+    assert all(r % 8 == 0 for a in (a0, a1) for r in a.v_proj.ranks)
 
 
 def test_load_refuses_a_module_class_outside_gac(tmp_path, llama64):

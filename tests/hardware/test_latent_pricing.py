@@ -636,15 +636,16 @@ def _tile_class(short_us: float, full_us: float) -> dict:
 def test_a_key_rank_short_of_the_kernels_tile_is_off_the_contract_only_where_the_class_timed_it_slower(
     short_us, full_us, tile
 ):
-    """``key_rank_tile``: the class's rank tile where its rank just short of the tile took at least the tile's time
+    """``Profile.key_rank_tile``: the class's rank tile where its rank just short of the tile took at least the tile's time
     (fewer bytes, no faster: the committed H200 pairs ran 1.06-1.11x), else none; ``site_modulus`` then aligns a
     rebuilt-key site wider than the tile to it and leaves value sites at their projection's modulus."""
-    from gac.hardware.latency import key_rank_tile, site_modulus
+    from gac.hardware.latency import site_modulus
     from gac.sites import Site
 
     p = _prof()
     p.latent_attention = _tile_class(short_us, full_us)
-    assert key_rank_tile(p, 4) == tile
+    assert p.key_rank_tile(4) == tile
+    assert p.key_rank_penalty(4) == pytest.approx(short_us / full_us)
     meta = {"rebuild_flops_per_dim_per_cached_token": 1024, "key_group": 4, "group_kv": 4}
     key = Site("k:g0", "lowrank_r", max_dim=512, unit_cost=1, dense_cost=512, meta=meta)
     val = Site("v:g0", "lowrank_r", max_dim=512, unit_cost=1, dense_cost=512, meta={**meta, "kind": "v"})
@@ -653,18 +654,19 @@ def test_a_key_rank_short_of_the_kernels_tile_is_off_the_contract_only_where_the
     m = p.modulus("lowrank_r")
     assert site_modulus(p, key) == (64 if tile == 64 else m)
     assert site_modulus(p, val) == m and site_modulus(p, narrow) == m
-    assert key_rank_tile(_prof(), 4) == 1  # the roofline: no class, no tile
+    assert _prof().key_rank_tile(4) == 1 and _prof().key_rank_penalty(4) is None  # the roofline: no class
 
 
 def test_every_shipped_profile_puts_key_ranks_on_the_kernels_tile():
     """The shipped H100 and H200 classes timed a key rank 8 short of the tile slower than the tile at every key
     group (medians 1.02-1.10): on them ``--align gac`` offers rebuilt keys in whole 64-rank tiles."""
-    from gac.hardware.latency import key_rank_tile
-
     for name in ("h100-bfloat16", "h200-bfloat16", "h200-float16"):
         p = load_profile(name)
-        assert [key_rank_tile(p, g) for g in (1, 2, 4)] == [64, 64, 64], name
-        assert key_rank_tile(p, 4, rows=28) == 64, name  # the wide rows (Qwen2.5-7B's geometry)
+        assert [p.key_rank_tile(g) for g in (1, 2, 4)] == [64, 64, 64], name
+        assert p.key_rank_tile(4, rows=28) == 64, name
+        assert 1.09 <= p.key_rank_penalty(4) <= 1.11 and 1.01 <= p.key_rank_penalty(1) <= 1.05, (
+            name
+        )  # the wide rows (Qwen2.5-7B's geometry)
 
 
 @pytest.mark.parametrize("shape", ["llama/cells/shape-llama3-8b-8", "qwen/cells/shape-qwen2.5-7b-8"])

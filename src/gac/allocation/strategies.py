@@ -50,7 +50,7 @@ import numpy as np
 from gac.alignment import round_down, round_nearest, round_up
 from gac.allocation.knapsack import DEFAULT_MAX_STATES, solve_mckp
 from gac.errors import GacError
-from gac.hardware.latency import Point, latent_rank, site_cache_ms, site_modulus, timed_key_rank
+from gac.hardware.latency import Point, latent_rank, site_cache_ms, site_modulus
 from gac.hardware.profile import Profile
 from gac.sites import Site
 
@@ -578,7 +578,7 @@ def raw_key_candidates(profile: Profile, site: Site, cands: set[int]) -> set[int
       512, 0.23-0.77x dense decode attention on an H100, its raw keys 0.96-1.85x:
       ``benchmarks/results/h100/palu-kernel/v9/``): there the knapsack is offered the raw keys.
     * on a measured class, the ranks the kernel would run (:func:`gac.hardware.latency.latent_rank`) past the
-      largest its calls timed for the key group (:func:`gac.hardware.latency.timed_key_rank`; ``gac profile``
+      largest its calls timed for the key group (:meth:`Profile.timed_key_rank`; ``gac profile``
       times ``G·hd/2``, 256 at key group 4 and head_dim 128): the class cannot price them, and the kernel slows
       sharply past it. On an H200 key rank 384 (values 128) ran 0.44-0.48x dense decode attention from 16
       sequences where 256 ran 0.78-0.83x and 128 (values 384) 0.90-0.96x, at the same latent bytes
@@ -596,7 +596,7 @@ def raw_key_candidates(profile: Profile, site: Site, cands: set[int]) -> set[int
     raw = site_cache_ms(profile, site, site.max_dim, 1, 1)
     g = int(site.meta.get("key_group") or site.meta.get("group_kv") or 1)
     rows = int(site.meta.get("query_rows") or 0)
-    top = timed_key_rank(profile, g, rows)
+    top = profile.timed_key_rank(g, rows)
     rates = profile.latent_rates(g, rows)
     out = {
         c

@@ -585,49 +585,11 @@ def latent_rank(rates: dict[str, Any], rank: int) -> int:
     return -(-r // block) * block
 
 
-def key_rank_tile(profile: Profile, key_group: int, rows: int = 0) -> int:
-    """The rank tile a rebuilt key's rank aligns to on ``profile``: the ``block_r`` its measured
-    ``latent_attention`` class ran this key group size in (:meth:`Profile.latent_rates`), where the class's
-    calls show a rank just short of the tile (within one ``rank_round``, as its ``G·hd/2 - 8`` calls are)
-    taking at least the tile's time at the same shape, in the median over those pairs: it reads fewer cache
-    bytes and is no faster, so it is off the contract. 1 (no tile) on a roofline profile, or where the class
-    timed no such pair or the short rank ran faster.
-
-    The kernel rebuilds keys in ``block_r``-wide rank chunks (:data:`gac.kernels.latent_attention.LAUNCH_TABLE`):
-    a rank short of a chunk pays the whole chunk's FLOPs, and the key latent rows of a layer whose ranks are not
-    multiples of it no longer start on 128-byte lines. On an H200 a key rank of 248 took 1.08-1.12x the time of
-    256 at key group 4 from 16 sequences (values at 248: 1.01-1.04x;
-    ``benchmarks/results/h200/palu-default/call5/ranks/``); the shipped classes' own pairs give the medians
-    1.09-1.10 at key group 4, 1.02-1.04 at key groups 1 and 2.
-
-    >>> from gac.hardware.profile import default_profile
-    >>> key_rank_tile(default_profile("bfloat16"), 4)
-    1
-    """
-    rates = profile.latent_rates(key_group, rows)
-    tile = int(rates.get("block_r") or 1)
-    if rates["source"] != "measured" or tile <= 1:
-        return 1
-    near = max(int(rates.get("rank_round") or 1), 1)
-    calls = ((profile.latent_class(rows).get("fit") or {}).get("calls")) or []
-    times = {
-        (int(c["rank"]), int(c["batch"]), int(c["kv"])): float(c["us"])
-        for c in calls
-        if int(c["key_group"]) == int(rates["key_group"]) and c.get("us")
-    }
-    ratios = []
-    for (r, b, kv), us in times.items():
-        full = -(-r // tile) * tile
-        if r % tile and full - r < near and (full, b, kv) in times:
-            ratios.append(us / times[(full, b, kv)])
-    return tile if ratios and float(np.median(ratios)) >= 1.0 else 1
-
-
 def site_modulus(profile: Profile, site: Any) -> int:
     """The modulus a site's kept dims align to on ``profile``: its operator class's
     (:meth:`Profile.modulus`), and for a rebuilt-key site (PaLU's key groups,
     ``meta["rebuild_flops_per_dim_per_cached_token"]``) that wider than one rank tile, the least common
-    multiple with the decode kernel's rank tile (:func:`key_rank_tile`), so that ``--align gac`` offers key
+    multiple with the decode kernel's rank tile (:meth:`Profile.key_rank_tile`), so that ``--align gac`` offers key
     ranks the kernel runs whole. Value groups, never rebuilt, keep their projection's modulus.
 
     >>> from gac.hardware.profile import default_profile
@@ -641,7 +603,7 @@ def site_modulus(profile: Profile, site: Any) -> int:
     meta = getattr(site, "meta", None) or {}
     if meta.get("rebuild_flops_per_dim_per_cached_token"):
         g = int(meta.get("key_group") or meta.get("group_kv") or 1)
-        tile = key_rank_tile(profile, g, int(meta.get("query_rows") or 0))
+        tile = profile.key_rank_tile(g, int(meta.get("query_rows") or 0))
         if 1 < tile < site.max_dim:
             m = math.lcm(m, tile)
     return m
@@ -1011,29 +973,13 @@ def latent_beyond_timed(layers: list[_LatentLayer], profile: Profile) -> dict[st
             latent_rank(rates, max(x.attn.k_proj.ranks))
         )
     for (row, rows), runs in sorted(by_group.items()):
-        top = timed_key_rank(profile, row, rows)
+        top = profile.timed_key_rank(row, rows)
         if top is None:
             continue
         past = [r for r in runs if r > top]
         if past:
             return {"key_group": row, "timed_max_rank": top, "layers": len(past), "max_rank": max(past)}
     return None
-
-
-def timed_key_rank(profile: Profile, key_group: int, rows: int = 0) -> int | None:
-    """The largest key rank (as the kernel ran it, ``rank_run``) the profile's measured ``latent_attention`` class
-    timed for the row of ``key_group`` (and ``rows`` query rows: the class or its ``wide`` rows); None where it
-    timed none (no class: the roofline)."""
-    rates = profile.latent_rates(key_group, rows)
-    if rates["source"] != "measured":
-        return None
-    calls = (profile.latent_class(rows).get("fit") or {}).get("calls") or []
-    timed = [
-        int(c.get("rank_run") or c.get("rank") or 0)
-        for c in calls
-        if int(c.get("key_group", 0)) == int(rates["key_group"])
-    ]
-    return max(timed) if timed else None
 
 
 def latent_beyond_line(beyond: dict[str, Any]) -> str:

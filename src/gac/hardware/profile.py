@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
@@ -339,6 +340,70 @@ class Profile:
         if rows and wide.get("groups") and int(rows) > int(wide.get("rows_over") or 0):
             return wide
         return cls
+
+    def _key_calls(
+        self, key_group: int, rows: int
+    ) -> tuple[dict[str, Any], dict[tuple[int, int, int], float]]:
+        """The class row's rates and its timed calls ``{(rank, batch, kv): µs}`` (empty on the roofline)."""
+        rates = self.latent_rates(key_group, rows)
+        if rates["source"] != "measured":
+            return rates, {}
+        calls = (self.latent_class(rows).get("fit") or {}).get("calls") or []
+        return rates, {
+            (int(c["rank"]), int(c["batch"]), int(c["kv"])): float(c["us"])
+            for c in calls
+            if int(c.get("key_group", 0)) == int(rates["key_group"]) and c.get("us")
+        }
+
+    def key_rank_penalty(self, key_group: int = 1, rows: int = 0) -> float | None:
+        """The measured class's median time of a key rank just short of its rank tile (within one
+        ``rank_round``, as its ``G·hd/2 - 8`` calls are) over the tile's own time at the same shapes; None
+        where the class timed no such pair (or there is no class). 1.09-1.10 at key group 4 on the shipped
+        H100 and H200 classes, 1.01-1.04 at key groups 1 and 2."""
+        rates, times = self._key_calls(key_group, rows)
+        tile, near = int(rates.get("block_r") or 1), max(int(rates.get("rank_round") or 1), 1)
+        ratios = []
+        for (r, b, kv), us in times.items():
+            full = -(-r // tile) * tile
+            if tile > 1 and r % tile and full - r < near and (full, b, kv) in times:
+                ratios.append(us / times[(full, b, kv)])
+        return float(statistics.median(ratios)) if ratios else None
+
+    def key_rank_tile(self, key_group: int = 1, rows: int = 0) -> int:
+        """The rank tile a rebuilt key's rank aligns to (PaLU's latent keys): the ``block_r`` the measured
+        ``latent_attention`` class ran this key group size in, where a rank just short of it took at least the
+        tile's time (:meth:`key_rank_penalty` >= 1: fewer cache bytes, no faster); 1 (no tile) on the roofline,
+        or where the class timed no such pair or the short rank ran faster.
+
+        The decode kernel rebuilds keys in ``block_r``-wide rank chunks: a rank short of a chunk pays the whole
+        chunk's FLOPs, and the key latent rows of a layer whose ranks are not multiples of it no longer start on
+        128-byte lines. On an H200 a key rank of 248 took 1.08-1.12x the time of 256 at key group 4 from 16
+        sequences (values at 248: 1.01-1.04x; ``benchmarks/results/h200/palu-default/call5/ranks/``).
+
+        >>> default_profile("bfloat16").key_rank_tile(4)
+        1
+        """
+        pen = self.key_rank_penalty(key_group, rows)
+        return (
+            int(self.latent_rates(key_group, rows).get("block_r") or 1)
+            if pen is not None and pen >= 1.0
+            else 1
+        )
+
+    def timed_key_rank(self, key_group: int = 1, rows: int = 0) -> int | None:
+        """The largest key rank (as the kernel ran it, ``rank_run``) the measured ``latent_attention`` class timed
+        for the row of ``key_group`` (and ``rows`` query rows: the class or its ``wide`` rows); None where it timed
+        none (no class: the roofline)."""
+        rates = self.latent_rates(key_group, rows)
+        if rates["source"] != "measured":
+            return None
+        calls = (self.latent_class(rows).get("fit") or {}).get("calls") or []
+        timed = [
+            int(c.get("rank_run") or c.get("rank") or 0)
+            for c in calls
+            if int(c.get("key_group", 0)) == int(rates["key_group"])
+        ]
+        return max(timed) if timed else None
 
     # ------------------------------------------------------------------- I/O
     def to_dict(self) -> dict[str, Any]:

@@ -11,7 +11,8 @@ kind                   op class            what
 =====================  ==================  ==========================================
 ``<role>.out``         ``gemm_n``          output features of projection ``role``
 ``<role>.in``          ``gemm_k``          input features of projection ``role``
-``<role>.rank``        ``lowrank_r``       inner rank of a factorized projection (or a PaLU latent group)
+``<role>.rank``        ``lowrank_r``       inner rank of a factorized projection (or a PaLU latent group;
+                                           a latent key rank also on the kernel's key rank tile)
 ``intermediate``       ``gemm_n``          MLP width of one layer
 ``head_dim``           ``sdpa_head_dim``   per-head width (one record per layer)
 ``vocab``              ``gemm_n``          ``lm_head`` output features
@@ -22,6 +23,7 @@ kind                   op class            what
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -74,6 +76,8 @@ class Dim:
         aligned: under the profile's rule (None until :func:`analyze`, and for ``op`` None).
         penalty: predicted slow-down against an aligned dim (1.0 when aligned).
         target: the dim that zero-padding to the profile's rule gives.
+        key_group: for a PaLU latent key rank, ``{"key_group", "query_rows", "width"}`` of its group: the decode
+            kernel rebuilds it, so the profile's key rank tile applies too (:func:`dim_modulus`).
     """
 
     kind: str
@@ -84,6 +88,19 @@ class Dim:
     aligned: bool | None = None
     penalty: float = 1.0
     target: int | None = None
+    key_group: dict[str, int] | None = None
+
+
+def dim_modulus(profile: Profile, d: Dim) -> int:
+    """The modulus ``d`` aligns to under ``profile``: its operator class's, and for a PaLU latent key rank of a group
+    wider than the decode kernel's key rank tile (:meth:`Profile.key_rank_tile`) the least common multiple with
+    it, as ``--align gac`` picks them (:func:`gac.hardware.latency.site_modulus`)."""
+    m = profile.modulus(d.op)
+    if d.key_group:
+        tile = profile.key_rank_tile(d.key_group["key_group"], d.key_group["query_rows"])
+        if 1 < tile < d.key_group["width"]:
+            m = math.lcm(m, tile)
+    return m
 
 
 def inventory(model: nn.Module) -> list[Dim]:
@@ -103,6 +120,14 @@ def inventory(model: nn.Module) -> list[Dim]:
             elif isinstance(mod, LatentProjection):  # PaLU: one latent rank per KV group
                 for g, r in enumerate(mod.ranks):
                     add(f"{role}.rank", f"{fqn}:g{g}", r, i)
+                    if role == "k":  # rebuilt at every decode step: the kernel's key rank tile applies
+                        attn = model.get_submodule(ad.attention_fqn(i))
+                        gk = int(getattr(attn, "group_kv_k", 1))
+                        dims[-1].key_group = {
+                            "key_group": gk,
+                            "query_rows": gk * int(getattr(attn, "num_key_value_groups", 1)),
+                            "width": int(mod.ups[g].out_features),
+                        }
             add(f"{role}.out", fqn, out_features(mod), i)
         add("intermediate", ad.mlp_fqn(i), ad.intermediate(i), i)
         add(
@@ -194,9 +219,12 @@ def analyze(model: nn.Module, profile: Profile) -> Analysis:
     for d in dims:
         if d.op is None:
             continue
-        d.aligned = profile.is_aligned(d.op, d.value)
+        m = dim_modulus(profile, d)
+        d.aligned = d.value % m == 0
         d.penalty = 1.0 if d.aligned else profile.penalty(d.op, d.value)
-        d.target = round_up(d.value, profile.modulus(d.op))
+        if not d.aligned and profile.is_aligned(d.op, d.value):  # off the key rank tile only
+            d.penalty = float(profile.key_rank_penalty(d.key_group["key_group"], d.key_group["query_rows"]))
+        d.target = round_up(d.value, m)
     return Analysis(
         family=ad.family,
         profile={"id": profile.id, "label": profile.label, "measured": profile.measured},

@@ -294,12 +294,23 @@ def _plan_repair(
     }
     plan["rank"] = {n: v for n, v in ranks.items() if v[0] != v[1]}
     latent = latent_modules(model)
+
+    def latent_target(m: Any, kind: str, g: int, r: int) -> int:
+        """A latent rank's target; a key rank's (``profile`` strategy) also on the decode kernel's key rank tile,
+        where the profile's class shows one narrower than the group (:meth:`Profile.key_rank_tile`)."""
+        t = target("rank", r)
+        if kind == "k" and strategy == "profile":
+            tile = prof.key_rank_tile(m.group_kv_k, m.group_kv_k * m.num_key_value_groups)
+            if 1 < tile < m.k_proj.ups[g].out_features:
+                t = round_up(r, math.lcm(target_modulus(strategy, "rank", prof), tile))
+        return t
+
     plan["latent"] = {
-        (n, kind, g): (r, target("rank", r))
+        (n, kind, g): (r, latent_target(m, kind, g, r))
         for n, m in latent
         for kind, proj in (("k", m.k_proj), ("v", m.v_proj))
         for g, r in enumerate(proj.ranks)
-        if target("rank", r) != r
+        if latent_target(m, kind, g, r) != r
     }
     if latent:  # PaLU models: only the latent ranks are repaired here
         for key in ("hidden", "head_dim"):
