@@ -695,3 +695,33 @@ def test_the_committed_h200_cells_with_key_ranks_on_the_tile_decode_faster(shape
             s,
             before[point],
         )
+
+
+def test_the_class_calls_vary_the_rebuild_apart_from_the_bytes():
+    """``gac profile``'s latent calls hold, per key group size and serving shape, two calls of the same latent bytes
+    and different key ranks (keys and values apart), so the fit can tell the rebuild's FLOPs from the bytes; with
+    keys and values at one rank they rose together, and the shipped classes' key-group-2 and -4 rows carry no FLOP
+    rate. On a stand-in clock with a rebuild term the fit recovers it."""
+    from gac.hardware import profiler as P
+
+    hd = P.LATENT_GEOMETRY[2]
+    for shapes in (P.LATENT_SHAPES, P.LATENT_WIDE_SHAPES):
+        for g in {s[0] for s in shapes}:
+            for b, kv in {(s[2], s[3]) for s in shapes if s[0] == g}:
+                mine = [s for s in shapes if s[0] == g and (s[2], s[3]) == (b, kv)]
+                by_bytes: dict[int, set[int]] = {}
+                for s in mine:
+                    by_bytes.setdefault(s[1] + (s[4] if len(s) > 4 else s[1]), set()).add(s[1])
+                assert any(len(ks) > 1 for ks in by_bytes.values()), (g, b, kv, mine)
+    recs = []
+    for g, r, b, kv, *rest in P.LATENT_SHAPES:
+        rv = rest[0] if rest else r
+        nbytes = b * kv * (r + rv) * (P.LATENT_GEOMETRY[1] // g) * 2
+        run = (
+            -(-(-(-r // 32) * 32) // 64) * 64
+        )  # the kernel's rank tile, as measure_latent_attention records it
+        flops = 2.0 * b * kv * hd * P.LATENT_GEOMETRY[1] * run
+        us = 18.0 + nbytes / 1e3 / 1000.0 + flops / 1e6 / 300.0  # 1000 GB/s, 300 TFLOP/s
+        recs.append({"us": us, "bytes": nbytes, "flops": flops, "key_group": g, "block_r": 64})
+    row = fit_latent_attention(recs, "test")["groups"]["4"]
+    assert row["gbps"] == pytest.approx(1000.0, rel=1e-3) and row["tflops"] == pytest.approx(300.0, rel=1e-3)

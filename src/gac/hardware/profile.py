@@ -344,7 +344,8 @@ class Profile:
     def _key_calls(
         self, key_group: int, rows: int
     ) -> tuple[dict[str, Any], dict[tuple[int, int, int], float]]:
-        """The class row's rates and its timed calls ``{(rank, batch, kv): µs}`` (empty on the roofline)."""
+        """The class row's rates and its timed calls with values at the key's rank, ``{(rank, batch, kv): µs}``
+        (empty on the roofline)."""
         rates = self.latent_rates(key_group, rows)
         if rates["source"] != "measured":
             return rates, {}
@@ -352,7 +353,9 @@ class Profile:
         return rates, {
             (int(c["rank"]), int(c["batch"]), int(c["kv"])): float(c["us"])
             for c in calls
-            if int(c.get("key_group", 0)) == int(rates["key_group"]) and c.get("us")
+            if int(c.get("key_group", 0)) == int(rates["key_group"])
+            and c.get("us")
+            and int(c.get("rank_v", c["rank"])) == int(c["rank"])
         }
 
     def key_rank_penalty(self, key_group: int = 1, rows: int = 0) -> float | None:

@@ -740,13 +740,22 @@ def measure_prefill_attention(
 
 #: the attention the latent class is timed on: (query heads, KV heads, head_dim), Llama-3-8B's
 LATENT_GEOMETRY: tuple[int, int, int] = (32, 8, 128)
-#: calls timed for the latent class: ``(key group size G, key rank per group, batch, KV)``, values
-#: grouped alike at the key's rank. Per ``G``: the rank of KV 0.5 (``G·hd/2``), of KV 0.25, and one
-#: misaligned (``G·hd/2 - 8``), each at four serving shapes: one sequence at 4k and 32k, 16 at 16k, 64 at
-#: 4k (36 calls; the key group sizes interleaved, so that a call cut by the time budget leaves each a row)
-LATENT_SHAPES: tuple[tuple[int, int, int, int], ...] = tuple(
+#: calls timed for the latent class: ``(key group size G, key rank per group, batch, KV[, value rank per group])``,
+#: values grouped alike, at the key's rank where no value rank is given. Per ``G``: the rank of KV 0.5 (``G·hd/2``),
+#: of KV 0.25, and one misaligned (``G·hd/2 - 8``: :meth:`gac.hardware.profile.Profile.key_rank_tile` reads the
+#: kernel's key rank tile off it), each at four serving shapes: one sequence at 4k and 32k, 16 at 16k, 64 at 4k (the
+#: key group sizes interleaved, so that a call cut by the time budget leaves each a row); then, at KV 0.5's bytes,
+#: the keys at ``G·hd/4`` and the values at ``3·G·hd/4``, so that the rebuild's FLOPs vary apart from the bytes and
+#: the fit can tell them apart (with keys and values at one rank they rise together: on an H200, keys at 128 and
+#: values at 384 took 0.86-0.89x the time of 256 and 256 on Llama-3-8B from 16 sequences,
+#: ``benchmarks/results/h200/palu-default/call5/ranks/``). 48 calls.
+LATENT_SHAPES: tuple[tuple[int, ...], ...] = tuple(
     (g, f * g - d, b, kv)
     for f, d in ((64, 0), (32, 0), (64, 8))
+    for b, kv in ((1, 4096), (1, 32768), (16, 16384), (64, 4096))
+    for g in (1, 2, 4)
+) + tuple(
+    (g, 32 * g, b, kv, 96 * g)
     for b, kv in ((1, 4096), (1, 32768), (16, 16384), (64, 4096))
     for g in (1, 2, 4)
 )
@@ -755,15 +764,15 @@ LATENT_SHAPES: tuple[tuple[int, int, int, int], ...] = tuple(
 #: the geometry the latent class's ``wide`` rows are timed on: Qwen2.5-7B's (28 query heads, 4 KV heads, head_dim
 #: 128), whose key group of 4 has 28 query rows, past the kernel's ``QROT_ROWS`` (the kernel runs it as programs of
 #: two KV heads, :func:`gac.kernels.latent_attention.raw_program_heads`); the key-group-4
-#: calls of :data:`LATENT_SHAPES` (12)
+#: calls of :data:`LATENT_SHAPES` (16)
 LATENT_WIDE_GEOMETRY: tuple[int, int, int] = (28, 4, 128)
-LATENT_WIDE_SHAPES: tuple[tuple[int, int, int, int], ...] = tuple(s for s in LATENT_SHAPES if s[0] == 4)
+LATENT_WIDE_SHAPES: tuple[tuple[int, ...], ...] = tuple(s for s in LATENT_SHAPES if s[0] == 4)
 
 
 def measure_latent_attention(
     device: torch.device,
     dtype: torch.dtype,
-    shapes: Iterable[tuple[int, int, int, int]] = LATENT_SHAPES,
+    shapes: Iterable[tuple[int, ...]] = LATENT_SHAPES,
     budget_s: float = 60.0,
     geometry: tuple[int, int, int] = LATENT_GEOMETRY,
     bench: Callable[[Callable[[int], Any]], float] | None = None,
@@ -797,18 +806,19 @@ def measure_latent_attention(
     recs: list[dict[str, Any]] = []
     skipped = 0
     t0 = time.time()
-    for g, r, b, kv in track(shapes, "latent attention kernel: rebuild rate and latent bandwidth"):
+    for g, r, b, kv, *rest in track(shapes, "latent attention kernel: rebuild rate and latent bandwidth"):
         if time.time() - t0 > budget_s:
             skipped += 1
             continue
-        ranks = [r] * (kvh // g)
-        q, _, _, pack, inv = latent_decode_inputs(b, heads, kvh, hd, 1, g, g, ranks, ranks, dtype=dtype,
+        rv = int(rest[0]) if rest else r
+        ranks, vranks = [r] * (kvh // g), [rv] * (kvh // g)
+        q, _, _, pack, inv = latent_decode_inputs(b, heads, kvh, hd, 1, g, g, ranks, vranks, dtype=dtype,
                                                   device=device)  # fmt: skip
-        nbytes = b * kv * 2 * sum(ranks) * elem
+        nbytes = b * kv * (sum(ranks) + sum(vranks)) * elem
         try:
             n = copies_past_l2(nbytes)
             zks = [torch.randn(b, kv, sum(ranks), device=device, dtype=dtype) for _ in range(n)]
-            zvs = [torch.randn(b, kv, sum(ranks), device=device, dtype=dtype) for _ in range(n)]
+            zvs = [torch.randn(b, kv, sum(vranks), device=device, dtype=dtype) for _ in range(n)]
         except torch.OutOfMemoryError:
             _free(device)
             skipped += 1
@@ -826,7 +836,7 @@ def measure_latent_attention(
         flops = 2.0 * b * kv * hd * kvh * rk
         useful = 2.0 * b * kv * hd * kvh * r
         recs.append({
-            "key_group": g, "rank": r, "batch": b, "kv": kv, "us": round(us, 3), "bytes": nbytes,
+            "key_group": g, "rank": r, "rank_v": rv, "batch": b, "kv": kv, "us": round(us, 3), "bytes": nbytes,
             "flops": flops, "rank_run": rk, "block_r": launch["block_r"], "launch": launch,
             "gbps": round(nbytes / us / 1e3, 1), "rebuild_tflops": round(useful / us / 1e6, 2),
             "executed_tflops": round(flops / us / 1e6, 2),
