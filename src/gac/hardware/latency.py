@@ -603,9 +603,7 @@ def site_modulus(profile: Profile, site: Any) -> int:
     meta = getattr(site, "meta", None) or {}
     if meta.get("rebuild_flops_per_dim_per_cached_token"):
         g = int(meta.get("key_group") or meta.get("group_kv") or 1)
-        tile = profile.key_rank_tile(g, int(meta.get("query_rows") or 0))
-        if 1 < tile < site.max_dim:
-            m = math.lcm(m, tile)
+        m = profile.key_rank_modulus(m, g, int(meta.get("query_rows") or 0), site.max_dim)
     return m
 
 

@@ -341,29 +341,25 @@ class Profile:
             return wide
         return cls
 
-    def _key_calls(
-        self, key_group: int, rows: int
-    ) -> tuple[dict[str, Any], dict[tuple[int, int, int], float]]:
-        """The class row's rates and its timed calls with values at the key's rank, ``{(rank, batch, kv): µs}``
-        (empty on the roofline)."""
+    def _key_calls(self, key_group: int, rows: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """The class row's rates and the calls it timed for that row (none on the roofline)."""
         rates = self.latent_rates(key_group, rows)
         if rates["source"] != "measured":
-            return rates, {}
+            return rates, []
         calls = (self.latent_class(rows).get("fit") or {}).get("calls") or []
-        return rates, {
-            (int(c["rank"]), int(c["batch"]), int(c["kv"])): float(c["us"])
-            for c in calls
-            if int(c.get("key_group", 0)) == int(rates["key_group"])
-            and c.get("us")
-            and int(c.get("rank_v", c["rank"])) == int(c["rank"])
-        }
+        return rates, [c for c in calls if int(c.get("key_group", 0)) == int(rates["key_group"])]
 
     def key_rank_penalty(self, key_group: int = 1, rows: int = 0) -> float | None:
         """The measured class's median time of a key rank just short of its rank tile (within one
         ``rank_round``, as its ``G·hd/2 - 8`` calls are) over the tile's own time at the same shapes; None
         where the class timed no such pair (or there is no class). 1.09-1.10 at key group 4 on the shipped
         H100 and H200 classes, 1.01-1.04 at key groups 1 and 2."""
-        rates, times = self._key_calls(key_group, rows)
+        rates, calls = self._key_calls(key_group, rows)
+        times = {  # the calls with values at the key's rank
+            (int(c["rank"]), int(c["batch"]), int(c["kv"])): float(c["us"])
+            for c in calls
+            if c.get("us") and int(c.get("rank_v", c["rank"])) == int(c["rank"])
+        }
         tile, near = int(rates.get("block_r") or 1), max(int(rates.get("rank_round") or 1), 1)
         ratios = []
         for (r, b, kv), us in times.items():
@@ -397,16 +393,20 @@ class Profile:
         """The largest key rank (as the kernel ran it, ``rank_run``) the measured ``latent_attention`` class timed
         for the row of ``key_group`` (and ``rows`` query rows: the class or its ``wide`` rows); None where it timed
         none (no class: the roofline)."""
-        rates = self.latent_rates(key_group, rows)
-        if rates["source"] != "measured":
-            return None
-        calls = (self.latent_class(rows).get("fit") or {}).get("calls") or []
-        timed = [
-            int(c.get("rank_run") or c.get("rank") or 0)
-            for c in calls
-            if int(c.get("key_group", 0)) == int(rates["key_group"])
-        ]
-        return max(timed) if timed else None
+        _, calls = self._key_calls(key_group, rows)
+        return max((int(c.get("rank_run") or c.get("rank") or 0) for c in calls), default=None)
+
+    def key_rank_modulus(self, modulus: int, key_group: int, rows: int, width: int) -> int:
+        """The modulus of a rebuilt key rank (PaLU's latent keys) of a group ``width`` wide: ``modulus`` (its
+        projection's), and where the group is wider than the kernel's key rank tile (:meth:`key_rank_tile`), the
+        least common multiple with it. The one rule ``--align gac``, ``gac analyze`` and ``gac repair`` hold key
+        ranks to.
+
+        >>> default_profile("bfloat16").key_rank_modulus(8, 4, 16, 512)
+        8
+        """
+        tile = self.key_rank_tile(key_group, rows)
+        return math.lcm(modulus, tile) if 1 < tile < width else modulus
 
     # ------------------------------------------------------------------- I/O
     def to_dict(self) -> dict[str, Any]:

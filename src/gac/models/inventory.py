@@ -23,7 +23,6 @@ kind                   op class            what
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -97,9 +96,8 @@ def dim_modulus(profile: Profile, d: Dim) -> int:
     it, as ``--align gac`` picks them (:func:`gac.hardware.latency.site_modulus`)."""
     m = profile.modulus(d.op)
     if d.key_group:
-        tile = profile.key_rank_tile(d.key_group["key_group"], d.key_group["query_rows"])
-        if 1 < tile < d.key_group["width"]:
-            m = math.lcm(m, tile)
+        k = d.key_group
+        m = profile.key_rank_modulus(m, k["key_group"], k["query_rows"], k["width"])
     return m
 
 

@@ -295,23 +295,18 @@ def _plan_repair(
     plan["rank"] = {n: v for n, v in ranks.items() if v[0] != v[1]}
     latent = latent_modules(model)
 
-    def latent_target(m: Any, kind: str, g: int, r: int) -> int:
-        """A latent rank's target; a key rank's (``profile`` strategy) also on the decode kernel's key rank tile,
-        where the profile's class shows one narrower than the group (:meth:`Profile.key_rank_tile`)."""
-        t = target("rank", r)
-        if kind == "k" and strategy == "profile":
-            tile = prof.key_rank_tile(m.group_kv_k, m.group_kv_k * m.num_key_value_groups)
-            if 1 < tile < m.k_proj.ups[g].out_features:
-                t = round_up(r, math.lcm(target_modulus(strategy, "rank", prof), tile))
-        return t
-
-    plan["latent"] = {
-        (n, kind, g): (r, latent_target(m, kind, g, r))
-        for n, m in latent
-        for kind, proj in (("k", m.k_proj), ("v", m.v_proj))
-        for g, r in enumerate(proj.ranks)
-        if latent_target(m, kind, g, r) != r
-    }
+    plan["latent"] = {}
+    for n, m in latent:
+        for kind, proj in (("k", m.k_proj), ("v", m.v_proj)):
+            for g, r in enumerate(proj.ranks):
+                mod = target_modulus(strategy, "rank", prof)
+                if kind == "k" and strategy == "profile":  # rebuilt keys: also the decode kernel's rank tile
+                    gk = m.group_kv_k
+                    mod = prof.key_rank_modulus(
+                        mod, gk, gk * m.num_key_value_groups, proj.ups[g].out_features
+                    )
+                if round_up(r, mod) != r:
+                    plan["latent"][(n, kind, g)] = (r, round_up(r, mod))
     if latent:  # PaLU models: only the latent ranks are repaired here
         for key in ("hidden", "head_dim"):
             if plan.pop(key, None) is not None:
