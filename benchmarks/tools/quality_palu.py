@@ -68,14 +68,17 @@ def main() -> None:
     batches = calibration_batches(
         tok, CalibrationConfig("britannica", args.calib_samples, args.calib_len, batch_size=4)
     )
+    command = "OMP_NUM_THREADS=1 python benchmarks/tools/quality_palu.py " + " ".join(
+        f"--{k.replace('_', '-')}" + ("" if isinstance(v, bool) else f" {v}")
+        for k, v in vars(args).items()
+        if v is not None and v is not False
+    )
+    # a file filled by several invocations (other groupings or aligns) keeps each one's command
+    commands = [*result.get("commands", [result["command"]] if "command" in result else []), command]
     result.update(
         schema="gac.bench.quality_palu/1",
-        command="OMP_NUM_THREADS=1 python benchmarks/tools/quality_palu.py "
-        + " ".join(
-            f"--{k.replace('_', '-')}" + ("" if isinstance(v, bool) else f" {v}")
-            for k, v in vars(args).items()
-            if v is not None and v is not False
-        ),
+        command=command,
+        commands=list(dict.fromkeys(commands)),
         model={**lm.source, "name": "SmolLM2-135M-Instruct, Q4_1 GGUF dequantized to float32"},
         env={
             "torch": torch.__version__,
