@@ -134,6 +134,12 @@ def main() -> int:
         action="store_true",
         help="the launch table's splits as they were before balanced_splits",
     )
+    ap.add_argument(
+        "--auto-splits",
+        action="store_true",
+        help="each --configs launch splits the cache as the launch table does (2 waves, then balanced_splits), "
+        "not by its own waves field",
+    )
     args = ap.parse_args()
     if args.no_balance:
         kl.balanced_splits = lambda splits, *a, **k: splits
@@ -258,7 +264,7 @@ def main() -> int:
                             bt = cfg[0]
                             progs = b * kvh // kl.program_heads(gk, cfg[7] if len(cfg) > 7 else None)
                             splits = max(1, min(math.ceil(cfg[4] * sms / progs), t // bt, 256))
-                            kl._ENV = launch_env(cfg, splits)
+                            kl._ENV = launch_env(cfg, 0 if args.auto_splits else splits)
                         fns = [
                             functools.partial(
                                 kl.latent_decode_attention, s[0], s[1], s[2], pack, n, inv, hd**-0.5

@@ -323,6 +323,43 @@ def test_the_g4_row_runs_a_wide_key_group_as_programs_of_at_most_16_query_rows()
     assert not kl.transposed_values(128, True)  # the pipelined rank loop keeps the values untransposed
 
 
+def test_the_g4_row_takes_a_key_rank_up_to_one_chunk_whole():
+    table = kl.LAUNCH_TABLE[-1]
+    # Qwen2.5-7B at key group 4 from 16 sequences: programs of two KV heads; key rank 128 (or 96) is one chunk,
+    # three tiles pipelined
+    for rk in (128, 96):
+        qwen = kl.launch_config(16, 32768, 4, None, n_rep=7, rk=rk)
+        assert (qwen["sub"], qwen["block_r"], qwen["num_stages"]) == (2, kl.ONE_CHUNK_RANK, 3)
+    # Llama-3-8B's whole key group a program: one chunk, its stages as the table's
+    llama = kl.launch_config(32, 32768, 4, None, n_rep=4, rk=128)
+    assert (llama["block_r"], llama["num_stages"]) == (kl.ONE_CHUNK_RANK, table[4])
+    # past the chunk, at or under the table's own chunk, or unknown: the table's launch
+    for rk in (64, 192, 256, 0):
+        cfg = kl.launch_config(16, 32768, 4, None, n_rep=7, rk=rk)
+        assert (cfg["block_r"], cfg["num_stages"]) == (table[2], table[4])
+    # the unrolled key groups (1 and 2) and one sequence keep their rows
+    assert kl.launch_config(16, 32768, 2, None, n_rep=4, rk=128)["block_r"] == kl.LAUNCH_TABLE[1][2]
+    assert kl.launch_config(1, 32768, 4, None, n_rep=7, rk=128)["block_r"] == kl.ONE_PROGRAM[1]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(("rk", "rv"), [(128, 384), (96, 400)])
+def test_a_split_key_group_at_one_rank_chunk_matches_float64_on_gpu(rk, rv):
+    """The table's launch of Qwen2.5-7B attention (28 query heads, 4 KV heads, key bias, G=4) from 16 sequences at
+    the pipeline's most common key rank (128) and one off the tile: one rank chunk, against float64."""
+    kl._ENV = None
+    q, zk, zv, pack, inv = latent_decode_inputs(16, 28, 4, 128, 1100, 4, 4, [rk], [rv], bias=True,
+                                                dtype=torch.bfloat16, device="cuda", seed=rk)  # fmt: skip
+    n = 1037
+    out = kl._launch(*_args(q, zk, zv, pack, inv, n))
+    assert kl.LAST_LAUNCH["sub"] == 2 and kl.LAST_LAUNCH["block_r"] == kl.ONE_CHUNK_RANK
+    ref = kl.reference_latent_decode(q, zk, zv, pack, n, inv, 128**-0.5, 1.0)
+    got = out[..., : ref.shape[-1]].double()
+    err = ((got - ref).norm() / ref.norm()).item()
+    assert err < 2e-2, (rk, err, kl.LAST_LAUNCH)
+
+
 def test_value_descriptor_needs_aligned_ranks_and_says_why_once(monkeypatch, caplog):
     """Where the tensor-memory accelerator could serve (the interpreter stands in for a Hopper GPU), a value cache
     whose groups are not aligned to 16 bytes loads through registers: warned once, recorded for

@@ -754,6 +754,14 @@ ONE_PROGRAM = (32, 64, 4, 3, 2, 1)
 #: B >= 16 (``v9/raw_table_call2.json``); two KV heads a program ran it at 0.96-1.46x (``v9/raw_table.json``).
 RAW_LAUNCH = (32, 64, 4, 3, 2, 0)
 RAW_FEW = (32, 64, 4, 3, 2, 1)
+#: the widest rank chunk the table's key-group-4 row (key groups past the unrolled ones) takes: where every key
+#: rank of the layer is past the row's 64 and at most this, the rank is one chunk, one tensor-core dot of that depth
+#: per key half where there were two of 64, each with its own loads. A program of at most two KV heads (Qwen2.5-7B's
+#: key group split, :func:`raw_program_heads`) then also pipelines three tiles instead of two. On an H200 at key
+#: rank 128, value rank 384 (the kernel alone, B 16/64 x KV 4096/32768, the table's own splits): Qwen2.5-7B ran
+#: 1.07-1.10x faster than with 64-rank chunks and two stages at three of the four points (1.07x with two), and the
+#: Llama-3-8B shape (one program a key group) 1.01-1.03x (``benchmarks/results/h200/palu-default/call10/``).
+ONE_CHUNK_RANK = 128
 #: the most query rows (KV heads a program x query heads each, padded to a power of two) a raw-key program of
 #: :data:`RAW_LAUNCH` holds: Llama-3-8B's key group of 4 x 4 query heads
 RAW_ROWS = 16
@@ -800,10 +808,12 @@ def program_heads(k_group: int, sub: int | None) -> int:
 
 
 def launch_config(
-    ctas: int, t: int, k_group: int = 1, device: torch.device | None = None, raw: bool = False, n_rep: int = 1
-) -> dict[str, int]:
+    ctas: int, t: int, k_group: int = 1, device: torch.device | None = None, raw: bool = False, n_rep: int = 1,
+    rk: int = 0,
+) -> dict[str, int]:  # fmt: skip
     """The launch of ``ctas`` (batch x key groups) programs per split over a cache of ``t`` slots
-    (``raw``: keys cached raw, :data:`RAW_LAUNCH`, with ``n_rep`` query heads a KV head)."""
+    (``raw``: keys cached raw, :data:`RAW_LAUNCH`, with ``n_rep`` query heads a KV head; ``rk``: the layer's
+    largest key rank, 0 if unknown)."""
     if _ENV:
         vals = [int(x) for x in _ENV.split(",")]
         cfg = dict(
@@ -848,6 +858,10 @@ def launch_config(
             sub = raw_program_heads(k_group, n_rep) if k_group > 2 else k_group
             if sub < k_group:
                 cfg.update(sub=sub, unroll=1)
+            if k_group > 2 and br < rk <= ONE_CHUNK_RANK:  # the key rank as one chunk (ONE_CHUNK_RANK)
+                cfg["block_r"] = ONE_CHUNK_RANK
+                if sub <= 2:
+                    cfg["num_stages"] = 3
             cfg["splits"] = num_splits(ctas * (k_group // sub), t, bt, device, waves)
             return cfg
     raise AssertionError("LAUNCH_TABLE must end with a catch-all row")
@@ -1096,7 +1110,8 @@ def _launch(
 
     b, h, hd = q.shape
     t = zk.shape[1]
-    cfg = dict(cfg or launch_config(b * (kvh // k_group), t, k_group, q.device, raw=raw, n_rep=h // kvh))
+    n_rep, rk = h // kvh, int(rk_max)
+    cfg = dict(cfg or launch_config(b * (kvh // k_group), t, k_group, q.device, raw=raw, n_rep=n_rep, rk=rk))
     sub = program_heads(k_group, cfg.get("sub"))
     ctas = b * (kvh // sub)
     key = (q.device.index, q.dtype, h, hd, kvh, k_group, rk_max, rv_max, k_bias is not None,
