@@ -759,7 +759,7 @@ RAW_FEW = (32, 64, 4, 3, 2, 1)
 #: per key half where there were two of 64, each with its own loads. A program of at most two KV heads (Qwen2.5-7B's
 #: key group split, :func:`raw_program_heads`) then also pipelines three tiles instead of two. On an H200 at key
 #: rank 128, value rank 384 (the kernel alone, B 16/64 x KV 4096/32768, the table's own splits): Qwen2.5-7B ran
-#: 1.07-1.10x faster than with 64-rank chunks and two stages at three of the four points (1.07x with two), and the
+#: 1.07-1.10x faster than with 64-rank chunks and two stages (1.05-1.07x with the one chunk and two stages), and the
 #: Llama-3-8B shape (one program a key group) 1.01-1.03x (``benchmarks/results/h200/palu-default/call10/``).
 ONE_CHUNK_RANK = 128
 #: the most query rows (KV heads a program x query heads each, padded to a power of two) a raw-key program of
