@@ -532,3 +532,29 @@ def test_a_model_saved_under_the_old_class_path_loads(tmp_path, llama64):
     ids = _ids()
     with torch.no_grad():
         assert torch.equal(m(ids).logits, back(ids).logits)
+
+
+def test_the_guards_refusal_says_how_to_measure_palus_capacity(llama64):
+    """Refused for speed, a PaLU budget's one line also says how to measure what the smaller cache buys: the
+    sequences that fit and their tokens/s (``gac eval infer --capacity-context``)."""
+    import dataclasses
+
+    from gac.compressors.palu import PaluCompressor
+    from gac.hardware.profile import default_profile
+
+    # launches cost more than the bytes the latent cache saves at one sequence: the guard refuses
+    prof = dataclasses.replace(
+        default_profile("bfloat16"), id="synthetic", measured=True, launch_us=20.0, copy_gbps=1.0, aux_us=0.5
+    )
+    cfg = CompressConfig(
+        compressor="palu", param_ratio=0.5, align="gac", serve="decode:1x64", options={"group_size": 2}
+    )
+    p = plan(copy.deepcopy(llama64), cfg, calib_batches=_batches(), profile=prof)
+    with pytest.raises(GacError, match="cannot be met without a slowdown") as e:
+        p.allocation()
+    msg = str(e.value)
+    assert "\n" not in msg and msg.endswith("; " + PaluCompressor.refusal_hint)
+    assert (
+        "--capacity-context" in PaluCompressor.refusal_hint
+        and "--allow-slower" in PaluCompressor.refusal_hint
+    )

@@ -80,6 +80,8 @@ class Compressor(ABC):
     supports_sequential: ClassVar[bool] = False
     #: where layer-by-layer work runs (set by :func:`gac.api.plan`; None: where the model is)
     exec_device: str | None = None
+    #: what else the latency guard's refusal tells a user of this method (appended to its one line; empty: nothing)
+    refusal_hint: ClassVar[str] = ""
 
     @abstractmethod
     def sites(self, model: nn.Module) -> list[Site]:

@@ -132,6 +132,15 @@ def _gemm_launches(groups: int, kind: str, fold_values: bool) -> dict[str, float
 class PaluCompressor(Compressor):
     """Group-head low-rank K/V projections with a latent KV cache."""
 
+    #: a smaller KV cache pays in memory where its decode is slower (on an H200, Llama-3-8B shape at 32k: 1.97x the
+    #: sequences at 0.97x dense's tokens/s, ``benchmarks/results/h200/palu-default/call9/``): the refusal says how
+    #: to measure that
+    refusal_hint = (
+        "PaLU's smaller cache may still pay in memory: compressed with --allow-slower, `gac eval infer --variant DIR "
+        "--baseline-model-id MODEL --capacity-context 32768 --out R` measures the most sequences that fit, and "
+        "their tokens/s, beside dense"
+    )
+
     def __init__(
         self,
         group_size: int | None = None,
