@@ -700,8 +700,8 @@ def test_the_committed_h200_cells_with_key_ranks_on_the_tile_decode_faster(shape
 def test_the_class_calls_vary_the_rebuild_apart_from_the_bytes():
     """``gac profile``'s latent calls hold, per key group size and serving shape, two calls of the same latent bytes
     and different key ranks (keys and values apart), so the fit can tell the rebuild's FLOPs from the bytes; with
-    keys and values at one rank they rose together, and the shipped classes' key-group-2 and -4 rows carry no FLOP
-    rate. On a stand-in clock with a rebuild term the fit recovers it."""
+    keys and values at one rank they rose together, and the classes timed so had no FLOP rate at key groups 2 and 4.
+    On a stand-in clock with a rebuild term the fit recovers it."""
     from gac.hardware import profiler as P
 
     hd = P.LATENT_GEOMETRY[2]

@@ -119,13 +119,7 @@ def inventory(model: nn.Module) -> list[Dim]:
                 for g, r in enumerate(mod.ranks):
                     add(f"{role}.rank", f"{fqn}:g{g}", r, i)
                     if role == "k":  # rebuilt at every decode step: the kernel's key rank tile applies
-                        attn = model.get_submodule(ad.attention_fqn(i))
-                        gk = int(getattr(attn, "group_kv_k", 1))
-                        dims[-1].key_group = {
-                            "key_group": gk,
-                            "query_rows": gk * int(getattr(attn, "num_key_value_groups", 1)),
-                            "width": int(mod.ups[g].out_features),
-                        }
+                        dims[-1].key_group = model.get_submodule(ad.attention_fqn(i)).key_group_shape(g)
             add(f"{role}.out", fqn, out_features(mod), i)
         add("intermediate", ad.mlp_fqn(i), ad.intermediate(i), i)
         add(

@@ -379,6 +379,17 @@ class LatentAttention(nn.Module):
         cos, sin = self._rotary(k, pos)
         return apply_rope(k, cos.to(k.dtype), sin.to(k.dtype))
 
+    def key_group_shape(self, g: int) -> dict[str, int]:
+        """``{"key_group", "query_rows", "width"}`` of key group ``g``: KV heads a group, the query heads they serve
+        (the decode kernel's launch row) and the group's key width; what the profile's key rank tile is read for
+        (:meth:`gac.hardware.profile.Profile.key_rank_modulus`)."""
+        gk = int(self.group_kv_k)
+        return {
+            "key_group": gk,
+            "query_rows": gk * int(self.num_key_value_groups),
+            "width": int(self.k_proj.ups[g].out_features),
+        }
+
     # ------------------------------------------------------ fused decode kernel
     #: use the Triton decode kernel (CUDA, static cache, one new token) where it applies
     use_kernel: bool = True

@@ -294,17 +294,15 @@ def _plan_repair(
     }
     plan["rank"] = {n: v for n, v in ranks.items() if v[0] != v[1]}
     latent = latent_modules(model)
-
     plan["latent"] = {}
+    rank_mod = target_modulus(strategy, "rank", prof)
     for n, m in latent:
         for kind, proj in (("k", m.k_proj), ("v", m.v_proj)):
             for g, r in enumerate(proj.ranks):
-                mod = target_modulus(strategy, "rank", prof)
+                mod = rank_mod
                 if kind == "k" and strategy == "profile":  # rebuilt keys: also the decode kernel's rank tile
-                    gk = m.group_kv_k
-                    mod = prof.key_rank_modulus(
-                        mod, gk, gk * m.num_key_value_groups, proj.ups[g].out_features
-                    )
+                    k = m.key_group_shape(g)
+                    mod = prof.key_rank_modulus(mod, k["key_group"], k["query_rows"], k["width"])
                 if round_up(r, mod) != r:
                     plan["latent"][(n, kind, g)] = (r, round_up(r, mod))
     if latent:  # PaLU models: only the latent ranks are repaired here
