@@ -94,9 +94,9 @@ def sets_for(nbytes: int, l2: int) -> int:
 
 def launch_env(cfg: tuple[int, ...], splits: int) -> str:
     """``GAC_LATENT_LAUNCH`` for a ``--configs`` entry
-    (``block_t,block_r,warps,stages,waves[,unroll[,kloop[,sub[,vchunk]]]]``) at ``splits`` (0: from 2 waves)."""
+    (``block_t,block_r,warps,stages,waves[,unroll[,kloop[,sub]]]``) at ``splits`` (0: from 2 waves)."""
     extra = [cfg[5] if len(cfg) > 5 else 2, cfg[6] if len(cfg) > 6 else 0, cfg[7] if len(cfg) > 7 else 0]
-    return ",".join(map(str, [*cfg[:4], splits, *extra, *cfg[8:9]]))
+    return ",".join(map(str, [*cfg[:4], splits, *extra]))
 
 
 def main() -> int:
@@ -109,8 +109,7 @@ def main() -> int:
     ap.add_argument(
         "--configs",
         default=DEFAULT_CONFIGS,
-        help="';'-separated block_t,block_r,warps,stages,waves[,unroll[,kloop[,sub[,vchunk]]]] (sub: KV heads per "
-        "program; vchunk: value chunk columns, 0 for halves)",
+        help="';'-separated block_t,block_r,warps,stages,waves[,unroll[,kloop[,sub]]] (sub: KV heads per program)",
     )
     ap.add_argument("--table", action="store_true", help="time the launch table's choice only")
     ap.add_argument(
@@ -127,12 +126,6 @@ def main() -> int:
         "--raw",
         action="store_true",
         help="keys cached raw (every key group at full width, G*head_dim: no rebuild); --rank-k is ignored",
-    )
-    ap.add_argument(
-        "--value-chunks",
-        default=None,
-        help="','-separated latent_attention.VALUE_CHUNK settings, each launch timed at every one "
-        "(0: a value tile past 256 columns in two halves; default: the module's)",
     )
     ap.add_argument("--old", default=None, help="path to the earlier latent_attention module, timed beside")
     ap.add_argument("--budget-s", type=float, default=540.0)
@@ -172,10 +165,6 @@ def main() -> int:
     configs = [tuple(int(x) for x in c.split(",")) for c in args.configs.split(";")]
     if args.table:
         configs = [None]
-    chunks = [int(x) for x in args.value_chunks.split(",")] if args.value_chunks else [kl.VALUE_CHUNK]
-    res["value_chunks"] = chunks
-    # every launch at every value chunk setting: (launch, chunk) pairs, timed on the same inputs
-    variants = [(cfg, vc) for cfg in configs for vc in chunks]
 
     def save():
         with open(args.out, "w") as f:
@@ -208,19 +197,17 @@ def main() -> int:
             )
             ref = kl.reference_latent_decode(q, zk, zv, pack, 1037, inv, hd**-0.5)
             n_small = torch.tensor([1037], device=dev)
-            for cfg, vc in variants:
+            for cfg in configs:
                 kl._ENV = None if cfg is None else launch_env(cfg, 0)
-                kl.VALUE_CHUNK = vc
-                tag = {"model": model, "group": gk, "config": cfg, "value_chunk": vc}
                 try:
                     out = kl.latent_decode_attention(q, zk, zv, pack, n_small, inv, hd**-0.5)
                 except Exception as e:  # noqa: BLE001 - a launch that does not fit is recorded and skipped
-                    res["checks"].append({**tag, "error": str(e)[:200]})
+                    res["checks"].append({"model": model, "group": gk, "config": cfg, "error": str(e)[:200]})
                     continue
                 got = torch.cat([o.double() for o in out], 1)
                 err = ((got - ref).norm() / ref.norm()).item()
-                res["checks"].append({**tag, "err": err})
-                assert err < 2e-2, (model, gk, cfg, vc, err)
+                res["checks"].append({"model": model, "group": gk, "config": cfg, "err": err})
+                assert err < 2e-2, (model, gk, cfg, err)
             for b in (int(x) for x in args.batches.split(",")):
                 for t in (int(x) for x in args.lengths.split(",")):
                     if time.time() - t_start > args.budget_s:
@@ -269,8 +256,7 @@ def main() -> int:
                     ]
                     n = torch.tensor([t], device=dev)
                     best = None
-                    for cfg, vc in variants:
-                        kl.VALUE_CHUNK = vc
+                    for cfg in configs:
                         if cfg is None:
                             kl._ENV = None
                             splits = kl.launch_config(b * ng, t, gk, dev, raw=args.raw, n_rep=n_rep)["splits"]
@@ -289,10 +275,10 @@ def main() -> int:
                             fns[0]()
                             ms = graph_ms(fns)
                         except Exception as e:  # noqa: BLE001 - a launch that fails is recorded
-                            row["latent"].append({"config": cfg, "value_chunk": vc, "error": str(e)[:300]})
+                            row["latent"].append({"config": cfg, "error": str(e)[:300]})
                             continue
                         ent = {
-                            "config": cfg, "value_chunk": vc, "launch": dict(kl.LAST_LAUNCH), "ms": ms,
+                            "config": cfg, "launch": dict(kl.LAST_LAUNCH), "ms": ms,
                             "vs_dense": row["dense_ms"] / ms, "rebuild_tflops": flops_rebuild / ms / 1e9,
                             "gbps": lat_bytes / ms / 1e6,
                         }  # fmt: skip
@@ -322,12 +308,7 @@ def main() -> int:
                         f"{model} G{gk} B{b} T{t}: dense {row['dense_ms']:.4f} latent {best['ms']:.4f} "
                         f"({best['vs_dense']:.2f}x, floor {row['floor_speedup']:.2f}x) "
                         f"rebuild {best['rebuild_tflops']:.0f}/{peak:.0f} TFLOP/s cfg {best['launch']} "
-                        f"old {row.get('old_ms', float('nan')):.4f} | "
-                        + " ".join(
-                            f"{e['config']}/{e['value_chunk']}: {e['ms']:.4f}"
-                            for e in row["latent"]
-                            if "ms" in e
-                        ),
+                        f"old {row.get('old_ms', float('nan')):.4f}",
                         flush=True,
                     )
     save()

@@ -70,7 +70,7 @@ CASES = [
     (2, 8, 4, 32, 2, 4, 75, 70, False, False, "16,64,4,2,3", True),
     (2, 8, 2, 32, 1, 2, 75, 70, False, True, "32,64,4,2,2", True),
     # ranks aligned to 8 (field 13: the key and value ranks) at 128-token tiles, so the value latents load through a
-    # tensor descriptor into a transposed P·Z_v (V_DESC, V_T): a value rank past 256 in chunks of 128 columns (3) at
+    # tensor descriptor into a transposed P·Z_v (V_DESC, V_T): a value rank past 256 in two column halves at
     # head_dim 128; key group 4 with n_rep 7 over programs of 2 KV heads (14 query rows), turning the queries
     # (Q_ROT), with bias; values grouped apart from the keys (a descriptor load per KV head)
     (1, 8, 4, 128, 4, 4, 70, 65, True, False, "128,16,4,1,2", False, ([64], [296])),

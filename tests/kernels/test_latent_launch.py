@@ -367,15 +367,15 @@ def test_value_descriptor_needs_aligned_ranks_and_says_why_once(monkeypatch, cap
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(kl, "_VALUE_PTR_REASONS", set())
     zv = torch.zeros(2, 300, 296, dtype=torch.bfloat16)
-    d = kl.value_descriptor(zv, 128, 128, 8)
-    assert d is not None and list(d.block_shape) == [1, 128, 128]
+    d = kl.value_descriptor(zv, 128, 512, 8)
+    assert d is not None and list(d.block_shape) == [1, 128, 256]
     with caplog.at_level(logging.WARNING, logger="gac.kernels.latent_attention"):
         assert kl.value_descriptor(torch.zeros(2, 300, 37, dtype=torch.bfloat16), 128, 64, 1) is None
         assert kl.value_descriptor(torch.zeros(2, 300, 37, dtype=torch.bfloat16), 128, 64, 1) is None
     assert len([r for r in caplog.records if "through registers" in r.message]) == 1
     assert len(kl.value_pointer_reasons()) == 1 and "16" in kl.value_pointer_reasons()[0]
-    # a value chunk past 256 columns has no descriptor box (at most 256 a load)
-    assert kl.value_descriptor(torch.zeros(1, 300, 1024, dtype=torch.bfloat16), 128, 512, 8) is None
+    # a value tile past 512 columns has no descriptor box (at most 256 a load)
+    assert kl.value_descriptor(torch.zeros(1, 300, 1024, dtype=torch.bfloat16), 128, 1024, 8) is None
     monkeypatch.delenv("TRITON_INTERPRET")
     # on the CPU, compiled: no accelerator to describe for
-    assert kl.value_descriptor(zv, 128, 128, 8) is None
+    assert kl.value_descriptor(zv, 128, 512, 8) is None

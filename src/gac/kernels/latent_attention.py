@@ -325,14 +325,6 @@ if HAVE_TRITON:
         return m_new, l_i, alpha, p
 
     @triton.jit
-    def _store_value_chunk(acc, optr, c0, offs_v, vr_col, mrow, V_DESC):
-        """One transposed value chunk ``[VW, MQ]`` of partial outputs at latent column ``c0`` (``V_DESC``: its
-        columns past each query head's value rank zeroed; the descriptor read whatever lay there)."""
-        if V_DESC:
-            acc = tl.where((c0 + offs_v)[:, None] < vr_col, acc, 0.0)
-        tl.store(optr + c0, acc, mask=mrow[None, :])
-
-    @triton.jit
     def _latent_flash_kernel(
         q_ptr,  # [B, H, HD] roped queries
         zk_ptr, zv_ptr,  # [B, T, *] key and value latents of the layer
@@ -356,7 +348,6 @@ if HAVE_TRITON:
         HAS_NORM: tl.constexpr, V_SHARED: tl.constexpr, STAGE_U: tl.constexpr, UNROLL: tl.constexpr,
         RA: tl.constexpr, RAV: tl.constexpr, K_LOOP: tl.constexpr = False, ROPE_TAB: tl.constexpr = False,
         ROPE_ROWS: tl.constexpr = 129, RAW_K: tl.constexpr = False, V_DESC: tl.constexpr = False,
-        VW: tl.constexpr = 16, NVC: tl.constexpr = 1,
     ):  # fmt: skip
         # the latent and up-projection strides arrive divided by RA (RAV for the values), and every
         # group's latent offset and rank is a multiple of it: multiplied back, the compiler can prove
@@ -423,8 +414,8 @@ if HAVE_TRITON:
         # transposed dot took more registers (transposed_values). On an H100 the row took 0.85-0.87x the time at
         # value rank 432 on Llama-3-8B (benchmarks/results/h100/palu-kernel/v12/table_rv432.json).
         V_T: tl.constexpr = BLOCK_T >= _VT_TILE and not K_LOOP
-        # VW, NVC (value_chunks): transposed, the value tile is NVC chunks of VW latent columns, as many as cover
-        # the largest value rank (not its power of two: at value rank 384, three of 128, not two of 256)
+        V_HALF: tl.constexpr = V_T and RVP > 256
+        VW: tl.constexpr = RVP // 2 if V_HALF else RVP
         offs_v = tl.arange(0, VW)
         # int64: at a long context and a large batch (the capacity search) b·stride passes 2^31
         zk_b = zk_ptr + b.to(tl.int64) * szkb
@@ -439,12 +430,8 @@ if HAVE_TRITON:
         l_i = tl.zeros((MQ,), tl.float32)
         if V_T:  # a latent column a row, a query head a column
             acc = tl.zeros((VW, MQ), tl.float32)
-            if NVC > 1:
-                acc1 = tl.zeros((VW, MQ), tl.float32)
-            if NVC > 2:
+            if V_HALF:
                 acc2 = tl.zeros((VW, MQ), tl.float32)
-            if NVC > 3:
-                acc3 = tl.zeros((VW, MQ), tl.float32)
         else:
             acc = tl.zeros((MQ, VW), tl.float32)
         # Past two KV heads a program with at most 16 query rows (the key-group-4 row on Llama-3-8B: a
@@ -494,33 +481,22 @@ if HAVE_TRITON:
                 acc, p, zv_b, zvd, b, t0, offs_t, tmask, szvt, voff_ptr, vr_ptr, kvh0, offs_m,
                 0, offs_v, G, NREP, RAV, V_SHARED, UNROLL, V_DESC, BLOCK_T, VW, V_T,
             )  # fmt: skip
-            if NVC > 1:
-                acc1 = _group_values(
-                    acc1 * alpha[None, :], p, zv_b, zvd, b, t0, offs_t, tmask, szvt, voff_ptr, vr_ptr, kvh0, offs_m,
-                    VW, offs_v, G, NREP, RAV, V_SHARED, UNROLL, V_DESC, BLOCK_T, VW, V_T,
-                )  # fmt: skip
-            if NVC > 2:
+            if V_HALF:
                 acc2 = _group_values(
                     acc2 * alpha[None, :], p, zv_b, zvd, b, t0, offs_t, tmask, szvt, voff_ptr, vr_ptr, kvh0, offs_m,
-                    2 * VW, offs_v, G, NREP, RAV, V_SHARED, UNROLL, V_DESC, BLOCK_T, VW, V_T,
-                )  # fmt: skip
-            if NVC > 3:
-                acc3 = _group_values(
-                    acc3 * alpha[None, :], p, zv_b, zvd, b, t0, offs_t, tmask, szvt, voff_ptr, vr_ptr, kvh0, offs_m,
-                    3 * VW, offs_v, G, NREP, RAV, V_SHARED, UNROLL, V_DESC, BLOCK_T, VW, V_T,
+                    VW, offs_v, G, NREP, RAV, V_SHARED, UNROLL, V_DESC, BLOCK_T, VW, V_T,
                 )  # fmt: skip
         rows = h0 + offs_m
         if V_T:
             optr = o_ptr + b * sob + rows[None, :] * soh + split * sos + offs_v[:, None]
-            # the descriptor's tile ran past the group's rank: those latent columns are zeroed
-            vr_col = (tl.load(vr_ptr + kvh0 + col_head, mask=mrow, other=0) // RAV * RAV)[None, :]
-            _store_value_chunk(acc, optr, 0, offs_v, vr_col, mrow, V_DESC)
-            if NVC > 1:
-                _store_value_chunk(acc1, optr, VW, offs_v, vr_col, mrow, V_DESC)
-            if NVC > 2:
-                _store_value_chunk(acc2, optr, 2 * VW, offs_v, vr_col, mrow, V_DESC)
-            if NVC > 3:
-                _store_value_chunk(acc3, optr, 3 * VW, offs_v, vr_col, mrow, V_DESC)
+            if V_DESC:  # the descriptor's tile ran past the group's rank: zero those latent columns
+                vr_col = (tl.load(vr_ptr + kvh0 + col_head, mask=mrow, other=0) // RAV * RAV)[None, :]
+                acc = tl.where(offs_v[:, None] < vr_col, acc, 0.0)
+                if V_HALF:
+                    acc2 = tl.where((VW + offs_v)[:, None] < vr_col, acc2, 0.0)
+            tl.store(optr, acc, mask=mrow[None, :])
+            if V_HALF:
+                tl.store(optr + VW, acc2, mask=mrow[None, :])
         else:
             optr = o_ptr + b * sob + rows[:, None] * soh + split * sos + offs_v[None, :]
             tl.store(optr, acc, mask=mrow[:, None])
@@ -538,7 +514,6 @@ if HAVE_TRITON:
         SP: tl.constexpr,
         BS: tl.constexpr,
         RVP: tl.constexpr,
-        RVC: tl.constexpr,  # the partial outputs' columns the flash kernel wrote (value_chunks); zero past them
     ):
         pid = tl.program_id(0)  # b * H + h
         offs_s = tl.arange(0, SP)
@@ -557,7 +532,7 @@ if HAVE_TRITON:
             w = tl.where(bmask & (mb > float("-inf")), tl.exp2(mb - mx), 0.0)
             o = tl.load(
                 o_ptr + pid * NSPLIT * RVP + offs_b[:, None] * RVP + offs_v[None, :],
-                mask=bmask[:, None] & (offs_v < RVC)[None, :],
+                mask=bmask[:, None],
                 other=0.0,
             )
             acc += tl.sum(o * w[:, None], axis=0)
@@ -577,29 +552,10 @@ def transposed_values(block_t: int, kloop: bool) -> bool:
     return block_t >= VALUE_T_TILE and not kloop
 
 
-#: a transposed value tile (``V_T``) past 256 latent columns is read and multiplied in chunks of this many columns,
-#: as many as cover the layer's largest value rank (at most :data:`MAX_VALUE_CHUNKS`), not in two halves of its
-#: power of two: at value rank 384 (key rank 128 at KV 0.5, the pipeline's most common on the 8B shapes) three
-#: chunks of 128 where two halves of 256 read and multiplied 512 columns, a quarter of them past the rank. 0: halves.
-VALUE_CHUNK = 128
-MAX_VALUE_CHUNKS = 4
-
-
-def value_chunks(rvp: int, rv_max: int, chunk: int | None = None) -> tuple[int, int]:
-    """``(VW, NVC)`` of a transposed (``V_T``) flash kernel: ``NVC`` chunks of ``VW`` latent columns covering value
-    rank ``rv_max`` (value tile ``rvp``, its power of two): the whole tile up to 256 columns, past it chunks of
-    ``chunk`` (default :data:`VALUE_CHUNK`; 0, or more than :data:`MAX_VALUE_CHUNKS` of them: two halves).
-
-    >>> value_chunks(256, 200), value_chunks(512, 384), value_chunks(512, 392), value_chunks(512, 384, 0)
-    ((256, 1), (128, 3), (128, 4), (256, 2))
-    """
-    chunk = VALUE_CHUNK if chunk is None else int(chunk)
-    if rvp <= 256:
-        return rvp, 1
-    n = -(-int(rv_max) // chunk) if chunk else 0
-    if 0 < n <= MAX_VALUE_CHUNKS:
-        return chunk, n
-    return rvp // 2, 2
+def value_width(rvp: int) -> int:
+    """Latent columns of one value tile of a transposed (``V_T``) flash kernel (``VW``): the value tile ``rvp``,
+    in halves past 256."""
+    return rvp // 2 if rvp > 256 else rvp
 
 
 #: the most query heads one program scores (a key group's KV heads times ``n_rep``)
@@ -765,8 +721,7 @@ latent_align = vector_align
 #: (``splits`` 0: from ``waves`` 2; ``unroll``: the largest key group whose heads are unrolled, default 2;
 #: ``kloop`` 1: the rank chunks of a rebuilt key as a software-pipelined loop and RoPE's cos/sin computed per
 #: position each tile, which frees the registers the unrolled chunks and the held in-tile angles took;
-#: ``sub``: KV heads per program, dividing the key group, 0 for the whole group: :func:`program_heads`;
-#: ``vchunk``: :func:`value_chunks`' chunk, 0 for halves).
+#: ``sub``: KV heads per program, dividing the key group, 0 for the whole group: :func:`program_heads`).
 LAUNCH_TABLE: list[tuple[int, int, int, int, int, int]] = [
     (1, 32, 64, 4, 3, 2),
     (2, 32, 64, 4, 3, 4),
@@ -863,17 +818,7 @@ def launch_config(
         vals = [int(x) for x in _ENV.split(",")]
         cfg = dict(
             zip(
-                (
-                    "block_t",
-                    "block_r",
-                    "num_warps",
-                    "num_stages",
-                    "splits",
-                    "unroll",
-                    "kloop",
-                    "sub",
-                    "vchunk",
-                ),
+                ("block_t", "block_r", "num_warps", "num_stages", "splits", "unroll", "kloop", "sub"),
                 vals,
                 strict=False,
             )
@@ -1023,8 +968,7 @@ _RAN_KEYS = ("block_t", "block_r", "num_warps", "num_stages", "kloop", "sub")
 def compiled_kernel(
     key_group: int, rk: int, rvp: int, block_t: int, block_r: int, num_warps: int, num_stages: int,
     n_rep: int = 4, head_dim: int = 128, arch: int = 90, kloop: bool = False, rope_tab: bool = True,
-    raw: bool = False, bias: bool = False, vdesc: bool = False, unroll: bool = False, rv: int = 0,
-    vchunk: int | None = None,
+    raw: bool = False, bias: bool = False, vdesc: bool = False, unroll: bool = False,
 ) -> Any:  # fmt: skip
     """The flash kernel compiled for ``sm_<arch>`` without a GPU (Triton's ``CompiledKernel``).
 
@@ -1033,8 +977,7 @@ def compiled_kernel(
     rebuild chunked by ``block_r`` (``kloop``: as a pipelined loop, RoPE per position; ``raw``: no rebuild, the
     keys read as cached); ``rk`` the padded key rank, ``rvp`` the value tile; ``bias``: a key bias (Qwen2);
     ``vdesc``: the value latents read through a tensor descriptor (``V_DESC``); ``unroll``: the key group's heads
-    unrolled (``UNROLL``, the launch's default up to two heads); ``rv``: the largest value rank (default ``rvp``),
-    ``vchunk``: :func:`value_chunks`' chunk.
+    unrolled (``UNROLL``, the launch's default up to two heads).
     """
     import inspect
 
@@ -1047,15 +990,14 @@ def compiled_kernel(
 
     fn = _latent_flash_kernel
     params = list(inspect.signature(fn.fn).parameters)
-    vw, nvc = value_chunks(rvp, rv or rvp, vchunk) if transposed_values(block_t, kloop) else (rvp, 1)
     const = dict(NREP=n_rep, G=key_group, HALF=head_dim // 2, RK=rk, RVP=rvp, MQ=_pow2(n_rep * key_group),
                  BLOCK_T=block_t, BLOCK_R=block_r, HAS_BIAS=bias, HAS_NORM=False, V_SHARED=True,
                  STAGE_U=False, UNROLL=unroll, RA=8, RAV=8, K_LOOP=kloop, ROPE_TAB=rope_tab, RAW_K=raw,
-                 V_DESC=vdesc, VW=vw, NVC=nvc)  # fmt: skip
+                 V_DESC=vdesc)  # fmt: skip
     ptrs = {"q_ptr": "*bf16", "zk_ptr": "*bf16", "zv_ptr": "*bf16", "uk_ptr": "*bf16", "koff_ptr": "*i32",
             "kr_ptr": "*i32", "voff_ptr": "*i32", "vr_ptr": "*i32", "kb_ptr": "*bf16", "kn_ptr": "*bf16",
             "inv_ptr": "*fp32", "rope_ptr": "*fp32", "len_ptr": "*i32", "o_ptr": "*fp32", "ml_ptr": "*fp32",
-            "zvd": f"tensordesc<bf16[1, {block_t}, {vw}]>" if vdesc else "*bf16"}  # fmt: skip
+            "zvd": f"tensordesc<bf16[1, {block_t}, {value_width(rvp)}]>" if vdesc else "*bf16"}  # fmt: skip
     floats = ("qk_scale", "rope_scale", "eps")
     sig = {p: "constexpr" if p in const else ptrs.get(p, "fp32" if p in floats else "i32") for p in params}
     src = ASTSource(
@@ -1112,9 +1054,9 @@ def _tma_capable(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
-def value_descriptor(zv: torch.Tensor, block_t: int, vw: int, rav: int) -> Any:
+def value_descriptor(zv: torch.Tensor, block_t: int, rvp: int, rav: int) -> Any:
     """A tensor descriptor of the value latents ``[B, T, Σ r_v]`` for the flash kernel's ``V_DESC`` loads
-    (blocks ``[1, block_t, vw]``: a value chunk, :func:`value_chunks`), or None where the GPU has no tensor-memory accelerator or the
+    (blocks ``[1, block_t, value_width(rvp)]``), or None where the GPU has no tensor-memory accelerator or the
     cache cannot be described (warned once a reason, recorded in :func:`value_pointer_reasons`). ``rav``: what the
     value groups' latent offsets and the strides are multiples of (:data:`latent_align`); a descriptor's loads
     start at 16-byte multiples.
@@ -1127,6 +1069,7 @@ def value_descriptor(zv: torch.Tensor, block_t: int, vw: int, rav: int) -> Any:
     """
     if not _tma_capable(zv.device):
         return None
+    vw = value_width(rvp)
     es = zv.element_size()
     why = None
     if zv.dim() != 3 or zv.stride(-1) != 1:
@@ -1173,8 +1116,7 @@ def _launch(
     ctas = b * (kvh // sub)
     key = (q.device.index, q.dtype, h, hd, kvh, k_group, rk_max, rv_max, k_bias is not None,
            k_norm is not None, bool(v_shared), align, valign, cfg["block_t"], cfg["block_r"],
-           cfg["num_warps"], cfg["num_stages"], cfg.get("unroll", 2), cfg.get("kloop", 0), sub, raw,
-           cfg.get("vchunk"))  # fmt: skip
+           cfg["num_warps"], cfg["num_stages"], cfg.get("unroll", 2), cfg.get("kloop", 0), sub, raw)  # fmt: skip
     asked = dict(cfg)
     if key in _FITTED:
         cfg = _resplit({**cfg, **_FITTED[key]["ran"]}, ctas, t, q.device)
@@ -1241,10 +1183,7 @@ def _launch_once(
     ra = latent_align(align, zk.stride(0), zk.stride(1), uk.stride(0), uk.stride(1))
     rav = latent_align(valign, zv.stride(0), zv.stride(1))
     kloop = bool(cfg.get("kloop", 0)) and not raw
-    v_t = transposed_values(bt, kloop)
-    vw, nvc = value_chunks(rvp, rv_max, cfg.get("vchunk")) if v_t else (rvp, 1)
-    LAST_LAUNCH["value_chunks"] = [vw, nvc]
-    zvd = value_descriptor(zv, bt, vw, rav) if v_t else None
+    zvd = value_descriptor(zv, bt, rvp, rav) if transposed_values(bt, kloop) else None
     LAST_LAUNCH["value_tma"] = zvd is not None
     kern = _latent_flash_kernel[(b * kgroups, splits)](
         q, zk, zv, zvd if zvd is not None else zv, uk, koff, kr, voff, vr,
@@ -1263,7 +1202,7 @@ def _launch_once(
         float(eps),
         NREP=n_rep, G=g, HALF=hd // 2, RK=rk, RVP=rvp, MQ=mq, BLOCK_T=bt, BLOCK_R=br,
         HAS_BIAS=k_bias is not None, HAS_NORM=k_norm is not None, V_SHARED=bool(v_shared), STAGE_U=g <= 2 and rk == br and not raw, UNROLL=g <= cfg.get("unroll", 2), RA=ra, RAV=rav,
-        K_LOOP=kloop, ROPE_TAB=tab is not None, VW=vw, NVC=nvc,
+        K_LOOP=kloop, ROPE_TAB=tab is not None,
         ROPE_ROWS=tab.shape[1] if tab is not None else 1, RAW_K=bool(raw), V_DESC=zvd is not None,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
@@ -1274,7 +1213,7 @@ def _launch_once(
         )
     sp = _pow2(splits, 2)
     _latent_combine_kernel[(b * h,)](
-        part, ml, out, h, NSPLIT=splits, SP=sp, BS=min(sp, 16), RVP=rvp, RVC=vw * nvc, num_warps=4
+        part, ml, out, h, NSPLIT=splits, SP=sp, BS=min(sp, 16), RVP=rvp, num_warps=4
     )
     return out
 
