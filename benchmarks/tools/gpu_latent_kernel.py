@@ -94,9 +94,9 @@ def sets_for(nbytes: int, l2: int) -> int:
 
 def launch_env(cfg: tuple[int, ...], splits: int) -> str:
     """``GAC_LATENT_LAUNCH`` for a ``--configs`` entry
-    (``block_t,block_r,warps,stages,waves[,unroll[,kloop[,sub[,stage]]]]``) at ``splits`` (0: from 2 waves)."""
+    (``block_t,block_r,warps,stages,waves[,unroll[,kloop[,sub]]]``) at ``splits`` (0: from 2 waves)."""
     extra = [cfg[5] if len(cfg) > 5 else 2, cfg[6] if len(cfg) > 6 else 0, cfg[7] if len(cfg) > 7 else 0]
-    return ",".join(map(str, [*cfg[:4], splits, *extra, *cfg[8:9]]))
+    return ",".join(map(str, [*cfg[:4], splits, *extra]))
 
 
 def main() -> int:
@@ -109,8 +109,7 @@ def main() -> int:
     ap.add_argument(
         "--configs",
         default=DEFAULT_CONFIGS,
-        help="';'-separated block_t,block_r,warps,stages,waves[,unroll[,kloop[,sub[,stage]]]] (sub: KV heads per "
-        "program; stage: the most KV heads whose up-projections a program holds on chip)",
+        help="';'-separated block_t,block_r,warps,stages,waves[,unroll[,kloop[,sub]]] (sub: KV heads per program)",
     )
     ap.add_argument("--table", action="store_true", help="time the launch table's choice only")
     ap.add_argument(

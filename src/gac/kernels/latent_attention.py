@@ -151,12 +151,12 @@ if HAVE_TRITON:
     @triton.jit
     def _group_scores(
         zk_b, offs_t, tmask, szkt, koff, kr, uk_ptr, kvh0, suh, sud, offs_r, rmask, u1a, u2a, u1b, u2b,
-        u1c, u2c, u1d, u2d, kb_ptr, kn_ptr, offs_d, c, sn, q1t, q2t, col_head, eps, koff_ptr, RA,
+        kb_ptr, kn_ptr, offs_d, c, sn, q1t, q2t, col_head, eps, koff_ptr, RA,
         G, HALF, RK, MQ, BLOCK_R, BLOCK_T, HAS_BIAS, HAS_NORM, STAGE_U, UNROLL, K_LOOP, RAW_K,
     ):  # fmt: skip
         """One tile's scores ``[BLOCK_T, MQ]``: each column against its KV head's rebuilt keys.
 
-        ``STAGE_U`` (unrolled only): the keys come from the staged up-projections ``u1a``..``u2d``
+        ``STAGE_U`` (unrolled only): the keys come from the staged up-projections ``u1a``..``u2b``
         and one load of the tile's key latents; otherwise rank chunk by rank chunk. ``RAW_K``: the
         cache holds the keys themselves (a key group kept at full width, its up-projection the
         identity): each KV head's are read at its own column, with no rebuild.
@@ -184,15 +184,9 @@ if HAVE_TRITON:
                     if j == 0:
                         k1 = tl.dot(x, u1a)
                         k2 = tl.dot(x, u2a)
-                    elif j == 1:
+                    else:
                         k1 = tl.dot(x, u1b)
                         k2 = tl.dot(x, u2b)
-                    elif j == 2:
-                        k1 = tl.dot(x, u1c)
-                        k2 = tl.dot(x, u2c)
-                    else:
-                        k1 = tl.dot(x, u1d)
-                        k2 = tl.dot(x, u2d)
                     kvh = kvh0 + j
                     sj = _head_scores(
                         k1, k2, kvh, kb_ptr, kn_ptr, offs_d, c, sn, q1t, q2t, eps, HALF, HAS_BIAS, HAS_NORM
@@ -297,23 +291,19 @@ if HAVE_TRITON:
 
     @triton.jit
     def _staged_up(uk_ptr, kvh0, suh, sud, kr, offs_d, G, HALF, BLOCK_R):
-        """``STAGE_U``: one rank chunk of the program's (at most four) up-projections, halves ``[BLOCK_R, HALF]``
-        (a head past ``G`` aliases the first)."""
+        """``STAGE_U``: one rank chunk of the key group's (at most two) up-projections, halves ``[BLOCK_R, HALF]``."""
         offs_r = tl.arange(0, BLOCK_R)
         rmask = offs_r < kr
         ub = uk_ptr + kvh0 * suh + offs_r[:, None]
         u1a = tl.load(ub + offs_d[None, :] * sud, mask=rmask[:, None], other=0.0)
         u2a = tl.load(ub + (HALF + offs_d)[None, :] * sud, mask=rmask[:, None], other=0.0)
-        u1b, u2b, u1c, u2c, u1d, u2d = u1a, u2a, u1a, u2a, u1a, u2a
-        if G >= 2:
+        if G == 2:
             u1b = tl.load(ub + suh + offs_d[None, :] * sud, mask=rmask[:, None], other=0.0)
             u2b = tl.load(ub + suh + (HALF + offs_d)[None, :] * sud, mask=rmask[:, None], other=0.0)
-        if G >= 4:
-            u1c = tl.load(ub + 2 * suh + offs_d[None, :] * sud, mask=rmask[:, None], other=0.0)
-            u2c = tl.load(ub + 2 * suh + (HALF + offs_d)[None, :] * sud, mask=rmask[:, None], other=0.0)
-            u1d = tl.load(ub + 3 * suh + offs_d[None, :] * sud, mask=rmask[:, None], other=0.0)
-            u2d = tl.load(ub + 3 * suh + (HALF + offs_d)[None, :] * sud, mask=rmask[:, None], other=0.0)
-        return offs_r, rmask, u1a, u2a, u1b, u2b, u1c, u2c, u1d, u2d
+        else:
+            u1b = u1a
+            u2b = u2a
+        return offs_r, rmask, u1a, u2a, u1b, u2b
 
     @triton.jit
     def _tile_rope(cb, sb, ci, si, rope_scale):
@@ -430,14 +420,12 @@ if HAVE_TRITON:
         # int64: at a long context and a large batch (the capacity search) b·stride passes 2^31
         zk_b = zk_ptr + b.to(tl.int64) * szkb
         zv_b = zv_ptr + b.to(tl.int64) * szvb
-        if (
-            STAGE_U
-        ):  # one rank chunk of at most STAGE_HEADS KV heads: their up-projections stay on chip for the split
-            offs_r, rmask, u1a, u2a, u1b, u2b, u1c, u2c, u1d, u2d = _staged_up(
+        if STAGE_U:  # one rank chunk of at most two KV heads: their up-projections stay on chip for the split
+            offs_r, rmask, u1a, u2a, u1b, u2b = _staged_up(
                 uk_ptr, kvh0, suh, sud, kr, offs_d, G, HALF, BLOCK_R
             )
         else:  # the keys are rebuilt rank chunk by rank chunk (_chunked_keys): nothing staged
-            offs_r, rmask, u1a, u2a, u1b, u2b, u1c, u2c, u1d, u2d = (None,) * 10
+            offs_r, rmask, u1a, u2a, u1b, u2b = None, None, None, None, None, None
         m_i = tl.full((MQ,), float("-inf"), tl.float32)
         l_i = tl.zeros((MQ,), tl.float32)
         if V_T:  # a latent column a row, a query head a column
@@ -483,7 +471,7 @@ if HAVE_TRITON:
             cb, sb = cb * cstep - sb * sstep, sb * cstep + cb * sstep
             sc = _group_scores(
                 zk_b, offs_t, tmask, szkt, koff, kr, uk_ptr, kvh0, suh, sud, offs_r, rmask, u1a, u2a, u1b, u2b,
-                u1c, u2c, u1d, u2d, kb_ptr, kn_ptr, offs_d, c, sn, qa, qb, col_head, eps, koff_ptr, RA,
+                kb_ptr, kn_ptr, offs_d, c, sn, qa, qb, col_head, eps, koff_ptr, RA,
                 G, HALF, RK, MQ, BLOCK_R, BLOCK_T, HAS_BIAS, HAS_NORM, STAGE_U, UNROLL, K_LOOP, RAW_K,
             )  # fmt: skip
             m_i, l_i, alpha, p = _online_softmax(sc, tmask, qk_scale, m_i, l_i)
@@ -733,8 +721,7 @@ latent_align = vector_align
 #: (``splits`` 0: from ``waves`` 2; ``unroll``: the largest key group whose heads are unrolled, default 2;
 #: ``kloop`` 1: the rank chunks of a rebuilt key as a software-pipelined loop and RoPE's cos/sin computed per
 #: position each tile, which frees the registers the unrolled chunks and the held in-tile angles took;
-#: ``sub``: KV heads per program, dividing the key group, 0 for the whole group: :func:`program_heads`;
-#: ``stage``: the most KV heads a program whose up-projections it holds on chip, :data:`STAGE_HEADS`).
+#: ``sub``: KV heads per program, dividing the key group, 0 for the whole group: :func:`program_heads`).
 LAUNCH_TABLE: list[tuple[int, int, int, int, int, int]] = [
     (1, 32, 64, 4, 3, 2),
     (2, 32, 64, 4, 3, 4),
@@ -831,17 +818,7 @@ def launch_config(
         vals = [int(x) for x in _ENV.split(",")]
         cfg = dict(
             zip(
-                (
-                    "block_t",
-                    "block_r",
-                    "num_warps",
-                    "num_stages",
-                    "splits",
-                    "unroll",
-                    "kloop",
-                    "sub",
-                    "stage",
-                ),
+                ("block_t", "block_r", "num_warps", "num_stages", "splits", "unroll", "kloop", "sub"),
                 vals,
                 strict=False,
             )
@@ -943,10 +920,6 @@ def resident_programs(n_regs: int, shared: int, num_warps: int, device: torch.de
     return max(1, min(by_regs, by_smem, threads // (32 * num_warps), 32))
 
 
-#: the most KV heads a program whose up-projections (one rank chunk, heads unrolled) are loaded once and held on chip
-#: for its split (``STAGE_U``), not reloaded every tile; a launch's ``stage`` overrides it
-STAGE_HEADS = 2
-
 #: the last launch (for benchmarks and reports): its parameters
 LAST_LAUNCH: dict[str, Any] = {}
 
@@ -995,7 +968,7 @@ _RAN_KEYS = ("block_t", "block_r", "num_warps", "num_stages", "kloop", "sub")
 def compiled_kernel(
     key_group: int, rk: int, rvp: int, block_t: int, block_r: int, num_warps: int, num_stages: int,
     n_rep: int = 4, head_dim: int = 128, arch: int = 90, kloop: bool = False, rope_tab: bool = True,
-    raw: bool = False, bias: bool = False, vdesc: bool = False, unroll: bool = False, stage_u: bool = False,
+    raw: bool = False, bias: bool = False, vdesc: bool = False, unroll: bool = False,
 ) -> Any:  # fmt: skip
     """The flash kernel compiled for ``sm_<arch>`` without a GPU (Triton's ``CompiledKernel``).
 
@@ -1019,7 +992,7 @@ def compiled_kernel(
     params = list(inspect.signature(fn.fn).parameters)
     const = dict(NREP=n_rep, G=key_group, HALF=head_dim // 2, RK=rk, RVP=rvp, MQ=_pow2(n_rep * key_group),
                  BLOCK_T=block_t, BLOCK_R=block_r, HAS_BIAS=bias, HAS_NORM=False, V_SHARED=True,
-                 STAGE_U=stage_u, UNROLL=unroll, RA=8, RAV=8, K_LOOP=kloop, ROPE_TAB=rope_tab, RAW_K=raw,
+                 STAGE_U=False, UNROLL=unroll, RA=8, RAV=8, K_LOOP=kloop, ROPE_TAB=rope_tab, RAW_K=raw,
                  V_DESC=vdesc)  # fmt: skip
     ptrs = {"q_ptr": "*bf16", "zk_ptr": "*bf16", "zv_ptr": "*bf16", "uk_ptr": "*bf16", "koff_ptr": "*i32",
             "kr_ptr": "*i32", "voff_ptr": "*i32", "vr_ptr": "*i32", "kb_ptr": "*bf16", "kn_ptr": "*bf16",
@@ -1143,8 +1116,7 @@ def _launch(
     ctas = b * (kvh // sub)
     key = (q.device.index, q.dtype, h, hd, kvh, k_group, rk_max, rv_max, k_bias is not None,
            k_norm is not None, bool(v_shared), align, valign, cfg["block_t"], cfg["block_r"],
-           cfg["num_warps"], cfg["num_stages"], cfg.get("unroll", 2), cfg.get("kloop", 0), sub, raw,
-           cfg.get("stage"))  # fmt: skip
+           cfg["num_warps"], cfg["num_stages"], cfg.get("unroll", 2), cfg.get("kloop", 0), sub, raw)  # fmt: skip
     asked = dict(cfg)
     if key in _FITTED:
         cfg = _resplit({**cfg, **_FITTED[key]["ran"]}, ctas, t, q.device)
@@ -1197,11 +1169,6 @@ def _launch_once(
     rvp = _pow2(rv_max)
     n_rep = h // kvh
     mq = _pow2(g * n_rep)
-    unrolled = g <= cfg.get("unroll", 2)
-    # a program's up-projections staged on chip for its split (read where its heads are unrolled): one rank chunk,
-    # at most STAGE_HEADS KV heads
-    staged = g <= cfg.get("stage", STAGE_HEADS) and rk == br and not raw
-    LAST_LAUNCH["staged_up"] = staged
     part = torch.empty(b, h, splits, rvp, device=q.device, dtype=torch.float32)
     ml = torch.empty(b, h, splits, 2, device=q.device, dtype=torch.float32)
     out = torch.empty(b, h, rvp, device=q.device, dtype=q.dtype)
@@ -1234,7 +1201,7 @@ def _launch_once(
         float(rope_scale),
         float(eps),
         NREP=n_rep, G=g, HALF=hd // 2, RK=rk, RVP=rvp, MQ=mq, BLOCK_T=bt, BLOCK_R=br,
-        HAS_BIAS=k_bias is not None, HAS_NORM=k_norm is not None, V_SHARED=bool(v_shared), STAGE_U=staged, UNROLL=unrolled, RA=ra, RAV=rav,
+        HAS_BIAS=k_bias is not None, HAS_NORM=k_norm is not None, V_SHARED=bool(v_shared), STAGE_U=g <= 2 and rk == br and not raw, UNROLL=g <= cfg.get("unroll", 2), RA=ra, RAV=rav,
         K_LOOP=kloop, ROPE_TAB=tab is not None,
         ROPE_ROWS=tab.shape[1] if tab is not None else 1, RAW_K=bool(raw), V_DESC=zvd is not None,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
