@@ -725,3 +725,21 @@ def test_the_class_calls_vary_the_rebuild_apart_from_the_bytes():
         recs.append({"us": us, "bytes": nbytes, "flops": flops, "key_group": g, "block_r": 64})
     row = fit_latent_attention(recs, "test")["groups"]["4"]
     assert row["gbps"] == pytest.approx(1000.0, rel=1e-3) and row["tflops"] == pytest.approx(300.0, rel=1e-3)
+
+
+def test_a_speed_skeleton_stores_a_full_width_group_as_palu_does():
+    """Off the meta device (speed runs at a cell's ranks, random weights) a group kept at full width gets the
+    identity as its up-projection, as ``PaLU.apply`` stores it, so the decode kernel reads those keys raw there
+    too; a smaller group keeps its random init."""
+    from gac.nn.latent import raw_key_groups
+
+    m = tiny_model("llama", dtype=torch.bfloat16, **GEOM)
+    w = 2 * HD  # two key groups of 2 KV heads
+    dims = {"model.layers.0.self_attn.k_proj:g0": w, "model.layers.0.self_attn.k_proj:g1": 24,
+            "model.layers.0.self_attn.v_proj:g0": w, "model.layers.0.self_attn.v_proj:g1": 40}  # fmt: skip
+    L.latent_skeleton_(m, dims, device="cpu")
+    a = m.model.layers[0].self_attn
+    assert isinstance(a, LatentAttention)
+    assert raw_key_groups(a.k_proj) == [True, False]
+    assert raw_key_groups(a.v_proj) == [True, False]
+    assert not isinstance(m.model.layers[1].self_attn, LatentAttention)  # no dims named: left as it was

@@ -1182,7 +1182,9 @@ def skeleton(
 def latent_skeleton_(model: Any, dims: dict[str, int], device: Any = "meta") -> None:
     """PaLU's kept dims (``<attention>.k_proj:g0``... one per key or value group) as
     :class:`~gac.nn.latent.LatentAttention` layers on the meta device (values unfolded, the default);
-    on another ``device`` the latent projections get ``nn.Linear``'s random init (speed runs)."""
+    on another ``device`` the latent projections get ``nn.Linear``'s random init (speed runs), but for a group
+    kept at full width, whose up-projection is the identity as PaLU stores it, so the decode kernel reads such
+    keys raw there as in the compressed model (:func:`gac.nn.latent.raw_key_groups`)."""
     import torch
 
     from gac.models.adapters import model_rotary
@@ -1214,8 +1216,14 @@ def latent_skeleton_(model: Any, dims: dict[str, int], device: Any = "meta") -> 
             ranks = [roles[role][g] for g in sorted(roles[role])]
             lin = getattr(a, role)
             with torch.device(device):
-                projs.append(LatentProjection(lin.in_features, ranks, kvh * hd // len(ranks),
-                                              bias=lin.bias is not None, dtype=lin.weight.dtype))  # fmt: skip
+                lp = LatentProjection(lin.in_features, ranks, kvh * hd // len(ranks), bias=lin.bias is not None,
+                                      dtype=lin.weight.dtype)  # fmt: skip
+            if str(device) != "meta":
+                with torch.no_grad():
+                    for r, up in zip(ranks, lp.ups, strict=True):
+                        if r >= kvh * hd // len(ranks):  # full width: the identity, as PaLU.apply stores it
+                            up.weight.copy_(torch.eye(r, dtype=up.weight.dtype))
+            projs.append(lp)
         new = LatentAttention(a.q_proj, projs[0], projs[1], a.o_proj, heads, kvh, hd,
                               int(getattr(a, "layer_idx", 0) or 0), cfg, float(getattr(a, "scaling", hd**-0.5)),
                               rotary, q_norm=getattr(a, "q_norm", None), k_norm=getattr(a, "k_norm", None))  # fmt: skip
