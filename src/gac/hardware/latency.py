@@ -1182,9 +1182,9 @@ def skeleton(
 def latent_skeleton_(model: Any, dims: dict[str, int], device: Any = "meta") -> None:
     """PaLU's kept dims (``<attention>.k_proj:g0``... one per key or value group) as
     :class:`~gac.nn.latent.LatentAttention` layers on the meta device (values unfolded, the default);
-    on another ``device`` the latent projections get ``nn.Linear``'s random init (speed runs), but for a group
-    kept at full width, whose up-projection is the identity as PaLU stores it, so the decode kernel reads such
-    keys raw there as in the compressed model (:func:`gac.nn.latent.raw_key_groups`)."""
+    on another ``device`` the latent projections get ``nn.Linear``'s random init (speed runs). There a group kept at
+    full width gets the identity as its up-projection, as PaLU stores it, so the decode kernel reads those keys raw
+    as it does in the compressed model (:func:`gac.nn.latent.raw_key_groups`)."""
     import torch
 
     from gac.models.adapters import model_rotary
