@@ -1215,13 +1215,15 @@ def latent_skeleton_(model: Any, dims: dict[str, int], device: Any = "meta") -> 
         for role in ("k_proj", "v_proj"):
             ranks = [roles[role][g] for g in sorted(roles[role])]
             lin = getattr(a, role)
+            width = kvh * hd // len(ranks)  # a group's full width
             with torch.device(device):
-                lp = LatentProjection(lin.in_features, ranks, kvh * hd // len(ranks), bias=lin.bias is not None,
-                                      dtype=lin.weight.dtype)  # fmt: skip
+                lp = LatentProjection(
+                    lin.in_features, ranks, width, bias=lin.bias is not None, dtype=lin.weight.dtype
+                )
             if str(device) != "meta":
                 with torch.no_grad():
                     for r, up in zip(ranks, lp.ups, strict=True):
-                        if r >= kvh * hd // len(ranks):  # full width: the identity, as PaLU.apply stores it
+                        if r >= width:  # full width: the identity, as PaLU.apply stores it
                             up.weight.copy_(torch.eye(r, dtype=up.weight.dtype))
             projs.append(lp)
         new = LatentAttention(a.q_proj, projs[0], projs[1], a.o_proj, heads, kvh, hd,
