@@ -140,7 +140,13 @@ def main() -> int:
         help="each --configs launch splits the cache as the launch table does (2 waves, then balanced_splits), "
         "not by its own waves field",
     )
+    ap.add_argument(
+        "--unpaired",
+        action="store_true",
+        help="rebuild each key's halves as two dots (latent_attention.PAIRED_KEYS off), as before the paired rebuild",
+    )
     args = ap.parse_args()
+    kl.PAIRED_KEYS = not args.unpaired
     if args.no_balance:
         kl.balanced_splits = lambda splits, *a, **k: splits
     t_start = time.time()

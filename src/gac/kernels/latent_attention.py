@@ -62,6 +62,15 @@ QROT_ROWS = 16
 #: attention, bf16) hit an illegal memory access on an H100; at 128 every GPU kernel test passes
 #: (``benchmarks/results/h100/palu-kernel/v12/diag_vt.txt``, ``../palu-default/run14/gpu-tests/``)
 VALUE_T_TILE = 128
+#: at key groups past two whose key rank takes more than one rank chunk (the table's key-group-4 row past
+#: :data:`ONE_CHUNK_RANK`), rebuild each KV head's keys as one ``[BLOCK_T, head_dim]`` tensor-core dot a rank chunk,
+#: its halves interleaved (``PAIRED`` in the flash kernel, :func:`_paired_head_scores`), where it took two dots of
+#: ``head_dim / 2`` columns, each waited on. Compiled for sm_90 (Triton 3.6, that row at key rank 256) the tile's
+#: tensor-core waits fall from 11 to 6 and the registers from 254 to 235. On an H200, the kernel alone at key and
+#: value rank 256 (B 16/64 x KV 4096/32768) took 0.93-0.96x the time on the Qwen2.5-7B shape and 0.99-1.00x on
+#: Llama-3-8B; as one chunk of 128 it took 1.02-1.04x, so a single chunk stays as it was
+#: (``benchmarks/results/h200/palu-default/call19/``).
+PAIRED_KEYS = True
 
 
 if HAVE_TRITON:
@@ -135,6 +144,47 @@ if HAVE_TRITON:
         )
 
     @triton.jit
+    def _paired_keys(zk_b, offs_t, tmask, szkt, koff, kr, ub, sud, offs_p, RK, BLOCK_R, BLOCK_T, HD):
+        """One KV head's keys ``[BLOCK_T, HD]`` with their halves interleaved (column ``2i`` is ``d = i``, ``2i + 1`` is
+        ``d = i + HD/2``: ``offs_p``), one tensor-core dot of ``HD`` columns per ``BLOCK_R`` rank chunk, chained on
+        one accumulator."""
+        k = tl.zeros((BLOCK_T, HD), tl.float32)
+        for r0 in tl.static_range(0, RK, BLOCK_R):
+            offs_r = r0 + tl.arange(0, BLOCK_R)
+            rmask = offs_r < kr
+            x = tl.load(
+                zk_b + offs_t[:, None] * szkt + (koff + offs_r)[None, :],
+                mask=tmask[:, None] & rmask[None, :],
+                other=0.0,
+            )
+            u = tl.load(ub + offs_r[:, None] + offs_p[None, :] * sud, mask=rmask[:, None], other=0.0)
+            k = tl.dot(x, u, k)
+        return k
+
+    @triton.jit
+    def _paired_head_scores(
+        zk_b, offs_t, tmask, szkt, koff, kr, ub, sud, kvh, kb_ptr, kn_ptr, offs_d, c, sn, qp, eps,
+        HALF, RK, BLOCK_R, BLOCK_T, HAS_BIAS, HAS_NORM,
+    ):  # fmt: skip
+        """:func:`_chunked_head_scores` with the halves interleaved (``PAIRED``): the rebuild is one ``[BLOCK_T, HD]``
+        dot a rank chunk where the halves took two of ``HD/2`` columns, each waited on; the halves are split from the
+        accumulator's column pairs (in the tensor-core layout a thread holds both of a pair), turned, joined back, and
+        scored against the queries interleaved alike (``qp [HD, MQ]``) in one dot."""
+        offs_p = (tl.arange(0, 2 * HALF) // 2) + (tl.arange(0, 2 * HALF) % 2) * HALF
+        k = _paired_keys(zk_b, offs_t, tmask, szkt, koff, kr, ub, sud, offs_p, RK, BLOCK_R, BLOCK_T, 2 * HALF)
+        k1, k2 = tl.split(tl.reshape(k, (BLOCK_T, HALF, 2)))
+        if HAS_BIAS:
+            k1 += tl.load(kb_ptr + kvh * (2 * HALF) + offs_d).to(tl.float32)[None, :]
+            k2 += tl.load(kb_ptr + kvh * (2 * HALF) + HALF + offs_d).to(tl.float32)[None, :]
+        if HAS_NORM:
+            ms = (tl.sum(k1 * k1, axis=1) + tl.sum(k2 * k2, axis=1)) / (2 * HALF)
+            rs = 1.0 / tl.sqrt(ms + eps)
+            k1 = k1 * rs[:, None] * tl.load(kn_ptr + offs_d).to(tl.float32)[None, :]
+            k2 = k2 * rs[:, None] * tl.load(kn_ptr + HALF + offs_d).to(tl.float32)[None, :]
+        kr = tl.reshape(tl.join(k1 * c - k2 * sn, k2 * c + k1 * sn), (BLOCK_T, 2 * HALF)).to(qp.dtype)
+        return tl.dot(kr, qp)
+
+    @triton.jit
     def _raw_head_scores(
         zk_b, offs_t, tmask, szkt, koff_ptr, kvh, kb_ptr, kn_ptr, offs_d, c, sn, q1t, q2t, eps, RA,
         HALF, HAS_BIAS, HAS_NORM,
@@ -151,8 +201,8 @@ if HAVE_TRITON:
     @triton.jit
     def _group_scores(
         zk_b, offs_t, tmask, szkt, koff, kr, uk_ptr, kvh0, suh, sud, offs_r, rmask, u1a, u2a, u1b, u2b,
-        kb_ptr, kn_ptr, offs_d, c, sn, q1t, q2t, col_head, eps, koff_ptr, RA,
-        G, HALF, RK, MQ, BLOCK_R, BLOCK_T, HAS_BIAS, HAS_NORM, STAGE_U, UNROLL, K_LOOP, RAW_K,
+        kb_ptr, kn_ptr, offs_d, c, sn, q1t, q2t, col_head, eps, koff_ptr, RA, qp,
+        G, HALF, RK, MQ, BLOCK_R, BLOCK_T, HAS_BIAS, HAS_NORM, STAGE_U, UNROLL, K_LOOP, RAW_K, PAIRED,
     ):  # fmt: skip
         """One tile's scores ``[BLOCK_T, MQ]``: each column against its KV head's rebuilt keys.
 
@@ -191,6 +241,11 @@ if HAVE_TRITON:
                     sj = _head_scores(
                         k1, k2, kvh, kb_ptr, kn_ptr, offs_d, c, sn, q1t, q2t, eps, HALF, HAS_BIAS, HAS_NORM
                     )
+                elif PAIRED:
+                    sj = _paired_head_scores(
+                        zk_b, offs_t, tmask, szkt, koff, kr, uk_ptr + (kvh0 + j) * suh, sud, kvh0 + j, kb_ptr,
+                        kn_ptr, offs_d, c, sn, qp, eps, HALF, RK, BLOCK_R, BLOCK_T, HAS_BIAS, HAS_NORM,
+                    )  # fmt: skip
                 else:
                     sj = _chunked_head_scores(
                         zk_b, offs_t, tmask, szkt, koff, kr, uk_ptr + (kvh0 + j) * suh, sud, kvh0 + j, kb_ptr,
@@ -203,11 +258,17 @@ if HAVE_TRITON:
                     sc += tl.where((col_head == j)[None, :], sj, 0.0)
         else:
             for j in range(G):
-                sj = _chunked_head_scores(
-                    zk_b, offs_t, tmask, szkt, koff, kr, uk_ptr + (kvh0 + j) * suh, sud, kvh0 + j, kb_ptr,
-                    kn_ptr, offs_d, c, sn, q1t, q2t, eps, HALF, RK, BLOCK_R, BLOCK_T, HAS_BIAS, HAS_NORM,
-                    K_LOOP,
-                )  # fmt: skip
+                if PAIRED:
+                    sj = _paired_head_scores(
+                        zk_b, offs_t, tmask, szkt, koff, kr, uk_ptr + (kvh0 + j) * suh, sud, kvh0 + j, kb_ptr,
+                        kn_ptr, offs_d, c, sn, qp, eps, HALF, RK, BLOCK_R, BLOCK_T, HAS_BIAS, HAS_NORM,
+                    )  # fmt: skip
+                else:
+                    sj = _chunked_head_scores(
+                        zk_b, offs_t, tmask, szkt, koff, kr, uk_ptr + (kvh0 + j) * suh, sud, kvh0 + j, kb_ptr,
+                        kn_ptr, offs_d, c, sn, q1t, q2t, eps, HALF, RK, BLOCK_R, BLOCK_T, HAS_BIAS, HAS_NORM,
+                        K_LOOP,
+                    )  # fmt: skip
                 sc += tl.where((col_head == j)[None, :], sj, 0.0)
         return sc
 
@@ -348,6 +409,7 @@ if HAVE_TRITON:
         HAS_NORM: tl.constexpr, V_SHARED: tl.constexpr, STAGE_U: tl.constexpr, UNROLL: tl.constexpr,
         RA: tl.constexpr, RAV: tl.constexpr, K_LOOP: tl.constexpr = False, ROPE_TAB: tl.constexpr = False,
         ROPE_ROWS: tl.constexpr = 129, RAW_K: tl.constexpr = False, V_DESC: tl.constexpr = False,
+        PAIRED: tl.constexpr = False,
     ):  # fmt: skip
         # the latent and up-projection strides arrive divided by RA (RAV for the values), and every
         # group's latent offset and rank is a multiple of it: multiplied back, the compiler can prove
@@ -469,10 +531,14 @@ if HAVE_TRITON:
             else:
                 c, sn = _tile_rope(cb, sb, ci, si, rope_scale)
             cb, sb = cb * cstep - sb * sstep, sb * cstep + cb * sstep
+            if PAIRED:  # the queries' halves interleaved as the rebuilt keys' (_paired_head_scores), [HD, MQ]
+                qp = tl.reshape(tl.permute(tl.join(qa, qb), (0, 2, 1)), (2 * HALF, MQ))
+            else:
+                qp = None
             sc = _group_scores(
                 zk_b, offs_t, tmask, szkt, koff, kr, uk_ptr, kvh0, suh, sud, offs_r, rmask, u1a, u2a, u1b, u2b,
-                kb_ptr, kn_ptr, offs_d, c, sn, qa, qb, col_head, eps, koff_ptr, RA,
-                G, HALF, RK, MQ, BLOCK_R, BLOCK_T, HAS_BIAS, HAS_NORM, STAGE_U, UNROLL, K_LOOP, RAW_K,
+                kb_ptr, kn_ptr, offs_d, c, sn, qa, qb, col_head, eps, koff_ptr, RA, qp,
+                G, HALF, RK, MQ, BLOCK_R, BLOCK_T, HAS_BIAS, HAS_NORM, STAGE_U, UNROLL, K_LOOP, RAW_K, PAIRED,
             )  # fmt: skip
             m_i, l_i, alpha, p = _online_softmax(sc, tmask, qk_scale, m_i, l_i)
             p = p.to(dt)  # [BLOCK_T, MQ]
@@ -968,7 +1034,7 @@ _RAN_KEYS = ("block_t", "block_r", "num_warps", "num_stages", "kloop", "sub")
 def compiled_kernel(
     key_group: int, rk: int, rvp: int, block_t: int, block_r: int, num_warps: int, num_stages: int,
     n_rep: int = 4, head_dim: int = 128, arch: int = 90, kloop: bool = False, rope_tab: bool = True,
-    raw: bool = False, bias: bool = False, vdesc: bool = False, unroll: bool = False,
+    raw: bool = False, bias: bool = False, vdesc: bool = False, unroll: bool = False, paired: bool = False,
 ) -> Any:  # fmt: skip
     """The flash kernel compiled for ``sm_<arch>`` without a GPU (Triton's ``CompiledKernel``).
 
@@ -993,7 +1059,7 @@ def compiled_kernel(
     const = dict(NREP=n_rep, G=key_group, HALF=head_dim // 2, RK=rk, RVP=rvp, MQ=_pow2(n_rep * key_group),
                  BLOCK_T=block_t, BLOCK_R=block_r, HAS_BIAS=bias, HAS_NORM=False, V_SHARED=True,
                  STAGE_U=False, UNROLL=unroll, RA=8, RAV=8, K_LOOP=kloop, ROPE_TAB=rope_tab, RAW_K=raw,
-                 V_DESC=vdesc)  # fmt: skip
+                 V_DESC=vdesc, PAIRED=paired)  # fmt: skip
     ptrs = {"q_ptr": "*bf16", "zk_ptr": "*bf16", "zv_ptr": "*bf16", "uk_ptr": "*bf16", "koff_ptr": "*i32",
             "kr_ptr": "*i32", "voff_ptr": "*i32", "vr_ptr": "*i32", "kb_ptr": "*bf16", "kn_ptr": "*bf16",
             "inv_ptr": "*fp32", "rope_ptr": "*fp32", "len_ptr": "*i32", "o_ptr": "*fp32", "ml_ptr": "*fp32",
@@ -1116,7 +1182,8 @@ def _launch(
     ctas = b * (kvh // sub)
     key = (q.device.index, q.dtype, h, hd, kvh, k_group, rk_max, rv_max, k_bias is not None,
            k_norm is not None, bool(v_shared), align, valign, cfg["block_t"], cfg["block_r"],
-           cfg["num_warps"], cfg["num_stages"], cfg.get("unroll", 2), cfg.get("kloop", 0), sub, raw)  # fmt: skip
+           cfg["num_warps"], cfg["num_stages"], cfg.get("unroll", 2), cfg.get("kloop", 0), sub, raw,
+           PAIRED_KEYS)  # fmt: skip
     asked = dict(cfg)
     if key in _FITTED:
         cfg = _resplit({**cfg, **_FITTED[key]["ran"]}, ctas, t, q.device)
@@ -1185,6 +1252,8 @@ def _launch_once(
     kloop = bool(cfg.get("kloop", 0)) and not raw
     zvd = value_descriptor(zv, bt, rvp, rav) if transposed_values(bt, kloop) else None
     LAST_LAUNCH["value_tma"] = zvd is not None
+    paired = PAIRED_KEYS and not kloop and not raw and k_group > 2 and rk > br
+    LAST_LAUNCH["paired_keys"] = paired
     kern = _latent_flash_kernel[(b * kgroups, splits)](
         q, zk, zv, zvd if zvd is not None else zv, uk, koff, kr, voff, vr,
         k_bias if k_bias is not None else uk,
@@ -1204,6 +1273,7 @@ def _launch_once(
         HAS_BIAS=k_bias is not None, HAS_NORM=k_norm is not None, V_SHARED=bool(v_shared), STAGE_U=g <= 2 and rk == br and not raw, UNROLL=g <= cfg.get("unroll", 2), RA=ra, RAV=rav,
         K_LOOP=kloop, ROPE_TAB=tab is not None,
         ROPE_ROWS=tab.shape[1] if tab is not None else 1, RAW_K=bool(raw), V_DESC=zvd is not None,
+        PAIRED=paired,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     n_regs = getattr(kern, "n_regs", None)
