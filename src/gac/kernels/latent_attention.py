@@ -531,7 +531,8 @@ if HAVE_TRITON:
             else:
                 c, sn = _tile_rope(cb, sb, ci, si, rope_scale)
             cb, sb = cb * cstep - sb * sstep, sb * cstep + cb * sstep
-            if PAIRED:  # the queries' halves interleaved as the rebuilt keys' (_paired_head_scores), [HD, MQ]
+            # the queries' halves interleaved as the rebuilt keys' (_paired_head_scores), [HD, MQ]
+            if PAIRED:  # noqa: SIM108
                 qp = tl.reshape(tl.permute(tl.join(qa, qb), (0, 2, 1)), (2 * HALF, MQ))
             else:
                 qp = None
