@@ -76,6 +76,10 @@ CASES = [
     (1, 8, 4, 128, 4, 4, 70, 65, True, False, "128,16,4,1,2", False, ([64], [296])),
     (1, 28, 4, 32, 4, 4, 300, 290, True, False, "128,16,4,1,2,1,0,2", False, ([40], [48])),
     (2, 8, 4, 32, 2, 4, 150, 140, False, True, "128,16,4,1,2", False, ([16, 24], [40])),
+    # the paired rebuild (PAIRED_KEYS: head_dim >= 64, programs of part of a key group past two, more than one rank
+    # chunk): programs of two KV heads with bias and norm over 5 tiles in 3 splits, and with bias and n_rep 7
+    (1, 16, 4, 64, 4, 4, 75, 70, True, True, "16,16,4,1,3,2,0,2"),
+    (1, 28, 4, 64, 4, 4, 40, 33, True, False, "16,16,4,1,2,2,0,2"),
 ]
 
 KERNEL_SCRIPT = """

@@ -62,15 +62,21 @@ QROT_ROWS = 16
 #: attention, bf16) hit an illegal memory access on an H100; at 128 every GPU kernel test passes
 #: (``benchmarks/results/h100/palu-kernel/v12/diag_vt.txt``, ``../palu-default/run14/gpu-tests/``)
 VALUE_T_TILE = 128
-#: at key groups past two whose key rank takes more than one rank chunk (the table's key-group-4 row past
-#: :data:`ONE_CHUNK_RANK`), rebuild each KV head's keys as one ``[BLOCK_T, head_dim]`` tensor-core dot a rank chunk,
-#: its halves interleaved (``PAIRED`` in the flash kernel, :func:`_paired_head_scores`), where it took two dots of
-#: ``head_dim / 2`` columns, each waited on. Compiled for sm_90 (Triton 3.6, that row at key rank 256) the tile's
-#: tensor-core waits fall from 11 to 6 and the registers from 254 to 235. On an H200, the kernel alone at key and
-#: value rank 256 (B 16/64 x KV 4096/32768) took 0.93-0.96x the time on the Qwen2.5-7B shape and 0.99-1.00x on
-#: Llama-3-8B; as one chunk of 128 it took 1.02-1.04x, so a single chunk stays as it was
-#: (``benchmarks/results/h200/palu-default/call19/``).
+#: in programs of part of a key group past two (the table's key-group-4 row split by :func:`raw_program_heads`:
+#: Qwen2.5-7B's two KV heads a program) whose key rank takes more than one rank chunk, rebuild each KV head's keys as
+#: one ``[BLOCK_T, head_dim]`` tensor-core dot a rank chunk, its halves interleaved (``PAIRED`` in the flash kernel,
+#: :func:`_paired_head_scores`), where it took two dots of ``head_dim / 2`` columns, each waited on. Compiled for
+#: sm_90 (Triton 3.6, the key-group-4 row at key rank 256) the tile's tensor-core waits fall from 11 to 6 and the
+#: registers from 254 to 235. On an H200, the kernel alone (the table's launch, B 16/64 x KV 4096/32768) took
+#: 0.93-0.96x the unpaired time on the Qwen2.5-7B shape at key/value rank 256/256 and 192/320. A whole group of
+#: four a program (Llama-3-8B) took 0.99-1.00x at 256 and 1.00-1.03x at 192, and one 128-wide chunk (key rank 128)
+#: 1.01-1.04x on both, so those stay unpaired (``benchmarks/results/h200/palu-default/call19/``, ``call20/``).
 PAIRED_KEYS = True
+#: the smallest head_dim the paired rebuild serves. At head_dim 32 (halves of 16), bf16, 128-token tiles in 4 warps
+#: and programs of two KV heads, Triton 3.6's build of it was wrong on an H200 (relative error 5.3 against float64,
+#: 0.0034 unpaired); every other launch tried at head_dim 32, 64 and 128 (4 and 8 warps, 16- and 128-token tiles,
+#: programs of two and four KV heads) matched the unpaired one (``call20/paired_diag.json``).
+PAIRED_MIN_HEAD_DIM = 64
 
 
 if HAVE_TRITON:
@@ -1253,7 +1259,8 @@ def _launch_once(
     kloop = bool(cfg.get("kloop", 0)) and not raw
     zvd = value_descriptor(zv, bt, rvp, rav) if transposed_values(bt, kloop) else None
     LAST_LAUNCH["value_tma"] = zvd is not None
-    paired = PAIRED_KEYS and not kloop and not raw and k_group > 2 and rk > br
+    paired = (PAIRED_KEYS and not kloop and not raw and k_group > 2 and g < k_group and rk > br
+              and hd >= PAIRED_MIN_HEAD_DIM)  # fmt: skip
     LAST_LAUNCH["paired_keys"] = paired
     kern = _latent_flash_kernel[(b * kgroups, splits)](
         q, zk, zv, zvd if zvd is not None else zv, uk, koff, kr, voff, vr,
