@@ -53,7 +53,7 @@ def main() -> int:
         r = sweep_model(model, cfg, None, label=mode)
         res["modes"][mode] = {
             "s": time.time() - t0,
-            "points": {f"B{p['batch']}xKV{p['kv']}": {k: p.get(k) for k in ("median_ms", "q25_ms", "q75_ms", "status", "compiles")} for p in r["decode"]},
+            "points": {f"B{p['batch']}xKV{p['kv']}": {k: p.get(k) for k in ("median_ms", "q25_ms", "q75_ms", "status", "compiles", "peak_mem_gib", "held_before_gib", "kv_bytes", "error")} for p in r["decode"]},
         }  # fmt: skip
         print(
             mode,

@@ -55,7 +55,13 @@ def test_auto_mode_takes_sdpa_only_past_the_measured_gemm_range(monkeypatch):
     # past KV 4096 the GEMMs up to B16 x 8 KV heads (measured: B1 x KV 32768 3.4x faster on an H200)
     assert A.decode_mode(1, 8, A.MATMUL_MAX_KV + 1) == "matmul"
     assert A.decode_mode(A.MATMUL_MAX_CTAS // 8, 8, 32768) == "matmul"
-    assert A.decode_mode(A.MATMUL_MAX_CTAS // 8 + 1, 8, A.MATMUL_MAX_KV + 1) == "sdpa"
+    # past 128 pairs, up to 2^24 cached slots (measured: B64 x 8 KV heads x 32768 0.82x SDPA's step on an H200)
+    assert A.decode_mode(64, 8, 32768) == "matmul"
+    assert A.decode_mode(128, 4, 32768) == "matmul"
+    assert A.decode_mode(128, 8, 16384) == "matmul"
+    # beyond, SDPA (the GEMMs ran out of memory at B128 x 8 x 32768 where SDPA fit)
+    assert A.decode_mode(128, 8, 32768) == "sdpa"
+    assert A.decode_mode(A.MATMUL_MAX_CTAS // 8 + 1, 8, A.MATMUL_MAX_SLOTS // 136 + 1) == "sdpa"
     monkeypatch.setattr(A, "DECODE_MODE", "sdpa")
     assert A.decode_mode(1, 8, 512) == "sdpa"
     monkeypatch.setattr(A, "DECODE_MODE", "stock")

@@ -36,7 +36,7 @@ DECODE_MODE = "auto"
 def decode_mode(batch: int, kv_heads: int, kv_len: int) -> str:
     """The decode attention :data:`DECODE_MODE` ``"auto"`` picks for one step.
 
-    >>> decode_mode(1, 8, 512), decode_mode(1, 8, 32768), decode_mode(16, 8, 32768), decode_mode(64, 8, 8192)
+    >>> decode_mode(1, 8, 512), decode_mode(16, 8, 32768), decode_mode(64, 8, 32768), decode_mode(128, 8, 32768)
     ('matmul', 'matmul', 'matmul', 'sdpa')
     """
     if DECODE_MODE != "auto":
@@ -48,8 +48,15 @@ def decode_mode(batch: int, kv_heads: int, kv_len: int) -> str:
     # compiled steps at B 1/4/16 x KV 8192/32768 (8 KV heads): on the H200 at all six points (B1 x KV
     # 32768: 1.90 against 6.40 ms; B16 x KV 32768: 5.80 against 6.68), on an H100 at four, tied at B16 x
     # KV 8192 and 4% slower at B16 x KV 32768 (``benchmarks/results/{h200,h100}/decode-attention/``).
-    # More (batch x KV head) pairs than that range are unmeasured past KV 4096 and keep SDPA.
-    if kv_len <= MATMUL_MAX_KV or batch * kv_heads <= MATMUL_MAX_CTAS:
+    # Past 128 pairs, at B 32/64/128 x KV 8192/16384/32768 on the H200 (Llama-3-8B and Qwen2.5-7B shapes), the
+    # GEMMs took 0.81-0.89x SDPA's step on Llama and 0.86-0.96x on Qwen, up to 2^24 cached (sequence, KV head,
+    # token) slots. At Llama B128 x KV 32768 (2^25) they ran out of memory where SDPA fit
+    # (``benchmarks/results/h200/palu-default/call21/``), so past MATMUL_MAX_SLOTS SDPA stays.
+    if (
+        kv_len <= MATMUL_MAX_KV
+        or batch * kv_heads <= MATMUL_MAX_CTAS
+        or batch * kv_heads * kv_len <= MATMUL_MAX_SLOTS
+    ):
         return "matmul"
     return "sdpa"
 
@@ -57,8 +64,11 @@ def decode_mode(batch: int, kv_heads: int, kv_len: int) -> str:
 #: up to this cache length the ``"auto"`` decode mode always attends with two batched GEMMs.
 MATMUL_MAX_KV = 4096
 #: past :data:`MATMUL_MAX_KV`, the two GEMMs up to this many (batch x KV head) pairs, SDPA's CTAs
-#: (the measured range: B16 x 8 KV heads); more keep SDPA on the grouped query.
+#: (the measured range: B16 x 8 KV heads) at any cache length
 MATMUL_MAX_CTAS = 128
+#: and up to this many cached (batch x KV head x token) slots: B64 x 8 KV heads x 32768, B128 x 8 x 16384, B128 x 4
+#: x 32768 (the measured range on the H200; an H100 is unmeasured past 128 pairs)
+MATMUL_MAX_SLOTS = 1 << 24
 
 
 def gqa_sdpa_attention_forward(
