@@ -76,6 +76,18 @@ def test_a_decode_only_grid_times_decode_and_names_its_kernels():
     assert set(v["kernels"]) == {"decode"} and v["kernels"]["decode"]["batch"] == 2
 
 
+def test_each_decode_point_records_the_dense_decode_attention_it_took(monkeypatch):
+    from gac.kernels import attention
+
+    cfg = SweepConfig(**{**TINY.to_dict(), "prefill_batches": (), "prefill_seqs": (), "decode_batches": (1, 3)})
+    monkeypatch.setattr(attention, "DECODE_MODE", "auto")
+    monkeypatch.setattr(attention, "MATMUL_MAX_KV", 0)
+    monkeypatch.setattr(attention, "MATMUL_MAX_CTAS", 2)  # B1 x 1 KV head: the GEMMs; B3: past the pairs
+    monkeypatch.setattr(attention, "MATMUL_MAX_SLOTS", 2 * 16)
+    v = run_sweep([Variant("dense", tiny_model)], cfg, "cpu")["variants"]["dense"]
+    assert [(r["batch"], r["decode_attention"]) for r in v["decode"]] == [(1, "matmul"), (3, "sdpa")]
+
+
 def test_weight_bytes_skip_untied_embedding_only():
     m = tiny_model("llama")
     total = sum(p.numel() * 4 for p in m.parameters())

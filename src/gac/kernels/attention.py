@@ -71,6 +71,18 @@ MATMUL_MAX_CTAS = 128
 MATMUL_MAX_SLOTS = 1 << 24
 
 
+#: the decode attentions taken since the last :func:`taken_decode_modes` (each single-token grouped-query call adds
+#: its mode; under ``torch.compile`` at trace time, so a compiled, captured step records the mode it was built with)
+_TAKEN: set[str] = set()
+
+
+def taken_decode_modes() -> list[str]:
+    """The decode attention modes (``"matmul"``, ``"sdpa"``, ``"stock"``) taken since the last call, and clear them."""
+    out = sorted(_TAKEN)
+    _TAKEN.clear()
+    return out
+
+
 def gqa_sdpa_attention_forward(
     module: nn.Module,
     query: torch.Tensor,
@@ -98,6 +110,8 @@ def gqa_sdpa_attention_forward(
         or dropout != 0.0
     )
     mode = "stock" if plain else decode_mode(b, key.shape[1], key.shape[2])
+    if q_len == 1:
+        _TAKEN.add(mode)
     if mode == "stock":
         return sdpa_attention_forward(
             module,
