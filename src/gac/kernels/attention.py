@@ -50,8 +50,9 @@ def decode_mode(batch: int, kv_heads: int, kv_len: int) -> str:
     # KV 8192 and 4% slower at B16 x KV 32768 (``benchmarks/results/{h200,h100}/decode-attention/``).
     # Past 128 pairs, at B 32/64/128 x KV 8192/16384/32768 on the H200 (Llama-3-8B and Qwen2.5-7B shapes), the
     # GEMMs took 0.81-0.89x SDPA's step on Llama and 0.86-0.96x on Qwen, up to 2^24 cached (sequence, KV head,
-    # token) slots. At Llama B128 x KV 32768 (2^25) they ran out of memory where SDPA fit
-    # (``benchmarks/results/h200/palu-default/call21/``), so past MATMUL_MAX_SLOTS SDPA stays.
+    # token) slots. At Llama B128 x KV 32768 (2^25) they ran out of memory where SDPA fit: that cache fills 128 of
+    # the H200's 139 GiB and the GEMMs' step needs about 4 GiB more (``benchmarks/results/h200/palu-default/call21/``,
+    # ``call22/``), so past MATMUL_MAX_SLOTS, where such caches fill the GPU, SDPA stays.
     if (
         kv_len <= MATMUL_MAX_KV
         or batch * kv_heads <= MATMUL_MAX_CTAS
