@@ -79,7 +79,9 @@ def test_a_decode_only_grid_times_decode_and_names_its_kernels():
 def test_each_decode_point_records_the_dense_decode_attention_it_took(monkeypatch):
     from gac.kernels import attention
 
-    cfg = SweepConfig(**{**TINY.to_dict(), "prefill_batches": (), "prefill_seqs": (), "decode_batches": (1, 3)})
+    cfg = SweepConfig(
+        **{**TINY.to_dict(), "prefill_batches": (), "prefill_seqs": (), "decode_batches": (1, 3)}
+    )
     monkeypatch.setattr(attention, "DECODE_MODE", "auto")
     monkeypatch.setattr(attention, "MATMUL_MAX_KV", 0)
     monkeypatch.setattr(attention, "MATMUL_MAX_CTAS", 2)  # B1 x 1 KV head: the GEMMs; B3: past the pairs
