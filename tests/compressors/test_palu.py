@@ -103,6 +103,18 @@ def test_full_rank_is_exact(llama64, planned):
     assert torch.allclose(a, b, atol=1e-9, rtol=0)
 
 
+def test_latent_layers_record_no_dense_decode_attention(llama64, planned):
+    """A PaLU model switched to ``gac_sdpa`` (its config was ``sdpa``) attends with its own latent path: the infer
+    record's ``decode_attention`` (model_decode_modes) names none, where the dense model names its GEMMs."""
+    from gac.kernels.attention import model_decode_modes, use_gqa_decode_
+
+    dense = copy.deepcopy(llama64)
+    m = _applied(llama64, planned, {s.name: 16 for s in planned.sites})
+    assert use_gqa_decode_(dense) and use_gqa_decode_(m)
+    assert model_decode_modes(dense, 2, 64) == ["matmul"]
+    assert model_decode_modes(m, 2, 64) == []
+
+
 def test_a_full_width_group_is_cached_raw_and_its_layer_packs_raw_keys(llama64, planned, caplog):
     """A group kept at full width stores the projection's own rows with the identity as its up-projection
     (exact, nothing to rebuild); a layer whose key groups all are packs ``k_raw`` for the decode kernel, with

@@ -42,7 +42,7 @@ from torch import nn
 from gac.errors import GacError
 from gac.guard import atomic_savefig
 from gac.hardware.timing import time_calls
-from gac.kernels.attention import taken_decode_modes
+from gac.kernels.attention import model_decode_modes
 from gac.nn.latent import latent_attention_paths
 from gac.runtime.fastpath import FastPath
 from gac.runtime.step import (
@@ -331,7 +331,6 @@ def decode_point(
         torch.cuda.reset_peak_memory_stats(dev)
     alloc0 = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
     frames0 = compiled_frames()
-    taken_decode_modes()  # what an earlier point's attention took is not this one's
     t0 = time.perf_counter()
     step = DecodeStep(model, batch, kv, graphs, forward=forward)  # compile + capture happen here
     if not graphs:
@@ -369,8 +368,7 @@ def decode_point(
         rec["total_bw_frac"] = rec["total_gbps"] / copy_gbps
     rec["peak_mem_gib"] = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None
     rec["held_before_gib"] = alloc0 / 2**30  # allocated when the point began (the weights, and anything kept)
-    modes = taken_decode_modes()
-    # gac_sdpa's decode attention (gac.kernels.attention.decode_mode); none where it was not traced anew
+    modes = model_decode_modes(model, batch, kv)  # gac_sdpa's decode attention (decode_mode); none off it
     if modes:
         rec["decode_attention"] = modes[0] if len(modes) == 1 else modes
     return rec

@@ -72,18 +72,6 @@ MATMUL_MAX_CTAS = 128
 MATMUL_MAX_SLOTS = 1 << 24
 
 
-#: the decode attentions taken since the last :func:`taken_decode_modes` (each single-token grouped-query call adds
-#: its mode; under ``torch.compile`` at trace time, so a compiled, captured step records the mode it was built with)
-_TAKEN: set[str] = set()
-
-
-def taken_decode_modes() -> list[str]:
-    """The decode attention modes (``"matmul"``, ``"sdpa"``, ``"stock"``) taken since the last call, and clear them."""
-    out = sorted(_TAKEN)
-    _TAKEN.clear()
-    return out
-
-
 def gqa_sdpa_attention_forward(
     module: nn.Module,
     query: torch.Tensor,
@@ -111,8 +99,6 @@ def gqa_sdpa_attention_forward(
         or dropout != 0.0
     )
     mode = "stock" if plain else decode_mode(b, key.shape[1], key.shape[2])
-    if q_len == 1:
-        _TAKEN.add(mode)
     if mode == "stock":
         return sdpa_attention_forward(
             module,
@@ -151,6 +137,24 @@ def register() -> str:
     if NAME not in ALL_MASK_ATTENTION_FUNCTIONS:
         AttentionMaskInterface.register(NAME, sdpa_mask)
     return NAME
+
+
+def model_decode_modes(model: nn.Module, batch: int, kv_len: int) -> list[str]:
+    """The decode attention :func:`gqa_sdpa_attention_forward` takes at a single-token step of ``batch`` sequences
+    over ``kv_len`` cached tokens, each distinct one over ``model``'s layers (sorted); none where the model does not
+    attend with ``gac_sdpa``, and none of layers that declare ``attention_interface = False`` (PaLU's latent
+    attention). Derived from each layer's KV heads (its ``k_proj`` width over ``head_dim``) as the
+    forward derives them from its cache, so the step itself records nothing (a set mutated in the forward made
+    ``torch.compile`` recompile the step on its second call)."""
+    if getattr(getattr(model, "config", None), "_attn_implementation", None) != NAME:
+        return []
+    modes = set()
+    for m in model.modules():
+        n_rep, hd = getattr(m, "num_key_value_groups", None), getattr(m, "head_dim", 0)
+        width = getattr(getattr(m, "k_proj", None), "out_features", None)
+        if n_rep and hd and width and getattr(m, "attention_interface", True):
+            modes.add("stock" if int(n_rep) == 1 else decode_mode(batch, int(width) // int(hd), kv_len))
+    return sorted(modes)
 
 
 def use_gqa_decode_(model: nn.Module) -> bool:
