@@ -67,8 +67,9 @@ VALUE_T_TILE = 128
 #: one ``[BLOCK_T, head_dim]`` tensor-core dot a rank chunk, its halves interleaved (``PAIRED`` in the flash kernel,
 #: :func:`_paired_head_scores`), where it took two dots of ``head_dim / 2`` columns, each waited on. Compiled for
 #: sm_90 (Triton 3.6, Qwen2.5-7B's programs at key rank 256, with its bias) the tile's tensor-core waits fall from 11
-#: to 6 and the stack from 40 to 32 bytes a thread (255 registers either way). On an H200, the kernel alone (the table's launch, B 16/64 x KV 4096/32768) took
-#: 0.93-0.96x the unpaired time on the Qwen2.5-7B shape at key/value rank 256/256 and 192/320. A whole group of
+#: to 6 and the stack from 40 to 32 bytes a thread (255 registers either way). On an H200, the kernel alone (the
+#: table's launch, B 16/64 x KV 4096/32768) took 0.93-0.96x the unpaired time on the Qwen2.5-7B shape at key/value
+#: rank 256/256 and 192/320. A whole group of
 #: four a program (Llama-3-8B) took 0.99-1.00x at 256 and 1.00-1.03x at 192, and one 128-wide chunk (key rank 128)
 #: 1.01-1.04x on both, so those stay unpaired (``benchmarks/results/h200/palu-default/call19/``, ``call20/``).
 PAIRED_KEYS = True

@@ -221,8 +221,9 @@ class LatentAttention(nn.Module):
             the latents stay linear and each rebuilt key row is normalized before RoPE.
     """
 
-    #: its attention is its own (the latent kernel or its reference), never transformers' attention interface: the
-    #: dense decode attention ``gac_sdpa`` would take is not this layer's (:func:`gac.kernels.attention.model_decode_modes`)
+    #: its attention is its own (the latent kernel or its reference), never transformers' attention interface:
+    #: the dense decode attention ``gac_sdpa`` would take is not this layer's
+    #: (:func:`gac.kernels.attention.model_decode_modes`)
     attention_interface = False
 
     def __init__(
