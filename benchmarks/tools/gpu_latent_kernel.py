@@ -113,6 +113,12 @@ def main() -> int:
     )
     ap.add_argument("--table", action="store_true", help="time the launch table's choice only")
     ap.add_argument(
+        "--gluon",
+        action="store_true",
+        help="also time the default path with the Gluon kernel (gac.kernels.latent_gluon; its launch: "
+        "GAC_GLUON_LAUNCH) where it serves; the table's entry is then the Triton kernel's",
+    )
+    ap.add_argument(
         "--rank-k", type=int, default=0, help="key rank per group (default: G*head_dim/2, KV 0.5)"
     )
     ap.add_argument("--rank-v", type=int, default=0, help="value rank per group (default: as the keys)")
@@ -171,6 +177,14 @@ def main() -> int:
     configs = [tuple(int(x) for x in c.split(",")) for c in args.configs.split(";")]
     if args.table:
         configs = [None]
+    if args.gluon:
+        configs.append("gluon")
+
+    def decode(cfg, q, zk, zv, pack, n, inv, scale):
+        """The latent kernel's output per value group: with ``cfg`` "gluon" the default path (the Gluon kernel where it
+        serves the launch: ``kl.LAST_LAUNCH["kernel"]`` says which ran), else the Triton kernel (at ``kl._ENV``)."""
+        kl.LATENT_KERNEL = "auto" if cfg == "gluon" else "triton"
+        return kl.latent_decode_attention(q, zk, zv, pack, n, inv, scale)
 
     def save():
         with open(args.out, "w") as f:
@@ -204,9 +218,9 @@ def main() -> int:
             ref = kl.reference_latent_decode(q, zk, zv, pack, 1037, inv, hd**-0.5)
             n_small = torch.tensor([1037], device=dev)
             for cfg in configs:
-                kl._ENV = None if cfg is None else launch_env(cfg, 0)
+                kl._ENV = None if cfg in (None, "gluon") else launch_env(cfg, 0)
                 try:
-                    out = kl.latent_decode_attention(q, zk, zv, pack, n_small, inv, hd**-0.5)
+                    out = decode(cfg, q, zk, zv, pack, n_small, inv, hd**-0.5)
                 except Exception as e:  # noqa: BLE001 - a launch that does not fit is recorded and skipped
                     res["checks"].append({"model": model, "group": gk, "config": cfg, "error": str(e)[:200]})
                     continue
@@ -263,7 +277,7 @@ def main() -> int:
                     n = torch.tensor([t], device=dev)
                     best = None
                     for cfg in configs:
-                        if cfg is None:
+                        if cfg in (None, "gluon"):
                             kl._ENV = None
                             splits = kl.launch_config(b * ng, t, gk, dev, raw=args.raw, n_rep=n_rep)["splits"]
                         else:
@@ -272,9 +286,7 @@ def main() -> int:
                             splits = max(1, min(math.ceil(cfg[4] * sms / progs), t // bt, 256))
                             kl._ENV = launch_env(cfg, 0 if args.auto_splits else splits)
                         fns = [
-                            functools.partial(
-                                kl.latent_decode_attention, s[0], s[1], s[2], pack, n, inv, hd**-0.5
-                            )
+                            functools.partial(decode, cfg, s[0], s[1], s[2], pack, n, inv, hd**-0.5)
                             for s in lsets
                         ]
                         try:

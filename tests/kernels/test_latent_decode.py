@@ -328,7 +328,13 @@ def test_model_decode_takes_the_kernel_across_families(family, kg, vg, fold):
             m(ids[:, :29], **cache_arg(m, cache), use_cache=True)
             outs.append(m(ids[:, 29:], **cache_arg(m, cache), use_cache=True).logits)
         if use:
-            assert latent_attention_paths(m) == {"kernel": 2, "reference": 0, "unrecorded": 0, "reasons": []}
+            paths = latent_attention_paths(m)
+            assert {k: paths[k] for k in ("kernel", "reference", "unrecorded", "reasons")} == {
+                "kernel": 2, "reference": 0, "unrecorded": 0, "reasons": []
+            }  # fmt: skip
+            assert paths[
+                "latent_kernels"
+            ]  # which kernels ran (head_dim 64: the Triton one; gac.kernels.latent_gluon)
     assert torch.allclose(outs[0], outs[1], atol=3e-2, rtol=3e-2), (outs[0] - outs[1]).abs().max()
 
 

@@ -26,6 +26,13 @@ from gac.testing import latent_decode_inputs  # noqa: E402
 H100_SMEM = 232_448  # bytes per block (cudaDevAttrMaxSharedMemoryPerBlockOptin)
 
 
+@pytest.fixture(autouse=True)
+def _triton_kernel(monkeypatch):
+    """These tests are of the Triton kernel's launches: the Gluon kernel (``gac.kernels.latent_gluon``) would serve
+    some of them on a Hopper GPU."""
+    monkeypatch.setattr(kl, "LATENT_KERNEL", "triton")
+
+
 def _args(q, zk, zv, pack, inv, n):
     voff, vr, shared, valign = kl.per_kv_head(pack, q.device)
     return (

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from gac.alignment import vector_align
+from gac.kernels import latent_gluon
 
 try:  # Triton is optional: only the GPU path needs it.
     import triton
@@ -1172,6 +1173,70 @@ def _resplit(cfg: dict[str, int], ctas: int, t: int, device: torch.device) -> di
     return {**cfg, "splits": num_splits(ctas, t, cfg["block_t"], device, cfg.get("waves", 2))}
 
 
+#: which kernel serves a launch (``GAC_LATENT_KERNEL``): ``auto``, the Hopper kernel of :mod:`gac.kernels.latent_gluon`
+#: wherever it serves the launch and the Triton flash kernel above elsewhere (the reason recorded: :data:`LAST_LAUNCH`'s
+#: ``gluon_refused``, :func:`gluon_refusals`, warned once a reason where the GPU is a Hopper one); ``triton``, the
+#: Triton kernel always. A launch forced by ``GAC_LATENT_LAUNCH`` or given its ``cfg`` is the Triton kernel's.
+LATENT_KERNEL = os.environ.get("GAC_LATENT_KERNEL", "auto")
+#: the Gluon kernel's splits fill the GPU this many times (one program a multiprocessor: 200 KiB of shared memory)
+GLUON_WAVES = 2
+#: why launches of this process took the Triton kernel where ``auto`` asked for the Gluon one
+_GLUON_REFUSED: set[str] = set()
+#: the kernels this process's launches took (``gluon``, ``triton``)
+_KERNELS_RAN: set[str] = set()
+
+
+def gluon_refusals() -> list[str]:
+    """Why launches of this process took the Triton kernel where :data:`LATENT_KERNEL` asked for the Gluon one."""
+    return sorted(_GLUON_REFUSED)
+
+
+def kernels_ran() -> list[str]:
+    """The latent kernels this process's launches took: ``gluon`` and/or ``triton``."""
+    return sorted(_KERNELS_RAN)
+
+
+def _launch_gluon(
+    q, zk, zv, uk, koff, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps, rk_max, rv_max,
+    kvh, g, poison=None,
+) -> torch.Tensor:  # fmt: skip
+    """The Gluon kernel (``g`` KV heads a program) and the Triton combine: :func:`_launch_once`'s output."""
+    b, h, _ = q.shape
+    t = zk.shape[1]
+    ctas = b * (kvh // g)
+    bt, nw = latent_gluon.LAUNCH[:2]
+    splits = num_splits(ctas, t, bt, q.device, GLUON_WAVES)
+    key = ("gluon", q.device.index, h, kvh, g, int(rk_max), int(rv_max), k_bias is not None, k_norm is not None,
+           latent_gluon.LAUNCH)  # fmt: skip
+    if key in _RESIDENT:
+        splits = balanced_splits(splits, ctas, t, bt, _RESIDENT[key] * _sm_count(q.device.index or 0))
+    rvp = _pow2(rv_max)
+    part = torch.empty(b, h, splits, rvp, device=q.device, dtype=torch.float32)
+    ml = torch.empty(b, h, splits, 2, device=q.device, dtype=torch.float32)
+    out = torch.empty(b, h, rvp, device=q.device, dtype=q.dtype)
+    if poison is not None:  # tests: every element the kernels must write starts as this
+        for x in (part, ml, out):
+            x.fill_(poison)
+    kern = latent_gluon.launch(
+        q, zk, zv, uk, koff, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps, rk_max, rv_max,
+        kvh, g, part, ml,
+    )  # fmt: skip
+    LAST_LAUNCH.clear()
+    LAST_LAUNCH.update(kernel="gluon", block_t=bt, num_warps=nw, column_chunk=latent_gluon.LAUNCH[2], splits=splits,
+                       sub=g, waves=GLUON_WAVES, rope_table=True, raw_keys=False, value_tma=True,
+                       paired_keys=False)  # fmt: skip
+    n_regs = getattr(kern, "n_regs", None)
+    if n_regs:
+        LAST_LAUNCH["resident"] = resident_programs(n_regs, int(kern.metadata.shared), nw, q.device)
+        _RESIDENT.setdefault(key, LAST_LAUNCH["resident"])
+    _KERNELS_RAN.add("gluon")
+    sp = _pow2(splits, 2)
+    _latent_combine_kernel[(b * h,)](
+        part, ml, out, h, NSPLIT=splits, SP=sp, BS=min(sp, 16), RVP=rvp, num_warps=4
+    )
+    return out
+
+
 def _launch(
     q, zk, zv, uk, koff, kr, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps,
     rk_max, rv_max, kvh, k_group, v_shared, align=1, valign=1, cfg: dict[str, int] | None = None, poison=None,
@@ -1179,12 +1244,27 @@ def _launch(
 ) -> torch.Tensor:  # fmt: skip
     """Launch the flash kernel and its combine; a launch that needs more shared memory than the GPU
     has is retried smaller (:func:`shrink`), warned once per launch shape and recorded in
-    :data:`LAST_LAUNCH` (``shrunk_from``)."""
+    :data:`LAST_LAUNCH` (``shrunk_from``). With :data:`LATENT_KERNEL` ``auto``, the Gluon kernel where it serves."""
     from triton.runtime.errors import OutOfResources
 
     b, h, hd = q.shape
     t = zk.shape[1]
     n_rep, rk = h // kvh, int(rk_max)
+    refused = None
+    if LATENT_KERNEL == "auto" and cfg is None and not _ENV:
+        refused, g = latent_gluon.refusal(
+            q, zk, zv, uk, rk_max, rv_max, k_group, n_rep, v_shared, raw, rope_table=rope is not None
+        )
+        if refused is None:
+            return _launch_gluon(
+                q, zk, zv, uk, koff, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps,
+                rk_max, rv_max, kvh, g, poison,
+            )  # fmt: skip
+        hopper = q.device.type == "cuda" and torch.cuda.get_device_capability(q.device)[0] == 9
+        if refused not in _GLUON_REFUSED and hopper:
+            log.warning("latent decode: the Gluon kernel does not serve this launch (%s); the Triton kernel runs",
+                        refused)  # fmt: skip
+        _GLUON_REFUSED.add(refused)
     cfg = dict(cfg or launch_config(b * (kvh // k_group), t, k_group, q.device, raw=raw, n_rep=n_rep, rk=rk))
     sub = program_heads(k_group, cfg.get("sub"))
     ctas = b * (kvh // sub)
@@ -1218,6 +1298,10 @@ def _launch(
                             "asked": {"block_t": asked["block_t"], "num_stages": asked["num_stages"]},
                             "ran": {k: cfg[k] for k in _RAN_KEYS if k in cfg}}  # fmt: skip
             continue
+        LAST_LAUNCH["kernel"] = "triton"
+        _KERNELS_RAN.add("triton")
+        if refused is not None:
+            LAST_LAUNCH["gluon_refused"] = refused
         if key in _FITTED:
             LAST_LAUNCH["shrunk_from"] = dict(_FITTED[key]["asked"])
         if "resident" in LAST_LAUNCH:

@@ -853,9 +853,13 @@ def latent_attention_paths(model: nn.Module) -> dict[str, Any] | None:
         ``"raw_keys_rebuilt"``: layers with only some key groups at full width, whose raw keys the kernel
         rebuilds through the identity (warned once); ``"value_pointer_loads"``: why launches on a GPU with the
         tensor-memory accelerator read value latents through registers instead of a tensor descriptor
-        (:func:`gac.kernels.latent_attention.value_descriptor`, warned once; this process's launches).
+        (:func:`gac.kernels.latent_attention.value_descriptor`, warned once; this process's launches);
+        ``"latent_kernels"``: which decode kernels this process's launches took (``gluon``, the Hopper kernel of
+        :mod:`gac.kernels.latent_gluon`; ``triton``), and ``"gluon_refused"`` why launches took the Triton one.
     """
     from gac.kernels.latent_attention import (  # the allowed edge (decode_refusals)
+        gluon_refusals,
+        kernels_ran,
         key_group,
         shrunk_launches,
         value_pointer_reasons,
@@ -884,6 +888,11 @@ def latent_attention_paths(model: nn.Module) -> dict[str, Any] | None:
         n = sum(1 for p in packs if p.get(key))
         if n:
             out[name] = n
+    if out["kernel"]:
+        out["latent_kernels"] = kernels_ran()
+        refused = gluon_refusals()
+        if refused:
+            out["gluon_refused"] = refused
     return out
 
 

@@ -1,0 +1,418 @@
+"""PaLU's latent decode kernel for Hopper, written in Gluon: the copies issued ahead of their use.
+
+:mod:`gac.kernels.latent_attention` launches it wherever it serves the launch (:func:`refusal`; its
+``LATENT_KERNEL``), and its Triton flash kernel elsewhere. On an H200, the kernel alone took 0.62-0.98x the Triton
+kernel's time at 15 of the 16 points timed at the default launch (:data:`LAUNCH`; Llama-3-8B and Qwen2.5-7B shapes,
+key group 4, key/value ranks 128/232, 64/208 and 128/224; B 1/16/64 x KV 4096/32768) and 1.06x at the last
+(Llama-3-8B at 128/232, B=16 x 32k): ``benchmarks/results/h200/palu-default/README.md``, calls 25-30.
+
+The Triton kernel waits on every tile's loads in turn: Triton pipelines its innermost loop, the one over the key
+group's heads, so each tile's key and value latents are fetched when the tile starts (call 13). This kernel computes
+the same thing with the copies written out:
+
+* the program's up-projections are copied into shared memory once (``2·G`` tensor-memory-accelerator copies of
+  ``[head_dim / 2, RKP]``), so the rebuild reads nothing from L2 per tile;
+* a tile's key latents ``[BLOCK_T, RKP]`` are copied ``XS`` tiles ahead through a ring of shared-memory stages (with
+  ``XREG``, read once into registers as the rebuild's first operand and the stage refilled at once), the value
+  latents ``[BLOCK_T, RVP]`` ``VS`` tiles ahead, each stage with its own mbarrier;
+* per tile, KV head and ``QC``-column chunk of both key halves (the RoPE pairs), the keys are rebuilt by two Hopper
+  tensor-core products issued together and waited on once, take their bias and RMS norm (the norm's row scale is
+  applied to the scores: RoPE and the dot are linear), RoPE at the in-tile offsets (fp16 cos/sin in shared memory;
+  the tile start's rotation turns the queries, ``R(t0 + i)k · q = R(i)k · R(-t0)q``), and are scored against the
+  queries as the register operand of a third product;
+* one online softmax over the program's query rows, then ``P·Z_v`` transposed on the tensor cores, into the Triton
+  kernel's fp32 partial outputs and running max/sum, which its combine kernel reduces.
+
+Every rotary angle's cos/sin comes from host tables (:func:`tile_starts`). Evaluated in the kernel, sine and cosine
+of angles up to 32k compiled to their precise path, double-precision and local-memory instructions in the loop:
+Nsight Compute counted 2.3x the Triton kernel's instructions, and the kernel took 1.5-2.6x its time (calls 25-28).
+
+It serves Hopper (sm_90) with Gluon (Triton 3.6; 3.9 compiles it too), ``head_dim`` 128, values grouped as the keys,
+padded key ranks of at most :data:`MAX_RANK`, value tiles of at most 256 columns, and programs of at most 16 query
+rows (:func:`program_heads`). :func:`refusal` names why any other launch is not served.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+try:  # Gluon is Triton's experimental layer: present from Triton 3.5, and its API still moves
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    # the tensor-memory accelerator's global-to-shared copy: Triton 3.6's name, renamed async_load later
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    HAVE_GLUON = True
+except (ImportError, AttributeError):  # pragma: no cover - depends on the install
+    HAVE_GLUON = False
+
+#: ``(block_t, num_warps, column chunk, x in registers)``: tokens a tile (the tensor-core products' M, 64 rows a
+#: warpgroup), warps a program, the columns of each key half rebuilt, turned and scored at once, and whether the
+#: tile's key latents are the rebuild's register operand (read from shared memory once a tile, not once a product);
+#: ``GAC_GLUON_LAUNCH`` overrides
+LAUNCH = tuple(int(x) for x in os.environ.get("GAC_GLUON_LAUNCH", "128,8,64,1").split(","))
+#: the largest padded key rank served: the key group's up-projections stay in shared memory for the program
+MAX_RANK = 128
+#: the widest value tile served (one tensor descriptor box)
+MAX_VALUE_TILE = 256
+#: shared memory a block may take on a Hopper GPU (bytes), less what the compiler adds for barriers and scratch
+SMEM_BUDGET = 232448 - 4096
+
+
+def _pow2(n: int, lo: int = 16) -> int:
+    return max(lo, 1 << (int(n) - 1).bit_length())
+
+
+def shared_bytes(
+    g: int, rkp: int, rvp: int, mq: int, xs: int, vs: int, head_dim: int = 128, block_t: int | None = None
+) -> int:
+    """Shared memory of one program (bf16): up-projections, key and value stages, queries, probabilities, and the
+    in-tile cos/sin (fp16)."""
+    bt = block_t or LAUNCH[0]
+    return 2 * (g * head_dim * rkp + xs * bt * rkp + vs * bt * rvp + mq * head_dim + bt * mq + bt * head_dim)
+
+
+def stages(g: int, rkp: int, rvp: int, mq: int, block_t: int | None = None) -> tuple[int, int] | None:
+    """``(XS, VS)``: key and value stages that fit, the most value stages first; None if one of each does not."""
+    for xs, vs in ((2, 2), (2, 1), (1, 1)):
+        if shared_bytes(g, rkp, rvp, mq, xs, vs, block_t=block_t) <= SMEM_BUDGET:
+            return xs, vs
+    return None
+
+
+def program_heads(k_group: int, n_rep: int, rkp: int, rvp: int) -> int:
+    """KV heads a program: the most dividing the key group whose query rows stay within 16 (more spilled, compiled
+    for sm_90) and whose up-projections fit beside one stage of each latent; 0 if not even one head's do."""
+    most = int(os.environ.get("GAC_GLUON_HEADS", "0")) or k_group
+    for g in range(min(most, k_group), 0, -1):
+        if k_group % g == 0 and _pow2(g * n_rep) <= 16 and stages(g, rkp, rvp, _pow2(g * n_rep)) is not None:
+            return g
+    return 0
+
+
+def refusal(
+    q: torch.Tensor, zk: torch.Tensor, zv: torch.Tensor, uk: torch.Tensor, rk_max: int, rv_max: int, k_group: int,
+    n_rep: int, v_shared: bool, raw: bool, rope_table: bool = True,
+) -> tuple[str | None, int]:  # fmt: skip
+    """Why this kernel does not serve a launch (key groups of ``k_group`` KV heads, ``n_rep`` query heads each), or
+    None where it does; and the KV heads a program then takes (:func:`program_heads`)."""
+    if not HAVE_GLUON:
+        return "Triton without Gluon's Hopper layer (triton.experimental.gluon)", 0
+    if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 9:
+        return "not a Hopper GPU (sm_90)", 0
+    hd = q.shape[-1]
+    rkp = -(-int(rk_max) // 64) * 64
+    rvp = _pow2(rv_max)
+    why = None
+    if raw:
+        why = "keys cached raw (nothing to rebuild)"
+    elif not rope_table:
+        why = "a rotary embedding that rescales with the length (no rotary table: the Triton kernel evaluates it)"
+    elif hd != 128:
+        why = f"head_dim {hd} (serves 128)"
+    elif q.dtype not in (torch.bfloat16, torch.float16):
+        why = f"{q.dtype} (serves bf16 and fp16)"
+    elif not v_shared:
+        why = "value groups apart from the key groups"
+    elif rkp > MAX_RANK:
+        why = f"key rank {rk_max} (the up-projections of a program stay on chip up to rank {MAX_RANK})"
+    elif rvp > MAX_VALUE_TILE:
+        why = f"a value tile of {rvp} columns (one descriptor box holds {MAX_VALUE_TILE})"
+    elif not (zk.is_contiguous() and zv.is_contiguous() and uk.is_contiguous()):
+        why = "latents or up-projections not contiguous"
+    elif (zk.shape[-1] * 2) % 16 or (zv.shape[-1] * 2) % 16 or (uk.shape[-1] * 2) % 16:
+        why = "latent rows not 16-byte multiples"
+    g = program_heads(k_group, n_rep, rkp, rvp)
+    if why is None and not g:
+        why = "shared memory or registers: no program of whole KV heads fits"
+    return why, g
+
+
+if HAVE_GLUON:
+
+    @gluon.jit
+    def _gluon_flash_kernel(
+        q_ptr,  # [B, H, HD] roped queries
+        zk_desc, zv_desc,  # descriptors of the latents as [B*T, Σ r] rows, blocks [BLOCK_T, RKP] / [BLOCK_T, RVP]
+        uk_desc,  # descriptor of the up-projections as [KVH*HD, RK] rows, blocks [HALF, RKP]
+        koff_ptr, voff_ptr, vr_ptr,  # [KVH] int32 key latent offset, value latent offset and rank of each KV head
+        kb_ptr, kn_ptr,  # [KVH, HD] key bias, [HD] key RMSNorm weight (unused without HAS_BIAS / HAS_NORM)
+        inv_ptr,  # [HD/2] fp32 rotary inverse frequencies
+        ts_ptr,  # [2, NT, HD/2] fp32 cos and sin of the tile starts' angles (tile_starts)
+        ti_ptr,  # [2, BLOCK_T, HD/2] fp32 cos and sin of the in-tile offsets' angles (tile_starts)
+        len_ptr,  # [1] valid cached tokens
+        o_ptr, ml_ptr,  # [B, H, NSPLIT, RVP] fp32 partial outputs, [B, H, NSPLIT, 2] running max (log2) and sum
+        sqb, sqh, T, NT, sob, soh, sos, smb, smh,
+        KGROUPS, NSPLIT,
+        qk_scale, rope_scale, eps,
+        NREP: gl.constexpr, G: gl.constexpr, HALF: gl.constexpr, RKP: gl.constexpr, RVP: gl.constexpr,
+        MQ: gl.constexpr, BLOCK_T: gl.constexpr, XS: gl.constexpr, VS: gl.constexpr,
+        HAS_BIAS: gl.constexpr, HAS_NORM: gl.constexpr, QC: gl.constexpr, XREG: gl.constexpr,
+        num_warps: gl.constexpr,
+    ):  # fmt: skip
+        dt: gl.constexpr = q_ptr.dtype.element_ty
+        pid = gl.program_id(0)
+        split = gl.program_id(1)
+        b = pid // KGROUPS
+        kg = pid % KGROUPS
+        kvh0 = kg * G
+        h0 = kvh0 * NREP
+        n_valid = gl.load(len_ptr).to(gl.int32)
+        per = gl.cdiv(gl.cdiv(n_valid, NSPLIT), BLOCK_T) * BLOCK_T
+        start = split * per
+        end = gl.minimum(start + per, n_valid)
+        n_tiles = gl.cdiv(gl.maximum(end - start, 0), BLOCK_T)
+
+        # layouts: a column chunk of a rebuilt key half [BLOCK_T, QC] and the scores / transposed outputs [*, MQ]
+        NC: gl.constexpr = HALF // QC
+        mma_k: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, QC, 16]
+        )
+        mma_s: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, MQ, 16]
+        )
+        a_s: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_s, k_width=2)
+        a_k: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_k, k_width=2)
+        blk: gl.constexpr = gl.BlockedLayout(
+            size_per_thread=[1, 8], threads_per_warp=[8, 4], warps_per_cta=[num_warps, 1], order=[1, 0]
+        )
+
+        # shared memory: up-projections, key and value stages, the turned queries (chunk c of the low half at c, of
+        # the high half at NC + c), the in-tile cos/sin (fp16, chunk by chunk), the probabilities
+        u_smem = gl.allocate_shared_memory(dt, [2 * G, HALF, RKP], uk_desc.layout)
+        x_smem = gl.allocate_shared_memory(dt, [XS, BLOCK_T, RKP], zk_desc.layout)
+        v_smem = gl.allocate_shared_memory(dt, [VS, BLOCK_T, RVP], zv_desc.layout)
+        q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([MQ, QC], dt)
+        q_smem = gl.allocate_shared_memory(dt, [2 * NC, MQ, QC], q_layout)
+        cs_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_T, QC], gl.float16)
+        cs_smem = gl.allocate_shared_memory(gl.float16, [2 * NC, BLOCK_T, QC], cs_layout)
+        p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_T, MQ], dt)
+        p_smem = gl.allocate_shared_memory(dt, [BLOCK_T, MQ], p_layout)
+        bar_u = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        bar_x = gl.allocate_shared_memory(gl.int64, [XS, 1], mbarrier.MBarrierLayout())
+        bar_v = gl.allocate_shared_memory(gl.int64, [VS, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(bar_u, count=1)
+        for s in gl.static_range(XS):
+            mbarrier.init(bar_x.index(s), count=1)
+        for s in gl.static_range(VS):
+            mbarrier.init(bar_v.index(s), count=1)
+
+        koff = gl.load(koff_ptr + kvh0)
+        voff = gl.load(voff_ptr + kvh0)
+        row0 = b * T + start
+        # the group's up-projections, once a program
+        mbarrier.expect(bar_u, 2 * G * uk_desc.block_type.nbytes)
+        for j in gl.static_range(2 * G):
+            _tma_load(uk_desc, [(2 * kvh0 + j) * HALF, 0], bar_u, u_smem.index(j))
+        # the first tiles' latents
+        for s in gl.static_range(XS):
+            ok = s < n_tiles
+            mbarrier.expect(bar_x.index(s), zk_desc.block_type.nbytes, pred=ok)
+            _tma_load(zk_desc, [row0 + s * BLOCK_T, koff], bar_x.index(s), x_smem.index(s), pred=ok)
+        for s in gl.static_range(VS):
+            ok = s < n_tiles
+            mbarrier.expect(bar_v.index(s), zv_desc.block_type.nbytes, pred=ok)
+            _tma_load(zv_desc, [row0 + s * BLOCK_T, voff], bar_v.index(s), v_smem.index(s), pred=ok)
+
+        # The in-tile offsets' cos/sin (the tile start turns the queries), in shared memory as fp16 (2^-11 relative,
+        # below the keys' own bf16 rounding): held in registers as two [64, 64] fp32 tiles they took 64 a thread and
+        # the program spilled (compiled for sm_90 by Triton 3.6).
+        offs_i = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(1, mma_k))
+        offs_f = gl.arange(0, QC, layout=gl.SliceLayout(0, mma_k))
+        for c in gl.static_range(NC):
+            tib = ti_ptr + offs_i[:, None] * HALF + c * QC + offs_f[None, :]
+            cs_smem.index(c).store((gl.load(tib) * rope_scale).to(gl.float16))
+            cs_smem.index(NC + c).store((gl.load(tib + BLOCK_T * HALF) * rope_scale).to(gl.float16))
+
+        offs_m = gl.arange(0, MQ, layout=gl.SliceLayout(1, blk))
+        offs_d = gl.arange(0, QC, layout=gl.SliceLayout(0, blk))
+        mrow = offs_m < G * NREP
+        qb = q_ptr + b * sqb + (h0 + offs_m)[:, None] * sqh + offs_d[None, :]
+        offs_c = gl.arange(0, MQ, layout=gl.SliceLayout(0, mma_s))
+        col_head = offs_c // NREP
+        offs_ts = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(1, mma_s))
+        m_i = gl.full([MQ], float("-inf"), gl.float32, layout=gl.SliceLayout(0, mma_s))
+        l_i = gl.zeros([MQ], gl.float32, layout=gl.SliceLayout(0, mma_s))
+        acc = gl.zeros([RVP, MQ], gl.float32, layout=mma_s)
+        zero_k = gl.zeros([BLOCK_T, QC], gl.float32, layout=mma_k)
+        zero_s = gl.zeros([BLOCK_T, MQ], gl.float32, layout=mma_s)
+
+        mbarrier.wait(bar_u, 0)
+        for i in range(n_tiles):
+            t0 = start + i * BLOCK_T
+            # R(-t0)·q: the queries turned back by the tile start (its cos/sin from the host's table), read again
+            # each tile so that nothing but the loop's state is held over it
+            tsb = ts_ptr + (t0 // BLOCK_T) * HALF
+            for c in gl.static_range(NC):
+                q1 = gl.load(qb + c * QC, mask=mrow[:, None], other=0.0).to(gl.float32)
+                q2 = gl.load(qb + HALF + c * QC, mask=mrow[:, None], other=0.0).to(gl.float32)
+                cb = gl.load(tsb + c * QC + offs_d)[None, :]
+                sb = gl.load(tsb + NT * HALF + c * QC + offs_d)[None, :]
+                q_smem.index(c).store((q1 * cb + q2 * sb).to(dt))
+                q_smem.index(NC + c).store((q2 * cb - q1 * sb).to(dt))
+            fence_async_shared()
+            sx = i % XS
+            mbarrier.wait(bar_x.index(sx), (i // XS) & 1)
+            xs = x_smem.index(sx)
+            if XREG:  # the tile's key latents as the rebuild's register operand: read from shared memory once
+                xa = xs.load(a_k)
+                nxt = i + XS
+                ok = nxt < n_tiles
+                mbarrier.expect(bar_x.index(sx), zk_desc.block_type.nbytes, pred=ok)
+                _tma_load(zk_desc, [row0 + nxt * BLOCK_T, koff], bar_x.index(sx), xs, pred=ok)
+            else:
+                xa = xs
+            sc = zero_s
+            for hj in range(G):
+                sj = zero_s
+                if HAS_NORM:
+                    ssq = gl.zeros([BLOCK_T], gl.float32, layout=gl.SliceLayout(1, mma_k))
+                for c in gl.static_range(NC):
+                    # one column chunk of both key halves: the RoPE pairs (d, d + HALF) of d in the chunk
+                    u1 = u_smem.index(2 * hj).slice(c * QC, QC, dim=0).permute((1, 0))
+                    u2 = u_smem.index(2 * hj + 1).slice(c * QC, QC, dim=0).permute((1, 0))
+                    k1 = warpgroup_mma(xa, u1, zero_k, use_acc=False, is_async=True)
+                    k2 = warpgroup_mma(xa, u2, zero_k, use_acc=False, is_async=True)
+                    k1, k2 = warpgroup_mma_wait(num_outstanding=0, deps=(k1, k2))
+                    if HAS_BIAS:
+                        kbj = kb_ptr + (kvh0 + hj) * (2 * HALF) + c * QC
+                        k1 = k1 + gl.load(kbj + offs_f).to(gl.float32)[None, :]
+                        k2 = k2 + gl.load(kbj + HALF + offs_f).to(gl.float32)[None, :]
+                    # the row's RMS scales its scores after the last chunk: RoPE and the dot are linear
+                    if HAS_NORM:
+                        ssq += gl.sum(k1 * k1, axis=1) + gl.sum(k2 * k2, axis=1)
+                        k1 = k1 * gl.load(kn_ptr + c * QC + offs_f).to(gl.float32)[None, :]
+                        k2 = k2 * gl.load(kn_ptr + HALF + c * QC + offs_f).to(gl.float32)[None, :]
+                    ci = cs_smem.index(c).load(mma_k).to(gl.float32)
+                    si = cs_smem.index(NC + c).load(mma_k).to(gl.float32)
+                    r1 = gl.convert_layout((k1 * ci - k2 * si).to(dt), a_s)
+                    r2 = gl.convert_layout((k2 * ci + k1 * si).to(dt), a_s)
+                    sj = warpgroup_mma(r1, q_smem.index(c).permute((1, 0)), sj)
+                    sj = warpgroup_mma(r2, q_smem.index(NC + c).permute((1, 0)), sj)
+                if HAS_NORM:
+                    rn = gl.convert_layout(gl.rsqrt(ssq / (2 * HALF) + eps), gl.SliceLayout(1, mma_s))
+                    sj = sj * rn[:, None]
+                sc = gl.where((col_head == hj)[None, :], sj, sc)
+            if not XREG:  # every product reading this key stage has completed: refill it XS tiles ahead
+                nxt = i + XS
+                ok = nxt < n_tiles
+                mbarrier.expect(bar_x.index(sx), zk_desc.block_type.nbytes, pred=ok)
+                _tma_load(zk_desc, [row0 + nxt * BLOCK_T, koff], bar_x.index(sx), xs, pred=ok)
+            # online softmax (log2 units) over the tile's valid tokens
+            tmask = (t0 + offs_ts) < end
+            sc = gl.where(tmask[:, None], sc * qk_scale, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(sc, axis=0))
+            alpha = gl.exp2(m_i - m_new)
+            p = gl.exp2(sc - m_new[None, :])
+            l_i = l_i * alpha + gl.sum(p, axis=0)
+            m_i = m_new
+            p_smem.store(p.to(dt))
+            fence_async_shared()
+            sv = i % VS
+            mbarrier.wait(bar_v.index(sv), (i // VS) & 1)
+            acc = warpgroup_mma(v_smem.index(sv).permute((1, 0)), p_smem, acc * alpha[None, :])
+            nxt = i + VS
+            ok = nxt < n_tiles
+            mbarrier.expect(bar_v.index(sv), zv_desc.block_type.nbytes, pred=ok)
+            _tma_load(zv_desc, [row0 + nxt * BLOCK_T, voff], bar_v.index(sv), v_smem.index(sv), pred=ok)
+
+        mbarrier.invalidate(bar_u)
+        for s in gl.static_range(XS):
+            mbarrier.invalidate(bar_x.index(s))
+        for s in gl.static_range(VS):
+            mbarrier.invalidate(bar_v.index(s))
+        # the partial outputs: value columns past the group's rank read the next group's latents, zeroed here
+        vr = gl.load(vr_ptr + kvh0)
+        offs_v = gl.arange(0, RVP, layout=gl.SliceLayout(1, mma_s))
+        acc = gl.where(offs_v[:, None] < vr, acc, 0.0)
+        cmask = offs_c < G * NREP
+        rows = h0 + offs_c
+        optr = o_ptr + b * sob + rows[None, :] * soh + split * sos + offs_v[:, None]
+        gl.store(optr, acc, mask=cmask[None, :])
+        mlp = ml_ptr + b * smb + rows * smh + split * 2
+        gl.store(mlp, m_i, mask=cmask)
+        gl.store(mlp + 1, l_i, mask=cmask)
+
+
+def _gl_dtype(dtype: torch.dtype) -> Any:
+    return gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
+
+
+def descriptors(
+    zk: torch.Tensor, zv: torch.Tensor, uk: torch.Tensor, rkp: int, rvp: int
+) -> tuple[Any, Any, Any]:
+    """Tensor descriptors of the key and value latents (``[B*T, Σ r]`` rows) and the up-projections
+    (``[KVH*HD, RK]`` rows) with the kernel's blocks."""
+    dt = _gl_dtype(zk.dtype)
+    half = uk.shape[1] // 2
+
+    def desc(x: torch.Tensor, block: list[int]) -> Any:
+        x2 = x.reshape(-1, x.shape[-1])
+        return TensorDescriptor(x2, list(x2.shape), list(x2.stride()), block,
+                                gl.NVMMASharedLayout.get_default_for(block, dt))  # fmt: skip
+
+    bt = LAUNCH[0]
+    return desc(zk, [bt, rkp]), desc(zv, [bt, rvp]), desc(uk, [half, rkp])
+
+
+_TILE_STARTS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def tile_starts(inv_freq: torch.Tensor, t: int, block_t: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rotary tables of a ``t``-slot cache: ``[2, NT, HD/2]`` fp32 cos and sin of each tile start's angles
+    ``k·block_t·inv_freq`` (``NT = ceil(t / block_t)``), and ``[2, block_t, HD/2]`` of the in-tile offsets'
+    (evaluated in float64, once per frequencies and cache). In the kernel, sine and cosine of angles up to 32k
+    compiled to their precise path (double-precision and local-memory instructions)."""
+    key = (inv_freq.data_ptr(), inv_freq._version, inv_freq.device, int(t), int(block_t))
+    if key not in _TILE_STARTS:
+        nt = -(-int(t) // block_t)
+
+        def table(pos: torch.Tensor) -> torch.Tensor:
+            ang = pos.to(torch.float64)[:, None] * inv_freq.to(torch.float64)[None, :]
+            return torch.stack([ang.cos(), ang.sin()]).to(torch.float32).contiguous()
+
+        ar = torch.arange(max(nt, block_t), device=inv_freq.device)
+        _TILE_STARTS[key] = (table(ar[:nt] * block_t), table(ar[:block_t]))
+    return _TILE_STARTS[key]
+
+
+def launch(
+    q: torch.Tensor, zk: torch.Tensor, zv: torch.Tensor, uk: torch.Tensor, koff: torch.Tensor, voff: torch.Tensor,
+    vr: torch.Tensor, k_bias: torch.Tensor | None, k_norm: torch.Tensor | None, inv_freq: torch.Tensor,
+    cache_len: torch.Tensor, scale: float, rope_scale: float, eps: float, rk_max: int, rv_max: int, kvh: int, g: int,
+    part: torch.Tensor, ml: torch.Tensor,
+) -> Any:  # fmt: skip
+    """Fill ``part`` ``[B, H, NSPLIT, RVP]`` and ``ml`` ``[B, H, NSPLIT, 2]`` as the Triton flash kernel does, with
+    ``g`` KV heads a program (:func:`refusal` must have passed). Returns the compiled kernel."""
+    b, h, hd = q.shape
+    n_rep = h // kvh
+    rkp = -(-int(rk_max) // 64) * 64
+    rvp = part.shape[-1]
+    mq = _pow2(g * n_rep)
+    xs, vs = stages(g, rkp, rvp, mq)
+    zkd, zvd, ukd = descriptors(zk, zv, uk, rkp, rvp)
+    splits = part.shape[2]
+    ts, ti = tile_starts(inv_freq, zk.shape[1], LAUNCH[0])
+    return _gluon_flash_kernel[(b * (kvh // g), splits)](
+        q, zkd, zvd, ukd, koff, voff, vr,
+        k_bias if k_bias is not None else uk, k_norm if k_norm is not None else uk,
+        inv_freq, ts, ti, cache_len, part, ml,
+        q.stride(0), q.stride(1), zk.shape[1], ts.shape[1],
+        part.stride(0), part.stride(1), part.stride(2), ml.stride(0), ml.stride(1),
+        kvh // g, splits,
+        float(scale) * 1.4426950408889634, float(rope_scale), float(eps),
+        NREP=n_rep, G=g, HALF=hd // 2, RKP=rkp, RVP=rvp, MQ=mq, BLOCK_T=LAUNCH[0], XS=xs, VS=vs,
+        HAS_BIAS=k_bias is not None, HAS_NORM=k_norm is not None, QC=LAUNCH[2], XREG=bool(LAUNCH[3]),
+        num_warps=LAUNCH[1],
+    )  # fmt: skip
