@@ -228,3 +228,46 @@ def test_model_decode_takes_the_gluon_kernel(family, kg):
 
     assert rel(outs[0], outs[1]) < 2e-2
     assert rel(outs[0], outs[2]) < 5e-2
+
+
+def test_tile_starts_are_the_rotary_angles_of_each_tile():
+    inv = 1.0 / (500000.0 ** (torch.arange(0, 128, 2, dtype=torch.float32) / 128))
+    ts, ti = lg.tile_starts(inv, 300, 128)
+    assert ts.shape == (2, 3, 64) and ti.shape == (2, 128, 64)  # tiles at 0, 128, 256 of 300 slots
+    ang = torch.tensor([0.0, 128.0, 256.0], dtype=torch.float64)[:, None] * inv.double()[None, :]
+    assert torch.allclose(ts[0].double(), ang.cos(), atol=1e-7) and torch.allclose(
+        ts[1].double(), ang.sin(), atol=1e-7
+    )
+    off = torch.arange(128, dtype=torch.float64)[:, None] * inv.double()[None, :]
+    assert torch.allclose(ti[0].double(), off.cos(), atol=1e-7) and torch.allclose(
+        ti[1].double(), off.sin(), atol=1e-7
+    )
+    # R(t0 + i) = R(i)·R(t0): the kernel's split of a position's angle
+    pos = 256 + 17
+    c = ti[0, 17].double() * ts[0, 2].double() - ti[1, 17].double() * ts[1, 2].double()
+    assert torch.allclose(c, (pos * inv.double()).cos(), atol=1e-6)
+    assert lg.tile_starts(inv, 300, 128)[0] is ts  # kept per frequencies and cache
+    inv.mul_(1.0)  # an in-place change of the frequencies (a RoPE that rescales) builds the tables again
+    assert lg.tile_starts(inv, 300, 128)[0] is not ts
+
+
+def test_launches_off_hopper_take_triton_and_record_why():
+    """Where the Gluon kernel cannot run (here: Triton's CPU interpreter, no Hopper GPU), the Triton kernel runs and
+    the launch record and the path record say so: no silent fallback."""
+    from .interp import run_interpreted
+
+    run_interpreted(
+        """
+import torch
+import gac.kernels.latent_attention as kl
+from gac.testing import latent_decode_inputs
+assert kl.LATENT_KERNEL == "auto"
+q, zk, zv, pack, inv = latent_decode_inputs(1, 8, 2, 128, 70, 2, 2, [64], [64])
+kl.latent_decode_attention(q, zk, zv, pack, torch.tensor([65]), inv, 128**-0.5)
+assert kl.LAST_LAUNCH["kernel"] == "triton", kl.LAST_LAUNCH
+assert kl.LAST_LAUNCH["gluon_refused"] in ("not a Hopper GPU (sm_90)",
+                                           "Triton without Gluon's Hopper layer (triton.experimental.gluon)")
+assert kl.kernels_ran() == ["triton"] and kl.gluon_refusals() == [kl.LAST_LAUNCH["gluon_refused"]]
+print("ok")
+"""
+    )
