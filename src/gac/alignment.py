@@ -54,6 +54,15 @@ def pow2_class(d: int, cap: int = 128) -> int:
     return c
 
 
+def next_pow2(n: int, lo: int = 16) -> int:
+    """The smallest power of two >= ``n``, at least ``lo`` (a kernel's padded tile of ``n`` columns or rows).
+
+    >>> next_pow2(7), next_pow2(232), next_pow2(256), next_pow2(3, lo=2)
+    (16, 256, 256, 4)
+    """
+    return max(lo, 1 << (int(n) - 1).bit_length())
+
+
 def is_aligned(d: int, m: int) -> bool:
     """``d`` is a positive multiple of ``m``.
 

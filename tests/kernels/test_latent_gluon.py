@@ -12,6 +12,7 @@ pytest.importorskip("triton")
 
 import gac.kernels.latent_attention as kl  # noqa: E402
 from gac.kernels import latent_gluon as lg  # noqa: E402
+from gac.kernels.jit import cubin_resources  # noqa: E402
 from gac.testing import latent_decode_inputs, tiny_model  # noqa: E402
 
 needs_gluon = pytest.mark.skipif(not lg.HAVE_GLUON, reason="this Triton has no Gluon Hopper layer")
@@ -50,52 +51,6 @@ def test_refusal_names_what_is_not_served():
         assert why == "not a Hopper GPU (sm_90)"
 
 
-def _resources(
-    g: int, n_rep: int, rkp: int, rvp: int, bias: bool = False, norm: bool = False
-) -> dict[str, int]:
-    import inspect
-    import re
-    import subprocess
-    import tempfile
-    from pathlib import Path
-
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    fn = lg._gluon_flash_kernel
-    params = list(inspect.signature(fn.fn).parameters)
-    mq = lg._pow2(g * n_rep)
-    xs, vs = lg.stages(g, rkp, rvp, mq)
-
-    def desc(block: list[int]) -> str:
-        return f"tensordesc<bf16[{block[0]}, {block[1]}],{gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16)!r}>"
-
-    const = dict(NREP=n_rep, G=g, HALF=64, RKP=rkp, RVP=rvp, MQ=mq, BLOCK_T=lg.LAUNCH[0], XS=xs, VS=vs,
-                 HAS_BIAS=bias, HAS_NORM=norm, QC=lg.LAUNCH[2], XREG=bool(lg.LAUNCH[3]),
-                 num_warps=lg.LAUNCH[1])  # fmt: skip
-    ptrs = {"q_ptr": "*bf16", "koff_ptr": "*i32", "voff_ptr": "*i32", "vr_ptr": "*i32", "kb_ptr": "*bf16",
-            "kn_ptr": "*bf16", "inv_ptr": "*fp32", "ts_ptr": "*fp32", "ti_ptr": "*fp32", "len_ptr": "*i32", "o_ptr": "*fp32", "ml_ptr": "*fp32",
-            "zk_desc": desc([lg.LAUNCH[0], rkp]), "zv_desc": desc([lg.LAUNCH[0], rvp]),
-            "uk_desc": desc([64, rkp])}  # fmt: skip
-    floats = ("qk_scale", "rope_scale", "eps")
-    sig = {p: "constexpr" if p in const else ptrs.get(p, "fp32" if p in floats else "i32") for p in params}
-    src = GluonASTSource(
-        fn=fn, signature=sig, constexprs={(params.index(k),): v for k, v in const.items()},
-        attrs={(i,): [["tt.divisibility", 16]] for i, p in enumerate(params) if p in ptrs and not p.endswith("desc")},
-    )  # fmt: skip
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": lg.LAUNCH[1]})
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    with tempfile.TemporaryDirectory() as d:
-        cubin = Path(d) / "k.cubin"
-        cubin.write_bytes(k.asm["cubin"])
-        out = subprocess.run([str(tool), "--dump-resource-usage", str(cubin)], capture_output=True, text=True,
-                             check=True).stdout  # fmt: skip
-    m = re.search(r"REG:(\d+) STACK:(\d+)", out)
-    return {"registers": int(m[1]), "stack": int(m[2]), "shared": int(k.metadata.shared)}
-
-
 @needs_gluon
 @pytest.mark.slow
 @pytest.mark.parametrize(
@@ -108,10 +63,10 @@ def test_compiles_for_sm90_within_resources(k_group, n_rep, rkp, bias, norm):
     (Triton 3.6: 8 bytes at Llama's key rank 128, 0 at the others; Triton 3.9: 32 and 0). With the in-tile cos/sin
     held in registers as fp32 at 64-token tiles the program spilled 176 bytes a thread."""
     g = lg.program_heads(k_group, n_rep, rkp, 256)
-    r = _resources(g, n_rep, rkp, 256, bias, norm)
-    assert r["stack"] <= 32, r
+    r = cubin_resources(lg.compiled_kernel(g, n_rep, rkp, 256, bias, norm))
+    assert r["stack_bytes"] <= 32, r
     assert r["registers"] <= 255
-    assert r["shared"] <= lg.SMEM_BUDGET + 4096
+    assert r["shared_bytes"] <= lg.SMEM_BUDGET + 4096
 
 
 #: (batch, heads, kv_heads, key group (= value group), cache slots, valid tokens, key ranks, value ranks, bias, norm,

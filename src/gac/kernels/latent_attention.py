@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from gac.alignment import vector_align
+from gac.alignment import next_pow2, vector_align
 from gac.kernels import latent_gluon
 
 try:  # Triton is optional: only the GPU path needs it.
@@ -614,10 +614,6 @@ if HAVE_TRITON:
         tl.store(out_ptr + pid * RVP + offs_v, (acc / total).to(out_ptr.dtype.element_ty))
 
 
-def _pow2(n: int, lo: int = 16) -> int:
-    return max(lo, 1 << (int(n) - 1).bit_length())
-
-
 def transposed_values(block_t: int, kloop: bool) -> bool:
     """Whether a launch accumulates ``P·Z_v`` transposed (``V_T`` in the flash kernel), and so may read its value
     latents through a descriptor: tiles of at least :data:`VALUE_T_TILE` tokens outside the pipelined rank loop.
@@ -778,7 +774,7 @@ def _latent_decode_op(
 def _(q, zk, zv, uk, koff, kr, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps,
       rk_max, rv_max, kv_heads, k_group, v_shared, align, valign, rope, k_raw=False):  # fmt: skip
     b, h, _ = q.shape
-    return q.new_empty(b, h, _pow2(rv_max))
+    return q.new_empty(b, h, next_pow2(rv_max))
 
 
 #: the alignment of the latents' offsets, ranks and strides (what _launch calls)
@@ -855,7 +851,7 @@ def raw_program_heads(k_group: int, n_rep: int) -> int:
     """
     best = 1
     for s in range(1, k_group + 1):
-        if k_group % s == 0 and _pow2(s * n_rep, 1) <= RAW_ROWS:
+        if k_group % s == 0 and next_pow2(s * n_rep, 1) <= RAW_ROWS:
             best = s
     return best
 
@@ -1065,7 +1061,7 @@ def compiled_kernel(
 
     fn = _latent_flash_kernel
     params = list(inspect.signature(fn.fn).parameters)
-    const = dict(NREP=n_rep, G=key_group, HALF=head_dim // 2, RK=rk, RVP=rvp, MQ=_pow2(n_rep * key_group),
+    const = dict(NREP=n_rep, G=key_group, HALF=head_dim // 2, RK=rk, RVP=rvp, MQ=next_pow2(n_rep * key_group),
                  BLOCK_T=block_t, BLOCK_R=block_r, HAS_BIAS=bias, HAS_NORM=False, V_SHARED=True,
                  STAGE_U=False, UNROLL=unroll, RA=8, RAV=8, K_LOOP=kloop, ROPE_TAB=rope_tab, RAW_K=raw,
                  V_DESC=vdesc, PAIRED=paired)  # fmt: skip
@@ -1094,23 +1090,10 @@ def compiled_shared_bytes(*args: Any, **kwargs: Any) -> int:
 def compiled_resources(*args: Any, **kwargs: Any) -> dict[str, int]:
     """Registers a thread, stack bytes a thread (register spills past the ABI's frame) and shared bytes a
     block of the flash kernel compiled for ``sm_<arch>`` (:func:`compiled_kernel`'s arguments), read from its
-    cubin by the ``cuobjdump`` Triton ships. No GPU is needed."""
-    import re
-    import subprocess
-    import tempfile
-    from pathlib import Path
+    cubin by the ``cuobjdump`` Triton ships (:func:`gac.kernels.jit.cubin_resources`). No GPU is needed."""
+    from gac.kernels.jit import cubin_resources
 
-    k = compiled_kernel(*args, **kwargs)
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    with tempfile.TemporaryDirectory() as d:
-        cubin = Path(d) / "k.cubin"
-        cubin.write_bytes(k.asm["cubin"])
-        out = subprocess.run([str(tool), "--dump-resource-usage", str(cubin)], capture_output=True, text=True,
-                             check=True).stdout  # fmt: skip
-    m = re.search(r"REG:(\d+) STACK:(\d+)", out)
-    if m is None:
-        raise RuntimeError(f"cuobjdump gave no resource usage: {out[:200]!r}")
-    return {"registers": int(m[1]), "stack_bytes": int(m[2]), "shared_bytes": int(k.metadata.shared)}
+    return cubin_resources(compiled_kernel(*args, **kwargs))
 
 
 #: why launches read their value latents through registers on a GPU with the tensor-memory accelerator
@@ -1173,6 +1156,31 @@ def _resplit(cfg: dict[str, int], ctas: int, t: int, device: torch.device) -> di
     return {**cfg, "splits": num_splits(ctas, t, cfg["block_t"], device, cfg.get("waves", 2))}
 
 
+def _split_buffers(
+    q: torch.Tensor, splits: int, rvp: int, poison: float | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A flash kernel's fp32 partial outputs ``[B, H, splits, rvp]`` and running max/sum ``[B, H, splits, 2]``, and
+    the combined output ``[B, H, rvp]`` (``poison``, for tests: every element the kernels must write starts as it)."""
+    b, h, _ = q.shape
+    part = torch.empty(b, h, splits, rvp, device=q.device, dtype=torch.float32)
+    ml = torch.empty(b, h, splits, 2, device=q.device, dtype=torch.float32)
+    out = torch.empty(b, h, rvp, device=q.device, dtype=q.dtype)
+    if poison is not None:
+        for x in (part, ml, out):
+            x.fill_(poison)
+    return part, ml, out
+
+
+def _combine(part: torch.Tensor, ml: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out`` from the splits' partial outputs: the combine kernel, one program a (sequence, query head)."""
+    b, h, splits, rvp = part.shape
+    sp = next_pow2(splits, 2)
+    _latent_combine_kernel[(b * h,)](
+        part, ml, out, h, NSPLIT=splits, SP=sp, BS=min(sp, 16), RVP=rvp, num_warps=4
+    )
+    return out
+
+
 #: which kernel serves a launch (``GAC_LATENT_KERNEL``): ``auto``, the Hopper kernel of :mod:`gac.kernels.latent_gluon`
 #: wherever it serves the launch and the Triton flash kernel above elsewhere (the reason recorded: :data:`LAST_LAUNCH`'s
 #: ``gluon_refused``, :func:`gluon_refusals`, warned once a reason where the GPU is a Hopper one); ``triton``, the
@@ -1210,13 +1218,8 @@ def _launch_gluon(
            latent_gluon.LAUNCH)  # fmt: skip
     if key in _RESIDENT:
         splits = balanced_splits(splits, ctas, t, bt, _RESIDENT[key] * _sm_count(q.device.index or 0))
-    rvp = _pow2(rv_max)
-    part = torch.empty(b, h, splits, rvp, device=q.device, dtype=torch.float32)
-    ml = torch.empty(b, h, splits, 2, device=q.device, dtype=torch.float32)
-    out = torch.empty(b, h, rvp, device=q.device, dtype=q.dtype)
-    if poison is not None:  # tests: every element the kernels must write starts as this
-        for x in (part, ml, out):
-            x.fill_(poison)
+    rvp = next_pow2(rv_max)
+    part, ml, out = _split_buffers(q, splits, rvp, poison)
     kern = latent_gluon.launch(
         q, zk, zv, uk, koff, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps, rk_max, rv_max,
         kvh, g, part, ml,
@@ -1230,11 +1233,7 @@ def _launch_gluon(
         LAST_LAUNCH["resident"] = resident_programs(n_regs, int(kern.metadata.shared), nw, q.device)
         _RESIDENT.setdefault(key, LAST_LAUNCH["resident"])
     _KERNELS_RAN.add("gluon")
-    sp = _pow2(splits, 2)
-    _latent_combine_kernel[(b * h,)](
-        part, ml, out, h, NSPLIT=splits, SP=sp, BS=min(sp, 16), RVP=rvp, num_warps=4
-    )
-    return out
+    return _combine(part, ml, out)
 
 
 def _launch(
@@ -1260,11 +1259,11 @@ def _launch(
                 q, zk, zv, uk, koff, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps,
                 rk_max, rv_max, kvh, g, poison,
             )  # fmt: skip
-        hopper = q.device.type == "cuda" and torch.cuda.get_device_capability(q.device)[0] == 9
-        if refused not in _GLUON_REFUSED and hopper:
-            log.warning("latent decode: the Gluon kernel does not serve this launch (%s); the Triton kernel runs",
-                        refused)  # fmt: skip
-        _GLUON_REFUSED.add(refused)
+        if refused not in _GLUON_REFUSED:
+            _GLUON_REFUSED.add(refused)
+            if q.device.type == "cuda" and torch.cuda.get_device_capability(q.device)[0] == 9:  # a Hopper GPU
+                log.warning("latent decode: the Gluon kernel does not serve this launch (%s); the Triton kernel runs",
+                            refused)  # fmt: skip
     cfg = dict(cfg or launch_config(b * (kvh // k_group), t, k_group, q.device, raw=raw, n_rep=n_rep, rk=rk))
     sub = program_heads(k_group, cfg.get("sub"))
     ctas = b * (kvh // sub)
@@ -1325,15 +1324,10 @@ def _launch_once(
     cfg.update(block_r=br)
     LAST_LAUNCH.clear()
     LAST_LAUNCH.update(cfg)
-    rvp = _pow2(rv_max)
+    rvp = next_pow2(rv_max)
     n_rep = h // kvh
-    mq = _pow2(g * n_rep)
-    part = torch.empty(b, h, splits, rvp, device=q.device, dtype=torch.float32)
-    ml = torch.empty(b, h, splits, 2, device=q.device, dtype=torch.float32)
-    out = torch.empty(b, h, rvp, device=q.device, dtype=q.dtype)
-    if poison is not None:  # tests: every element the kernels must write starts as this
-        for x in (part, ml, out):
-            x.fill_(poison)
+    mq = next_pow2(g * n_rep)
+    part, ml, out = _split_buffers(q, splits, rvp, poison)
     tab = (
         rope if rope is not None and bt < rope.shape[1] else None
     )  # rows 0..bt: the in-tile offsets and the step
@@ -1374,11 +1368,7 @@ def _launch_once(
         LAST_LAUNCH["resident"] = resident_programs(
             n_regs, int(kern.metadata.shared), cfg["num_warps"], q.device
         )
-    sp = _pow2(splits, 2)
-    _latent_combine_kernel[(b * h,)](
-        part, ml, out, h, NSPLIT=splits, SP=sp, BS=min(sp, 16), RVP=rvp, num_warps=4
-    )
-    return out
+    return _combine(part, ml, out)
 
 
 def reference_latent_decode(

@@ -39,6 +39,8 @@ from typing import Any
 
 import torch
 
+from gac.alignment import next_pow2
+
 try:  # Gluon is Triton's experimental layer: present from Triton 3.5, and its API still moves
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -62,16 +64,14 @@ except (ImportError, AttributeError):  # pragma: no cover - depends on the insta
 #: tile's key latents are the rebuild's register operand (read from shared memory once a tile, not once a product);
 #: ``GAC_GLUON_LAUNCH`` overrides
 LAUNCH = tuple(int(x) for x in os.environ.get("GAC_GLUON_LAUNCH", "128,8,64,1").split(","))
+#: the most KV heads a program takes (``GAC_GLUON_HEADS``, a benchmark's override; 0: as many as fit)
+MOST_HEADS = int(os.environ.get("GAC_GLUON_HEADS", "0"))
 #: the largest padded key rank served: the key group's up-projections stay in shared memory for the program
 MAX_RANK = 128
 #: the widest value tile served (one tensor descriptor box)
 MAX_VALUE_TILE = 256
 #: shared memory a block may take on a Hopper GPU (bytes), less what the compiler adds for barriers and scratch
 SMEM_BUDGET = 232448 - 4096
-
-
-def _pow2(n: int, lo: int = 16) -> int:
-    return max(lo, 1 << (int(n) - 1).bit_length())
 
 
 def shared_bytes(
@@ -94,9 +94,12 @@ def stages(g: int, rkp: int, rvp: int, mq: int, block_t: int | None = None) -> t
 def program_heads(k_group: int, n_rep: int, rkp: int, rvp: int) -> int:
     """KV heads a program: the most dividing the key group whose query rows stay within 16 (more spilled, compiled
     for sm_90) and whose up-projections fit beside one stage of each latent; 0 if not even one head's do."""
-    most = int(os.environ.get("GAC_GLUON_HEADS", "0")) or k_group
-    for g in range(min(most, k_group), 0, -1):
-        if k_group % g == 0 and _pow2(g * n_rep) <= 16 and stages(g, rkp, rvp, _pow2(g * n_rep)) is not None:
+    for g in range(min(MOST_HEADS or k_group, k_group), 0, -1):
+        if (
+            k_group % g == 0
+            and next_pow2(g * n_rep) <= 16
+            and stages(g, rkp, rvp, next_pow2(g * n_rep)) is not None
+        ):
             return g
     return 0
 
@@ -113,7 +116,7 @@ def refusal(
         return "not a Hopper GPU (sm_90)", 0
     hd = q.shape[-1]
     rkp = -(-int(rk_max) // 64) * 64
-    rvp = _pow2(rv_max)
+    rvp = next_pow2(rv_max)
     why = None
     if raw:
         why = "keys cached raw (nothing to rebuild)"
@@ -345,6 +348,47 @@ if HAVE_GLUON:
         gl.store(mlp + 1, l_i, mask=cmask)
 
 
+def compiled_kernel(
+    g: int, n_rep: int, rkp: int, rvp: int, bias: bool = False, norm: bool = False, arch: int = 90
+) -> Any:
+    """The kernel at :data:`LAUNCH`, ``g`` KV heads a program of ``n_rep`` query heads each, bf16, compiled for
+    ``sm_<arch>`` without a GPU (Triton's ``CompiledKernel``; :func:`gac.kernels.jit.cubin_resources` reads its
+    registers, stack and shared memory)."""
+    import inspect
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    fn = _gluon_flash_kernel
+    params = list(inspect.signature(fn.fn).parameters)
+    mq = next_pow2(g * n_rep)
+    xs, vs = stages(g, rkp, rvp, mq)
+    bt, nw, qc, xreg = LAUNCH
+
+    def desc(block: list[int]) -> str:
+        return f"tensordesc<bf16[{block[0]}, {block[1]}],{gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16)!r}>"
+
+    const = dict(NREP=n_rep, G=g, HALF=64, RKP=rkp, RVP=rvp, MQ=mq, BLOCK_T=bt, XS=xs, VS=vs, HAS_BIAS=bias,
+                 HAS_NORM=norm, QC=qc, XREG=bool(xreg), num_warps=nw)  # fmt: skip
+    descs = {"zk_desc": desc([bt, rkp]), "zv_desc": desc([bt, rvp]), "uk_desc": desc([64, rkp])}
+    ptrs = {"q_ptr": "*bf16", "koff_ptr": "*i32", "voff_ptr": "*i32", "vr_ptr": "*i32", "kb_ptr": "*bf16",
+            "kn_ptr": "*bf16", "inv_ptr": "*fp32", "ts_ptr": "*fp32", "ti_ptr": "*fp32", "len_ptr": "*i32",
+            "o_ptr": "*fp32", "ml_ptr": "*fp32"}  # fmt: skip
+    floats = ("qk_scale", "rope_scale", "eps")
+    sig = {
+        p: "constexpr" if p in const else {**ptrs, **descs}.get(p, "fp32" if p in floats else "i32")
+        for p in params
+    }
+    src = GluonASTSource(
+        fn=fn,
+        signature=sig,
+        constexprs={(params.index(k),): v for k, v in const.items()},
+        attrs={(i,): [["tt.divisibility", 16]] for i, p in enumerate(params) if p in ptrs},
+    )
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": nw})
+
+
 def _gl_dtype(dtype: torch.dtype) -> Any:
     return gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
 
@@ -399,7 +443,7 @@ def launch(
     n_rep = h // kvh
     rkp = -(-int(rk_max) // 64) * 64
     rvp = part.shape[-1]
-    mq = _pow2(g * n_rep)
+    mq = next_pow2(g * n_rep)
     xs, vs = stages(g, rkp, rvp, mq)
     zkd, zvd, ukd = descriptors(zk, zv, uk, rkp, rvp)
     splits = part.shape[2]
