@@ -32,19 +32,46 @@ def test_stages_fit_the_shared_memory_budget():
     assert lg.stages(4, 256, 256, 16, block_t=64) is None
 
 
-def test_program_heads_keep_rows_and_shared_memory_in_bounds(monkeypatch):
-    monkeypatch.setattr(lg, "LAUNCH", (128, 8, 32, 1))
-    assert lg.program_heads(4, 4, 128, 256) == 2  # Llama-3-8B at key rank 128: the whole group's do not fit
-    assert lg.program_heads(4, 4, 64, 256) == 4
-    assert lg.program_heads(4, 7, 64, 256) == 2  # Qwen2.5-7B: 28 query rows spilled, 14 do not
-    assert lg.program_heads(2, 16, 64, 64) == 1
-    assert lg.program_heads(1, 32, 64, 64) == 0  # 32 query rows for one KV head
+def test_plan_keeps_rows_and_shared_memory_in_bounds(monkeypatch):
+    monkeypatch.setattr(lg, "LAUNCHES", ((128, 8, 32, 1), (64, 4, 32, 1)))
+    monkeypatch.setattr(lg, "MOST_HEADS", 0)
+
+    def heads(k_group, n_rep, rk, rv):
+        p = lg.plan(k_group, n_rep, rk, rv)
+        return p and (p.g, p.block_t)
+
+    assert heads(4, 4, 128, 232) == (2, 128)  # Llama-3-8B at key rank 128: the whole group's do not fit
+    assert heads(4, 4, 64, 208) == (4, 128)
+    assert heads(4, 7, 64, 224) == (2, 128)  # Qwen2.5-7B: 28 query rows spilled, 14 do not
+    assert heads(2, 16, 64, 64) == (1, 128)
+    assert heads(1, 32, 64, 64) is None  # 32 query rows for one KV head
+    # past key rank 128 or 256 value columns: one KV head's up-projections at 128-token tiles, or 64-token tiles
+    assert heads(4, 4, 192, 248) == (1, 128)
+    assert heads(4, 4, 256, 440) == (1, 64)
+    assert heads(4, 4, 192, 328) == (2, 64)
+    for rk, rv in ((128, 232), (192, 248), (192, 328), (256, 440), (256, 512)):
+        p = lg.plan(4, 4, rk, rv)
+        assert (
+            lg.shared_bytes(p.g, p.rk1 + p.rk2, p.rvl + p.rvh, p.mq, p.xs, p.vs, block_t=p.block_t)
+            <= lg.SMEM_BUDGET
+        )
+        assert p.rk1 + p.rk2 == -(-rk // 64) * 64 and p.rvl + p.rvh >= rv and p.rvo == lg.next_pow2(rv)
+        assert p.qc == 32
+
+
+def test_boxes_are_powers_of_two_covering_the_ranks():
+    assert lg.key_boxes(64) == (64, 0) and lg.key_boxes(120) == (128, 0)
+    assert lg.key_boxes(192) == (128, 64) and lg.key_boxes(160) == (128, 64) and lg.key_boxes(256) == (256, 0)
+    assert lg.value_boxes(232, 8) == (256, 0)
+    assert lg.value_boxes(280, 8) == (256, 128)  # a product's M: 16 rows a warp
+    assert lg.value_boxes(280, 4) == (256, 64)
+    assert lg.value_boxes(328, 4) == (256, 128) and lg.value_boxes(440, 4) == (256, 256)
 
 
 def test_refusal_names_what_is_not_served():
     q, zk, zv, pack, _ = latent_decode_inputs(1, 8, 2, 128, 64, 2, 2, [64], [64])
-    why, g = lg.refusal(q, zk, zv, pack["uk"], 64, 64, 2, 4, True, False)
-    assert why is not None and g == 0
+    why, p = lg.refusal(q, zk, zv, pack["uk"], 64, 64, 2, 4, True, False)
+    assert why is not None and p is None
     if not lg.HAVE_GLUON:
         assert "Gluon" in why
     else:  # a CPU tensor
@@ -54,17 +81,25 @@ def test_refusal_names_what_is_not_served():
 @needs_gluon
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("k_group", "n_rep", "rkp", "bias", "norm"),
-    [(4, 4, 128, False, False), (4, 4, 64, False, False), (4, 7, 128, True, False)],
+    ("k_group", "n_rep", "rk", "rv", "bias", "stack"),
+    [
+        (4, 4, 128, 232, False, 32),
+        (4, 4, 64, 208, False, 0),
+        (4, 7, 128, 224, True, 0),
+        (4, 4, 192, 328, False, 0),
+        (4, 7, 128, 280, True, 64),
+        (4, 4, 256, 440, False, 512),
+    ],
 )
-def test_compiles_for_sm90_within_resources(k_group, n_rep, rkp, bias, norm):
-    """Compiled for sm_90 without a GPU at the default launch: Llama-3-8B's key group at key rank 128 and 64,
-    Qwen2.5-7B's with the key bias. Within the register file and a block's shared memory, with at most a 32-byte stack
-    (Triton 3.6: 8 bytes at Llama's key rank 128, 0 at the others; Triton 3.9: 32 and 0). With the in-tile cos/sin
-    held in registers as fp32 at 64-token tiles the program spilled 176 bytes a thread."""
-    g = lg.program_heads(k_group, n_rep, rkp, 256)
-    r = cubin_resources(lg.compiled_kernel(g, n_rep, rkp, 256, bias, norm))
-    assert r["stack_bytes"] <= 32, r
+def test_compiles_for_sm90_within_resources(k_group, n_rep, rk, rv, bias, stack):
+    """Compiled for sm_90 without a GPU as :func:`plan` launches it: Llama-3-8B's key group at key rank 128 and 64,
+    Qwen2.5-7B's with the key bias, and the launches past key rank 128 or 256 value columns (Llama-3-8B's layers 1-4,
+    Qwen2.5-7B's 1-3 at KV 0.5). Within the register file and a block's shared memory, with a bounded stack. Triton
+    3.6: 8 bytes at Llama's key rank 128, 40 at Qwen's 128/280, 480 at Llama's 256/440 (the value accumulators of 512
+    columns beside the rebuild); Triton 3.9: 32, 0 and 480. With the in-tile cos/sin held in registers as fp32 at
+    64-token tiles the program spilled 176 bytes a thread."""
+    r = cubin_resources(lg.compiled_kernel(k_group, n_rep, rk, rv, bias))
+    assert r["stack_bytes"] <= stack, r
     assert r["registers"] <= 255
     assert r["shared_bytes"] <= lg.SMEM_BUDGET + 4096
 
@@ -92,6 +127,15 @@ GPU_CASES = [
     ),
     (2, 16, 4, 2, 700, 650, [112, 128], [144, 96], True, True, torch.float16),
     (1, 32, 8, 4, 200, 130, [128, 128], [256, 256], False, False, torch.bfloat16),
+    # past key rank 128 and 256 value columns: Llama-3-8B's layer 1 (one KV head a program, 64-token tiles), its
+    # layers 2-3 (key boxes 128 + 64, value boxes 256 + 128), its layer 4 (128-token tiles, one head), Qwen2.5-7B's
+    # layer 1 (bias) and 3 (value boxes 256 + 128 at 128-token tiles)
+    (2, 32, 8, 4, 1100, 1037, [256, 232], [440, 400], False, False, torch.bfloat16),
+    (2, 32, 8, 4, 1100, 1037, [192, 176], [328, 280], False, False, torch.bfloat16),
+    (2, 32, 8, 4, 700, 650, [128, 192], [248, 248], False, False, torch.bfloat16),
+    (2, 28, 4, 4, 1100, 1037, [256], [456], True, False, torch.bfloat16),
+    (2, 28, 4, 4, 700, 689, [128], [280], True, False, torch.bfloat16),
+    (2, 16, 4, 2, 700, 650, [256, 192], [512, 300], True, True, torch.float16),
 ]
 
 
@@ -127,13 +171,13 @@ def test_gluon_kernel_matches_float64(case):
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER or not lg.HAVE_GLUON, reason="needs a Hopper GPU and Gluon")
 def test_unserved_launch_takes_triton_and_says_why():
-    # key rank 256 at key group 4: the up-projections do not stay on chip
-    q, zk, zv, pack, inv = latent_decode_inputs(2, 32, 8, 128, 300, 4, 4, [256, 256], [256, 256],
+    # key rank 320 at key group 4: the up-projections do not stay on chip
+    q, zk, zv, pack, inv = latent_decode_inputs(2, 32, 8, 128, 300, 4, 4, [320, 320], [256, 256],
                                                 dtype=torch.bfloat16, device="cuda")  # fmt: skip
     kl.latent_decode_attention(q, zk, zv, pack, torch.tensor([290], device="cuda"), inv, 128**-0.5)
     assert kl.LAST_LAUNCH["kernel"] == "triton"
-    assert "key rank 256" in kl.LAST_LAUNCH["gluon_refused"]
-    assert any("key rank 256" in r for r in kl.gluon_refusals())
+    assert "key rank 320" in kl.LAST_LAUNCH["gluon_refused"]
+    assert any("key rank 320" in r for r in kl.gluon_refusals())
 
 
 @pytest.mark.gpu

@@ -1205,31 +1205,32 @@ def kernels_ran() -> list[str]:
 
 
 def _launch_gluon(
-    q, zk, zv, uk, koff, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps, rk_max, rv_max,
-    kvh, g, poison=None,
+    q, zk, zv, uk, koff, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps, rv_max, kvh, pl,
+    poison=None,
 ) -> torch.Tensor:  # fmt: skip
-    """The Gluon kernel (``g`` KV heads a program) and the Triton combine: :func:`_launch_once`'s output."""
+    """The Gluon kernel by the launch ``pl`` (:func:`gac.kernels.latent_gluon.plan`) and the Triton combine:
+    :func:`_launch_once`'s output."""
     b, h, _ = q.shape
     t = zk.shape[1]
-    ctas = b * (kvh // g)
-    bt, nw = latent_gluon.LAUNCH[:2]
+    ctas = b * (kvh // pl.g)
+    bt, nw = pl.block_t, pl.num_warps
     splits = num_splits(ctas, t, bt, q.device, GLUON_WAVES)
-    key = ("gluon", q.device.index, h, kvh, g, int(rk_max), int(rv_max), k_bias is not None, k_norm is not None,
-           latent_gluon.LAUNCH)  # fmt: skip
+    key = ("gluon", q.device.index, h, kvh, k_bias is not None, k_norm is not None, pl)
     if key in _RESIDENT:
         splits = balanced_splits(splits, ctas, t, bt, _RESIDENT[key] * _sm_count(q.device.index or 0))
-    rvp = next_pow2(rv_max)
-    part, ml, out = _split_buffers(q, splits, rvp, poison)
+    part, ml, out = _split_buffers(q, splits, next_pow2(rv_max), poison)
     kern = latent_gluon.launch(
-        q, zk, zv, uk, koff, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps, rk_max, rv_max,
-        kvh, g, part, ml,
+        q, zk, zv, uk, koff, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps, kvh, pl, part, ml
     )  # fmt: skip
     LAST_LAUNCH.clear()
-    LAST_LAUNCH.update(kernel="gluon", block_t=bt, num_warps=nw, column_chunk=latent_gluon.LAUNCH[2], splits=splits,
-                       sub=g, waves=GLUON_WAVES, rope_table=True, raw_keys=False, value_tma=True,
+    LAST_LAUNCH.update(kernel="gluon", block_t=bt, num_warps=nw, column_chunk=pl.qc, x_registers=pl.xreg,
+                       stages=[pl.xs, pl.vs], key_boxes=[pl.rk1, pl.rk2], value_boxes=[pl.rvl, pl.rvh],
+                       splits=splits, sub=pl.g, waves=GLUON_WAVES, rope_table=True, raw_keys=False, value_tma=True,
                        paired_keys=False)  # fmt: skip
     n_regs = getattr(kern, "n_regs", None)
     if n_regs:
+        LAST_LAUNCH["registers"] = int(n_regs)
+        LAST_LAUNCH["shared"] = int(kern.metadata.shared)
         LAST_LAUNCH["resident"] = resident_programs(n_regs, int(kern.metadata.shared), nw, q.device)
         _RESIDENT.setdefault(key, LAST_LAUNCH["resident"])
     _KERNELS_RAN.add("gluon")
@@ -1251,13 +1252,13 @@ def _launch(
     n_rep, rk = h // kvh, int(rk_max)
     refused = None
     if LATENT_KERNEL == "auto" and cfg is None and not _ENV:
-        refused, g = latent_gluon.refusal(
+        refused, pl = latent_gluon.refusal(
             q, zk, zv, uk, rk_max, rv_max, k_group, n_rep, v_shared, raw, rope_table=rope is not None
         )
         if refused is None:
             return _launch_gluon(
                 q, zk, zv, uk, koff, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps,
-                rk_max, rv_max, kvh, g, poison,
+                rv_max, kvh, pl, poison,
             )  # fmt: skip
         if refused not in _GLUON_REFUSED:
             _GLUON_REFUSED.add(refused)

@@ -35,7 +35,7 @@ rows (:func:`program_heads`). :func:`refusal` names why any other launch is not 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -62,23 +62,73 @@ except (ImportError, AttributeError):  # pragma: no cover - depends on the insta
 #: ``(block_t, num_warps, column chunk, x in registers)``: tokens a tile (the tensor-core products' M, 64 rows a
 #: warpgroup), warps a program, the columns of each key half rebuilt, turned and scored at once, and whether the
 #: tile's key latents are the rebuild's register operand (read from shared memory once a tile, not once a product);
-#: ``GAC_GLUON_LAUNCH`` overrides
-LAUNCH = tuple(int(x) for x in os.environ.get("GAC_GLUON_LAUNCH", "128,8,64,1").split(","))
+#: the launches tried in turn, the first whose program fits (:func:`plan`). ``GAC_GLUON_LAUNCH`` overrides them
+#: (``"bt,nw,qc,xreg[;bt,nw,qc,xreg...]"``). The second, 64-token tiles in one warpgroup, is the one where the
+#: up-projections of key ranks past 128 and values past 256 columns leave room for a latent stage.
+LAUNCHES = tuple(
+    tuple(int(x) for x in part.split(","))
+    for part in os.environ.get("GAC_GLUON_LAUNCH", "128,8,64,1;64,4,32,1").split(";")
+)
+#: the first launch tried (the one timed in calls 29-30)
+LAUNCH = LAUNCHES[0]
 #: the most KV heads a program takes (``GAC_GLUON_HEADS``, a benchmark's override; 0: as many as fit)
 MOST_HEADS = int(os.environ.get("GAC_GLUON_HEADS", "0"))
-#: the largest padded key rank served: the key group's up-projections stay in shared memory for the program
-MAX_RANK = 128
-#: the widest value tile served (one tensor descriptor box)
-MAX_VALUE_TILE = 256
+#: the largest padded key rank served: a program's up-projections stay in shared memory for the program
+MAX_RANK = 256
+#: the widest value latent served: two descriptor boxes of at most 256 columns
+MAX_VALUE = 512
+#: the widest descriptor box (Hopper's tensor-memory accelerator: 256 elements a dimension)
+BOX = 256
+#: key ranks past this take 32-column chunks (the rebuilt chunks and the in-tile cos/sin beside the register operand)
+WIDE_KEYS = 128
 #: shared memory a block may take on a Hopper GPU (bytes), less what the compiler adds for barriers and scratch
 SMEM_BUDGET = 232448 - 4096
+
+
+class Plan(NamedTuple):
+    """One launch of the kernel: KV heads a program (``g``), its tile and warps, the column chunk, the key latents as
+    the register operand, the key and value stages, the query rows (``mq``, a power of two of at least 16, 8 in one warpgroup: the value accumulators'
+    registers a thread double as the warps halve), and the
+    descriptor boxes: key ranks ``rk1 + rk2`` (``rk2`` 0 or the part past the largest power of two), value columns
+    ``rvl + rvh`` (``rvh`` past the first 256, 0 if none) of an output ``rvo`` wide."""
+
+    g: int
+    block_t: int
+    num_warps: int
+    qc: int
+    xreg: bool
+    xs: int
+    vs: int
+    mq: int
+    rk1: int
+    rk2: int
+    rvl: int
+    rvh: int
+    rvo: int
+
+
+def key_boxes(rk_max: int) -> tuple[int, int]:
+    """The key latent's descriptor boxes (powers of two): the padded rank (64-column multiples) as its largest power
+    of two and the rest, ``192 -> (128, 64)``."""
+    rkp = -(-int(rk_max) // 64) * 64
+    rk1 = 1 << (rkp.bit_length() - 1)
+    return rk1, rkp - rk1
+
+
+def value_boxes(rv_max: int, num_warps: int) -> tuple[int, int]:
+    """The value latent's descriptor boxes: the value tile as one power of two up to 256 columns; past 256, 256 and
+    the rest as a power of two of at least a product's rows (16 a warp), ``328 -> (256, 128)``."""
+    rvp = next_pow2(rv_max)
+    if rvp <= BOX:
+        return rvp, 0
+    return BOX, max(16 * num_warps, 64, next_pow2(int(rv_max) - BOX))
 
 
 def shared_bytes(
     g: int, rkp: int, rvp: int, mq: int, xs: int, vs: int, head_dim: int = 128, block_t: int | None = None
 ) -> int:
-    """Shared memory of one program (bf16): up-projections, key and value stages, queries, probabilities, and the
-    in-tile cos/sin (fp16)."""
+    """Shared memory of one program (bf16): up-projections, key and value stages (``rkp`` and ``rvp`` columns a
+    token), queries, probabilities, and the in-tile cos/sin (fp16)."""
     bt = block_t or LAUNCH[0]
     return 2 * (g * head_dim * rkp + xs * bt * rkp + vs * bt * rvp + mq * head_dim + bt * mq + bt * head_dim)
 
@@ -91,32 +141,36 @@ def stages(g: int, rkp: int, rvp: int, mq: int, block_t: int | None = None) -> t
     return None
 
 
-def program_heads(k_group: int, n_rep: int, rkp: int, rvp: int) -> int:
-    """KV heads a program: the most dividing the key group whose query rows stay within 16 (more spilled, compiled
-    for sm_90) and whose up-projections fit beside one stage of each latent; 0 if not even one head's do."""
-    for g in range(min(MOST_HEADS or k_group, k_group), 0, -1):
-        if (
-            k_group % g == 0
-            and next_pow2(g * n_rep) <= 16
-            and stages(g, rkp, rvp, next_pow2(g * n_rep)) is not None
-        ):
-            return g
-    return 0
+def plan(k_group: int, n_rep: int, rk_max: int, rv_max: int) -> Plan | None:
+    """The first of :data:`LAUNCHES` with a program that fits, and in it the most KV heads a program: dividing the
+    key group, at most 16 query rows (more spilled, compiled for sm_90), and its up-projections beside one stage of
+    each latent in shared memory; None if no launch fits even one head's."""
+    rk1, rk2 = key_boxes(rk_max)
+    for bt, nw, qc, xreg in LAUNCHES:
+        rvl, rvh = value_boxes(rv_max, nw)
+        for g in range(min(MOST_HEADS or k_group, k_group), 0, -1):
+            rows = next_pow2(g * n_rep, 8 if nw < 8 else 16)
+            if k_group % g or rows > 16:
+                continue
+            st = stages(g, rk1 + rk2, rvl + rvh, rows, block_t=bt)
+            if st is not None:
+                qcw = min(qc, 32) if rk1 + rk2 > WIDE_KEYS else qc
+                return Plan(g, bt, nw, qcw, bool(xreg), *st, rows, rk1, rk2, rvl, rvh, next_pow2(rv_max))
+    return None
 
 
 def refusal(
     q: torch.Tensor, zk: torch.Tensor, zv: torch.Tensor, uk: torch.Tensor, rk_max: int, rv_max: int, k_group: int,
     n_rep: int, v_shared: bool, raw: bool, rope_table: bool = True,
-) -> tuple[str | None, int]:  # fmt: skip
+) -> tuple[str | None, Plan | None]:  # fmt: skip
     """Why this kernel does not serve a launch (key groups of ``k_group`` KV heads, ``n_rep`` query heads each), or
-    None where it does; and the KV heads a program then takes (:func:`program_heads`)."""
+    None where it does; and the launch it then takes (:func:`plan`)."""
     if not HAVE_GLUON:
-        return "Triton without Gluon's Hopper layer (triton.experimental.gluon)", 0
+        return "Triton without Gluon's Hopper layer (triton.experimental.gluon)", None
     if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 9:
-        return "not a Hopper GPU (sm_90)", 0
+        return "not a Hopper GPU (sm_90)", None
     hd = q.shape[-1]
-    rkp = -(-int(rk_max) // 64) * 64
-    rvp = next_pow2(rv_max)
+    rkp = sum(key_boxes(rk_max))
     why = None
     if raw:
         why = "keys cached raw (nothing to rebuild)"
@@ -130,16 +184,16 @@ def refusal(
         why = "value groups apart from the key groups"
     elif rkp > MAX_RANK:
         why = f"key rank {rk_max} (the up-projections of a program stay on chip up to rank {MAX_RANK})"
-    elif rvp > MAX_VALUE_TILE:
-        why = f"a value tile of {rvp} columns (one descriptor box holds {MAX_VALUE_TILE})"
+    elif rv_max > MAX_VALUE:
+        why = f"value rank {rv_max} (two descriptor boxes hold {MAX_VALUE} columns)"
     elif not (zk.is_contiguous() and zv.is_contiguous() and uk.is_contiguous()):
         why = "latents or up-projections not contiguous"
     elif (zk.shape[-1] * 2) % 16 or (zv.shape[-1] * 2) % 16 or (uk.shape[-1] * 2) % 16:
         why = "latent rows not 16-byte multiples"
-    g = program_heads(k_group, n_rep, rkp, rvp)
-    if why is None and not g:
+    p = plan(k_group, n_rep, rk_max, rv_max) if why is None else None
+    if why is None and p is None:
         why = "shared memory or registers: no program of whole KV heads fits"
-    return why, g
+    return why, p
 
 
 if HAVE_GLUON:
@@ -147,19 +201,21 @@ if HAVE_GLUON:
     @gluon.jit
     def _gluon_flash_kernel(
         q_ptr,  # [B, H, HD] roped queries
-        zk_desc, zv_desc,  # descriptors of the latents as [B*T, Σ r] rows, blocks [BLOCK_T, RKP] / [BLOCK_T, RVP]
-        uk_desc,  # descriptor of the up-projections as [KVH*HD, RK] rows, blocks [HALF, RKP]
+        zk_desc, zk2_desc,  # descriptors of the key latents as [B*T, Σ r] rows, blocks [BLOCK_T, RKP] / [.., RK2]
+        zv_desc, zvh_desc,  # and of the value latents, blocks [BLOCK_T, RVP] / [BLOCK_T, RVH]
+        uk_desc, uk2_desc,  # of the up-projections as [KVH*HD, RK] rows, blocks [HALF, RKP] / [HALF, RK2]
         koff_ptr, voff_ptr, vr_ptr,  # [KVH] int32 key latent offset, value latent offset and rank of each KV head
         kb_ptr, kn_ptr,  # [KVH, HD] key bias, [HD] key RMSNorm weight (unused without HAS_BIAS / HAS_NORM)
         inv_ptr,  # [HD/2] fp32 rotary inverse frequencies
         ts_ptr,  # [2, NT, HD/2] fp32 cos and sin of the tile starts' angles (tile_starts)
         ti_ptr,  # [2, BLOCK_T, HD/2] fp32 cos and sin of the in-tile offsets' angles (tile_starts)
         len_ptr,  # [1] valid cached tokens
-        o_ptr, ml_ptr,  # [B, H, NSPLIT, RVP] fp32 partial outputs, [B, H, NSPLIT, 2] running max (log2) and sum
+        o_ptr, ml_ptr,  # [B, H, NSPLIT, RVO] fp32 partial outputs, [B, H, NSPLIT, 2] running max (log2) and sum
         sqb, sqh, T, NT, sob, soh, sos, smb, smh,
         KGROUPS, NSPLIT,
         qk_scale, rope_scale, eps,
-        NREP: gl.constexpr, G: gl.constexpr, HALF: gl.constexpr, RKP: gl.constexpr, RVP: gl.constexpr,
+        NREP: gl.constexpr, G: gl.constexpr, HALF: gl.constexpr, RKP: gl.constexpr, RK2: gl.constexpr,
+        RVP: gl.constexpr, RVH: gl.constexpr, RVO: gl.constexpr, XBYTES: gl.constexpr, VBYTES: gl.constexpr,
         MQ: gl.constexpr, BLOCK_T: gl.constexpr, XS: gl.constexpr, VS: gl.constexpr,
         HAS_BIAS: gl.constexpr, HAS_NORM: gl.constexpr, QC: gl.constexpr, XREG: gl.constexpr,
         num_warps: gl.constexpr,
@@ -196,6 +252,11 @@ if HAVE_GLUON:
         u_smem = gl.allocate_shared_memory(dt, [2 * G, HALF, RKP], uk_desc.layout)
         x_smem = gl.allocate_shared_memory(dt, [XS, BLOCK_T, RKP], zk_desc.layout)
         v_smem = gl.allocate_shared_memory(dt, [VS, BLOCK_T, RVP], zv_desc.layout)
+        if RK2 > 0:  # key ranks past a power of two: their columns in boxes of their own
+            u2_smem = gl.allocate_shared_memory(dt, [2 * G, HALF, RK2], uk2_desc.layout)
+            x2_smem = gl.allocate_shared_memory(dt, [XS, BLOCK_T, RK2], zk2_desc.layout)
+        if RVH > 0:  # value columns past 256
+            vh_smem = gl.allocate_shared_memory(dt, [VS, BLOCK_T, RVH], zvh_desc.layout)
         q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([MQ, QC], dt)
         q_smem = gl.allocate_shared_memory(dt, [2 * NC, MQ, QC], q_layout)
         cs_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_T, QC], gl.float16)
@@ -215,18 +276,28 @@ if HAVE_GLUON:
         voff = gl.load(voff_ptr + kvh0)
         row0 = b * T + start
         # the group's up-projections, once a program
-        mbarrier.expect(bar_u, 2 * G * uk_desc.block_type.nbytes)
+        mbarrier.expect(bar_u, 2 * G * HALF * (RKP + RK2) * 2)
         for j in gl.static_range(2 * G):
             _tma_load(uk_desc, [(2 * kvh0 + j) * HALF, 0], bar_u, u_smem.index(j))
+            if RK2 > 0:
+                _tma_load(uk2_desc, [(2 * kvh0 + j) * HALF, RKP], bar_u, u2_smem.index(j))
         # the first tiles' latents
         for s in gl.static_range(XS):
             ok = s < n_tiles
-            mbarrier.expect(bar_x.index(s), zk_desc.block_type.nbytes, pred=ok)
+            mbarrier.expect(bar_x.index(s), XBYTES, pred=ok)
             _tma_load(zk_desc, [row0 + s * BLOCK_T, koff], bar_x.index(s), x_smem.index(s), pred=ok)
+            if RK2 > 0:
+                _tma_load(
+                    zk2_desc, [row0 + s * BLOCK_T, koff + RKP], bar_x.index(s), x2_smem.index(s), pred=ok
+                )
         for s in gl.static_range(VS):
             ok = s < n_tiles
-            mbarrier.expect(bar_v.index(s), zv_desc.block_type.nbytes, pred=ok)
+            mbarrier.expect(bar_v.index(s), VBYTES, pred=ok)
             _tma_load(zv_desc, [row0 + s * BLOCK_T, voff], bar_v.index(s), v_smem.index(s), pred=ok)
+            if RVH > 0:
+                _tma_load(
+                    zvh_desc, [row0 + s * BLOCK_T, voff + RVP], bar_v.index(s), vh_smem.index(s), pred=ok
+                )
 
         # The in-tile offsets' cos/sin (the tile start turns the queries), in shared memory as fp16 (2^-11 relative,
         # below the keys' own bf16 rounding): held in registers as two [64, 64] fp32 tiles they took 64 a thread and
@@ -248,6 +319,8 @@ if HAVE_GLUON:
         m_i = gl.full([MQ], float("-inf"), gl.float32, layout=gl.SliceLayout(0, mma_s))
         l_i = gl.zeros([MQ], gl.float32, layout=gl.SliceLayout(0, mma_s))
         acc = gl.zeros([RVP, MQ], gl.float32, layout=mma_s)
+        if RVH > 0:
+            acc_h = gl.zeros([RVH, MQ], gl.float32, layout=mma_s)
         zero_k = gl.zeros([BLOCK_T, QC], gl.float32, layout=mma_k)
         zero_s = gl.zeros([BLOCK_T, MQ], gl.float32, layout=mma_s)
 
@@ -268,14 +341,22 @@ if HAVE_GLUON:
             sx = i % XS
             mbarrier.wait(bar_x.index(sx), (i // XS) & 1)
             xs = x_smem.index(sx)
+            if RK2 > 0:
+                xs2 = x2_smem.index(sx)
             if XREG:  # the tile's key latents as the rebuild's register operand: read from shared memory once
                 xa = xs.load(a_k)
+                if RK2 > 0:
+                    xa2 = xs2.load(a_k)
                 nxt = i + XS
                 ok = nxt < n_tiles
-                mbarrier.expect(bar_x.index(sx), zk_desc.block_type.nbytes, pred=ok)
+                mbarrier.expect(bar_x.index(sx), XBYTES, pred=ok)
                 _tma_load(zk_desc, [row0 + nxt * BLOCK_T, koff], bar_x.index(sx), xs, pred=ok)
+                if RK2 > 0:
+                    _tma_load(zk2_desc, [row0 + nxt * BLOCK_T, koff + RKP], bar_x.index(sx), xs2, pred=ok)
             else:
                 xa = xs
+                if RK2 > 0:
+                    xa2 = xs2
             sc = zero_s
             for hj in range(G):
                 sj = zero_s
@@ -287,6 +368,11 @@ if HAVE_GLUON:
                     u2 = u_smem.index(2 * hj + 1).slice(c * QC, QC, dim=0).permute((1, 0))
                     k1 = warpgroup_mma(xa, u1, zero_k, use_acc=False, is_async=True)
                     k2 = warpgroup_mma(xa, u2, zero_k, use_acc=False, is_async=True)
+                    if RK2 > 0:
+                        u1b = u2_smem.index(2 * hj).slice(c * QC, QC, dim=0).permute((1, 0))
+                        u2b = u2_smem.index(2 * hj + 1).slice(c * QC, QC, dim=0).permute((1, 0))
+                        k1 = warpgroup_mma(xa2, u1b, k1, is_async=True)
+                        k2 = warpgroup_mma(xa2, u2b, k2, is_async=True)
                     k1, k2 = warpgroup_mma_wait(num_outstanding=0, deps=(k1, k2))
                     if HAS_BIAS:
                         kbj = kb_ptr + (kvh0 + hj) * (2 * HALF) + c * QC
@@ -310,8 +396,10 @@ if HAVE_GLUON:
             if not XREG:  # every product reading this key stage has completed: refill it XS tiles ahead
                 nxt = i + XS
                 ok = nxt < n_tiles
-                mbarrier.expect(bar_x.index(sx), zk_desc.block_type.nbytes, pred=ok)
+                mbarrier.expect(bar_x.index(sx), XBYTES, pred=ok)
                 _tma_load(zk_desc, [row0 + nxt * BLOCK_T, koff], bar_x.index(sx), xs, pred=ok)
+                if RK2 > 0:
+                    _tma_load(zk2_desc, [row0 + nxt * BLOCK_T, koff + RKP], bar_x.index(sx), xs2, pred=ok)
             # online softmax (log2 units) over the tile's valid tokens
             tmask = (t0 + offs_ts) < end
             sc = gl.where(tmask[:, None], sc * qk_scale, float("-inf"))
@@ -325,10 +413,16 @@ if HAVE_GLUON:
             sv = i % VS
             mbarrier.wait(bar_v.index(sv), (i // VS) & 1)
             acc = warpgroup_mma(v_smem.index(sv).permute((1, 0)), p_smem, acc * alpha[None, :])
+            if RVH > 0:
+                acc_h = warpgroup_mma(vh_smem.index(sv).permute((1, 0)), p_smem, acc_h * alpha[None, :])
             nxt = i + VS
             ok = nxt < n_tiles
-            mbarrier.expect(bar_v.index(sv), zv_desc.block_type.nbytes, pred=ok)
+            mbarrier.expect(bar_v.index(sv), VBYTES, pred=ok)
             _tma_load(zv_desc, [row0 + nxt * BLOCK_T, voff], bar_v.index(sv), v_smem.index(sv), pred=ok)
+            if RVH > 0:
+                _tma_load(
+                    zvh_desc, [row0 + nxt * BLOCK_T, voff + RVP], bar_v.index(sv), vh_smem.index(sv), pred=ok
+                )
 
         mbarrier.invalidate(bar_u)
         for s in gl.static_range(XS):
@@ -343,17 +437,24 @@ if HAVE_GLUON:
         rows = h0 + offs_c
         optr = o_ptr + b * sob + rows[None, :] * soh + split * sos + offs_v[:, None]
         gl.store(optr, acc, mask=cmask[None, :])
+        if RVH > 0:  # the columns past 256, and zeros past them up to the output's width
+            offs_h = gl.arange(0, RVH, layout=gl.SliceLayout(1, mma_s))
+            acc_h = gl.where((RVP + offs_h)[:, None] < vr, acc_h, 0.0)
+            optr_h = o_ptr + b * sob + rows[None, :] * soh + split * sos + offs_h[:, None]
+            gl.store(optr_h + RVP, acc_h, mask=cmask[None, :])
+            for z0 in gl.static_range(RVP + RVH, RVO, RVH):
+                gl.store(optr_h + z0, gl.zeros([RVH, MQ], gl.float32, layout=mma_s), mask=cmask[None, :])
         mlp = ml_ptr + b * smb + rows * smh + split * 2
         gl.store(mlp, m_i, mask=cmask)
         gl.store(mlp + 1, l_i, mask=cmask)
 
 
 def compiled_kernel(
-    g: int, n_rep: int, rkp: int, rvp: int, bias: bool = False, norm: bool = False, arch: int = 90
+    k_group: int, n_rep: int, rk_max: int, rv_max: int, bias: bool = False, norm: bool = False, arch: int = 90
 ) -> Any:
-    """The kernel at :data:`LAUNCH`, ``g`` KV heads a program of ``n_rep`` query heads each, bf16, compiled for
-    ``sm_<arch>`` without a GPU (Triton's ``CompiledKernel``; :func:`gac.kernels.jit.cubin_resources` reads its
-    registers, stack and shared memory)."""
+    """The kernel as :func:`plan` launches it for key groups of ``k_group`` KV heads of ``n_rep`` query heads, bf16,
+    compiled for ``sm_<arch>`` without a GPU (Triton's ``CompiledKernel``; :func:`gac.kernels.jit.cubin_resources`
+    reads its registers, stack and shared memory)."""
     import inspect
 
     import triton
@@ -362,16 +463,15 @@ def compiled_kernel(
 
     fn = _gluon_flash_kernel
     params = list(inspect.signature(fn.fn).parameters)
-    mq = next_pow2(g * n_rep)
-    xs, vs = stages(g, rkp, rvp, mq)
-    bt, nw, qc, xreg = LAUNCH
+    pl = plan(k_group, n_rep, rk_max, rv_max)
+    if pl is None:
+        raise ValueError(f"no launch fits key group {k_group} x {n_rep} at ranks {rk_max}/{rv_max}")
 
     def desc(block: list[int]) -> str:
         return f"tensordesc<bf16[{block[0]}, {block[1]}],{gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16)!r}>"
 
-    const = dict(NREP=n_rep, G=g, HALF=64, RKP=rkp, RVP=rvp, MQ=mq, BLOCK_T=bt, XS=xs, VS=vs, HAS_BIAS=bias,
-                 HAS_NORM=norm, QC=qc, XREG=bool(xreg), num_warps=nw)  # fmt: skip
-    descs = {"zk_desc": desc([bt, rkp]), "zv_desc": desc([bt, rvp]), "uk_desc": desc([64, rkp])}
+    const = {**_constexprs(pl, n_rep, 64, bias, norm), "num_warps": pl.num_warps}
+    descs = {k: desc(v) for k, v in _blocks(pl, 64).items()}
     ptrs = {"q_ptr": "*bf16", "koff_ptr": "*i32", "voff_ptr": "*i32", "vr_ptr": "*i32", "kb_ptr": "*bf16",
             "kn_ptr": "*bf16", "inv_ptr": "*fp32", "ts_ptr": "*fp32", "ti_ptr": "*fp32", "len_ptr": "*i32",
             "o_ptr": "*fp32", "ml_ptr": "*fp32"}  # fmt: skip
@@ -386,28 +486,43 @@ def compiled_kernel(
         constexprs={(params.index(k),): v for k, v in const.items()},
         attrs={(i,): [["tt.divisibility", 16]] for i, p in enumerate(params) if p in ptrs},
     )
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": nw})
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": pl.num_warps})
+
+
+def _blocks(pl: Plan, half: int) -> dict[str, list[int]]:
+    """The descriptors' boxes; a box not needed (``rk2`` or ``rvh`` 0) repeats the first one's."""
+    bt = pl.block_t
+    return {
+        "zk_desc": [bt, pl.rk1], "zk2_desc": [bt, pl.rk2 or pl.rk1],
+        "zv_desc": [bt, pl.rvl], "zvh_desc": [bt, pl.rvh or pl.rvl],
+        "uk_desc": [half, pl.rk1], "uk2_desc": [half, pl.rk2 or pl.rk1],
+    }  # fmt: skip
+
+
+def _constexprs(pl: Plan, n_rep: int, half: int, bias: bool, norm: bool) -> dict[str, Any]:
+    return dict(NREP=n_rep, G=pl.g, HALF=half, RKP=pl.rk1, RK2=pl.rk2, RVP=pl.rvl, RVH=pl.rvh, RVO=pl.rvo,
+                XBYTES=2 * pl.block_t * (pl.rk1 + pl.rk2), VBYTES=2 * pl.block_t * (pl.rvl + pl.rvh), MQ=pl.mq,
+                BLOCK_T=pl.block_t, XS=pl.xs, VS=pl.vs, HAS_BIAS=bias, HAS_NORM=norm, QC=pl.qc,
+                XREG=pl.xreg)  # fmt: skip
 
 
 def _gl_dtype(dtype: torch.dtype) -> Any:
     return gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
 
 
-def descriptors(
-    zk: torch.Tensor, zv: torch.Tensor, uk: torch.Tensor, rkp: int, rvp: int
-) -> tuple[Any, Any, Any]:
+def descriptors(zk: torch.Tensor, zv: torch.Tensor, uk: torch.Tensor, pl: Plan) -> dict[str, Any]:
     """Tensor descriptors of the key and value latents (``[B*T, Σ r]`` rows) and the up-projections
-    (``[KVH*HD, RK]`` rows) with the kernel's blocks."""
+    (``[KVH*HD, RK]`` rows) with the plan's boxes (:func:`_blocks`), by the kernel's argument names."""
     dt = _gl_dtype(zk.dtype)
     half = uk.shape[1] // 2
+    src = {"zk": zk, "zv": zv, "uk": uk}
 
     def desc(x: torch.Tensor, block: list[int]) -> Any:
         x2 = x.reshape(-1, x.shape[-1])
         return TensorDescriptor(x2, list(x2.shape), list(x2.stride()), block,
                                 gl.NVMMASharedLayout.get_default_for(block, dt))  # fmt: skip
 
-    bt = LAUNCH[0]
-    return desc(zk, [bt, rkp]), desc(zv, [bt, rvp]), desc(uk, [half, rkp])
+    return {name: desc(src[name[:2]], block) for name, block in _blocks(pl, half).items()}
 
 
 _TILE_STARTS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -434,29 +549,22 @@ def tile_starts(inv_freq: torch.Tensor, t: int, block_t: int) -> tuple[torch.Ten
 def launch(
     q: torch.Tensor, zk: torch.Tensor, zv: torch.Tensor, uk: torch.Tensor, koff: torch.Tensor, voff: torch.Tensor,
     vr: torch.Tensor, k_bias: torch.Tensor | None, k_norm: torch.Tensor | None, inv_freq: torch.Tensor,
-    cache_len: torch.Tensor, scale: float, rope_scale: float, eps: float, rk_max: int, rv_max: int, kvh: int, g: int,
+    cache_len: torch.Tensor, scale: float, rope_scale: float, eps: float, kvh: int, pl: Plan,
     part: torch.Tensor, ml: torch.Tensor,
 ) -> Any:  # fmt: skip
-    """Fill ``part`` ``[B, H, NSPLIT, RVP]`` and ``ml`` ``[B, H, NSPLIT, 2]`` as the Triton flash kernel does, with
-    ``g`` KV heads a program (:func:`refusal` must have passed). Returns the compiled kernel."""
+    """Fill ``part`` ``[B, H, NSPLIT, RVO]`` and ``ml`` ``[B, H, NSPLIT, 2]`` as the Triton flash kernel does, by the
+    launch ``pl`` (:func:`refusal` must have passed). Returns the compiled kernel."""
     b, h, hd = q.shape
-    n_rep = h // kvh
-    rkp = -(-int(rk_max) // 64) * 64
-    rvp = part.shape[-1]
-    mq = next_pow2(g * n_rep)
-    xs, vs = stages(g, rkp, rvp, mq)
-    zkd, zvd, ukd = descriptors(zk, zv, uk, rkp, rvp)
+    d = descriptors(zk, zv, uk, pl)
     splits = part.shape[2]
-    ts, ti = tile_starts(inv_freq, zk.shape[1], LAUNCH[0])
-    return _gluon_flash_kernel[(b * (kvh // g), splits)](
-        q, zkd, zvd, ukd, koff, voff, vr,
+    ts, ti = tile_starts(inv_freq, zk.shape[1], pl.block_t)
+    return _gluon_flash_kernel[(b * (kvh // pl.g), splits)](
+        q, d["zk_desc"], d["zk2_desc"], d["zv_desc"], d["zvh_desc"], d["uk_desc"], d["uk2_desc"], koff, voff, vr,
         k_bias if k_bias is not None else uk, k_norm if k_norm is not None else uk,
         inv_freq, ts, ti, cache_len, part, ml,
         q.stride(0), q.stride(1), zk.shape[1], ts.shape[1],
         part.stride(0), part.stride(1), part.stride(2), ml.stride(0), ml.stride(1),
-        kvh // g, splits,
+        kvh // pl.g, splits,
         float(scale) * 1.4426950408889634, float(rope_scale), float(eps),
-        NREP=n_rep, G=g, HALF=hd // 2, RKP=rkp, RVP=rvp, MQ=mq, BLOCK_T=LAUNCH[0], XS=xs, VS=vs,
-        HAS_BIAS=k_bias is not None, HAS_NORM=k_norm is not None, QC=LAUNCH[2], XREG=bool(LAUNCH[3]),
-        num_warps=LAUNCH[1],
+        **_constexprs(pl, h // kvh, hd // 2, k_bias is not None, k_norm is not None), num_warps=pl.num_warps,
     )  # fmt: skip
