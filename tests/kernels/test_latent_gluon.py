@@ -45,7 +45,7 @@ def test_plan_keeps_rows_and_shared_memory_in_bounds(monkeypatch):
     assert heads(4, 7, 64, 224) == (2, 128)  # Qwen2.5-7B: 28 query rows spilled, 14 do not
     assert heads(2, 16, 64, 64) == (1, 128)
     assert heads(1, 32, 64, 64) is None  # 32 query rows for one KV head
-    # past key rank 128 or 256 value columns: one KV head's up-projections at 128-token tiles, or 64-token tiles
+    # past key rank 128 or 256 value columns: one KV head's up-projections at 128-token tiles, else 64-token tiles
     assert heads(4, 4, 192, 248) == (1, 128)
     assert heads(4, 4, 256, 440) == (1, 64)
     assert heads(4, 4, 192, 328) == (2, 64)
@@ -57,6 +57,11 @@ def test_plan_keeps_rows_and_shared_memory_in_bounds(monkeypatch):
         )
         assert p.rk1 + p.rk2 == -(-rk // 64) * 64 and p.rvl + p.rvh >= rv and p.rvo == lg.next_pow2(rv)
         assert p.qc == 32
+    # the default launches: 128-token tiles only (the 64-token launch ran slower than the Triton kernel)
+    monkeypatch.setattr(lg, "LAUNCHES", ((128, 8, 64, 1),))
+    assert heads(4, 4, 256, 440) is None and heads(4, 4, 192, 328) is None
+    assert heads(4, 4, 192, 248) == (1, 128) and heads(4, 7, 128, 280) == (1, 128)
+    assert lg.plan(4, 4, 192, 248).qc == 32 and lg.plan(4, 7, 128, 280).qc == 64
 
 
 def test_boxes_are_powers_of_two_covering_the_ranks():
@@ -91,13 +96,16 @@ def test_refusal_names_what_is_not_served():
         (4, 4, 256, 440, False, 512),
     ],
 )
-def test_compiles_for_sm90_within_resources(k_group, n_rep, rk, rv, bias, stack):
+def test_compiles_for_sm90_within_resources(k_group, n_rep, rk, rv, bias, stack, monkeypatch):
     """Compiled for sm_90 without a GPU as :func:`plan` launches it: Llama-3-8B's key group at key rank 128 and 64,
     Qwen2.5-7B's with the key bias, and the launches past key rank 128 or 256 value columns (Llama-3-8B's layers 1-4,
     Qwen2.5-7B's 1-3 at KV 0.5). Within the register file and a block's shared memory, with a bounded stack. Triton
     3.6: 8 bytes at Llama's key rank 128, 40 at Qwen's 128/280, 480 at Llama's 256/440 (the value accumulators of 512
     columns beside the rebuild); Triton 3.9: 32, 0 and 480. With the in-tile cos/sin held in registers as fp32 at
     64-token tiles the program spilled 176 bytes a thread."""
+    monkeypatch.setattr(
+        lg, "LAUNCHES", (lg.LAUNCH, (64, 4, 32, 1))
+    )  # the 64-token launch where the first does not fit
     r = cubin_resources(lg.compiled_kernel(k_group, n_rep, rk, rv, bias))
     assert r["stack_bytes"] <= stack, r
     assert r["registers"] <= 255
@@ -127,22 +135,30 @@ GPU_CASES = [
     ),
     (2, 16, 4, 2, 700, 650, [112, 128], [144, 96], True, True, torch.float16),
     (1, 32, 8, 4, 200, 130, [128, 128], [256, 256], False, False, torch.bfloat16),
-    # past key rank 128 and 256 value columns: Llama-3-8B's layer 1 (one KV head a program, 64-token tiles), its
-    # layers 2-3 (key boxes 128 + 64, value boxes 256 + 128), its layer 4 (128-token tiles, one head), Qwen2.5-7B's
-    # layer 1 (bias) and 3 (value boxes 256 + 128 at 128-token tiles)
+    # past key rank 128 or 256 value columns, one KV head a program: Llama-3-8B's layer 4 (key boxes 128 + 64),
+    # Qwen2.5-7B's layer 3 (value boxes 256 + 128, bias), key boxes 128 + 64 with a key norm in fp16
+    (2, 32, 8, 4, 700, 650, [128, 192], [248, 248], False, False, torch.bfloat16),
+    (2, 28, 4, 4, 700, 689, [128], [280], True, False, torch.bfloat16),
+    (2, 16, 4, 2, 700, 650, [192, 128], [248, 200], True, True, torch.float16),
+]
+#: the 64-token launch (``GAC_GLUON_LAUNCH`` only): Llama-3-8B's layer 1 (key rank 256, value boxes 256 + 256) and
+#: layers 2-3 (key boxes 128 + 64, value boxes 256 + 128), Qwen2.5-7B's layer 1 (bias)
+WIDE_CASES = [
     (2, 32, 8, 4, 1100, 1037, [256, 232], [440, 400], False, False, torch.bfloat16),
     (2, 32, 8, 4, 1100, 1037, [192, 176], [328, 280], False, False, torch.bfloat16),
-    (2, 32, 8, 4, 700, 650, [128, 192], [248, 248], False, False, torch.bfloat16),
     (2, 28, 4, 4, 1100, 1037, [256], [456], True, False, torch.bfloat16),
-    (2, 28, 4, 4, 700, 689, [128], [280], True, False, torch.bfloat16),
-    (2, 16, 4, 2, 700, 650, [256, 192], [512, 300], True, True, torch.float16),
 ]
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER or not lg.HAVE_GLUON, reason="needs a Hopper GPU and Gluon")
-@pytest.mark.parametrize("case", GPU_CASES)
-def test_gluon_kernel_matches_float64(case):
+@pytest.mark.parametrize(
+    ("case", "launches"),
+    [(c, None) for c in GPU_CASES] + [(c, (lg.LAUNCH, (64, 4, 32, 1))) for c in WIDE_CASES],
+)
+def test_gluon_kernel_matches_float64(case, launches, monkeypatch):
+    if launches:
+        monkeypatch.setattr(lg, "LAUNCHES", launches)
     b, h, kvh, gk, t, n, kr, vr, bias, norm, dtype = case
     q, zk, zv, pack, inv = latent_decode_inputs(
         b, h, kvh, 128, t, gk, gk, kr, vr, bias=bias, norm=norm, dtype=dtype, device="cuda", seed=sum(kr)
@@ -219,7 +235,7 @@ def test_model_decode_takes_the_gluon_kernel(family, kg):
             kl.LATENT_KERNEL = "auto"
         if use:
             assert kl.LAST_LAUNCH["kernel"] == ("gluon" if kernel == "auto" else "triton"), kl.LAST_LAUNCH
-    assert "gluon" in latent_attention_paths(m)["latent_kernels"]
+            assert "gluon" in latent_attention_paths(m)["latent_kernels"]
 
     # bf16 logits: the two kernels' apart by their own rounding only, the reference path's by the whole step's
     def rel(a, b):
