@@ -74,8 +74,10 @@ LAUNCHES = tuple(
 LAUNCH = LAUNCHES[0]
 #: the most KV heads a program takes (``GAC_GLUON_HEADS``, a benchmark's override; 0: as many as fit)
 MOST_HEADS = int(os.environ.get("GAC_GLUON_HEADS", "0"))
-#: the largest padded key rank served: a program's up-projections stay in shared memory for the program
-MAX_RANK = 256
+#: the largest padded key rank served (``GAC_GLUON_MAX_RANK``, up to 256): past 128 the program's up-projections take
+#: one KV head at 128-token tiles, and that ran 1.49-1.78x the Triton kernel's time at Llama-3-8B's 192/248 (H200,
+#: call 33; key boxes 128 + 64), where one KV head at key rank 128 and 280 value columns ran 0.84-0.92x (call 32)
+MAX_RANK = int(os.environ.get("GAC_GLUON_MAX_RANK", "128"))
 #: the widest value latent served: two descriptor boxes of at most 256 columns
 MAX_VALUE = 512
 #: the widest descriptor box (Hopper's tensor-memory accelerator: 256 elements a dimension)
