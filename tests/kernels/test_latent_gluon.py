@@ -135,14 +135,17 @@ GPU_CASES = [
     ),
     (2, 16, 4, 2, 700, 650, [112, 128], [144, 96], True, True, torch.float16),
     (1, 32, 8, 4, 200, 130, [128, 128], [256, 256], False, False, torch.bfloat16),
-    # past key rank 128 or 256 value columns, one KV head a program: Llama-3-8B's layer 4 (key boxes 128 + 64),
-    # Qwen2.5-7B's layer 3 (value boxes 256 + 128, bias), key boxes 128 + 64 with a key norm in fp16
-    (2, 32, 8, 4, 700, 650, [128, 192], [248, 248], False, False, torch.bfloat16),
+    # past 256 value columns, one KV head a program: Qwen2.5-7B's layer 3 (value boxes 256 + 128, bias)
     (2, 28, 4, 4, 700, 689, [128], [280], True, False, torch.bfloat16),
+]
+#: key ranks past 128 (``GAC_GLUON_MAX_RANK`` only), one KV head a program: Llama-3-8B's layer 4 (key boxes 128 + 64),
+#: the same with a key norm and bias in fp16
+SPLIT_CASES = [
+    (2, 32, 8, 4, 700, 650, [128, 192], [248, 248], False, False, torch.bfloat16),
     (2, 16, 4, 2, 700, 650, [192, 128], [248, 200], True, True, torch.float16),
 ]
-#: the 64-token launch (``GAC_GLUON_LAUNCH`` only): Llama-3-8B's layer 1 (key rank 256, value boxes 256 + 256) and
-#: layers 2-3 (key boxes 128 + 64, value boxes 256 + 128), Qwen2.5-7B's layer 1 (bias)
+#: the 64-token launch (``GAC_GLUON_LAUNCH`` and ``GAC_GLUON_MAX_RANK`` only): Llama-3-8B's layer 1 (key rank 256,
+#: value boxes 256 + 256) and layers 2-3 (key boxes 128 + 64, value boxes 256 + 128), Qwen2.5-7B's layer 1 (bias)
 WIDE_CASES = [
     (2, 32, 8, 4, 1100, 1037, [256, 232], [440, 400], False, False, torch.bfloat16),
     (2, 32, 8, 4, 1100, 1037, [192, 176], [328, 280], False, False, torch.bfloat16),
@@ -153,12 +156,14 @@ WIDE_CASES = [
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER or not lg.HAVE_GLUON, reason="needs a Hopper GPU and Gluon")
 @pytest.mark.parametrize(
-    ("case", "launches"),
-    [(c, None) for c in GPU_CASES] + [(c, (lg.LAUNCH, (64, 4, 32, 1))) for c in WIDE_CASES],
+    ("case", "setup"),
+    [(c, {}) for c in GPU_CASES]
+    + [(c, {"MAX_RANK": 256}) for c in SPLIT_CASES]
+    + [(c, {"MAX_RANK": 256, "LAUNCHES": (lg.LAUNCH, (64, 4, 32, 1))}) for c in WIDE_CASES],
 )
-def test_gluon_kernel_matches_float64(case, launches, monkeypatch):
-    if launches:
-        monkeypatch.setattr(lg, "LAUNCHES", launches)
+def test_gluon_kernel_matches_float64(case, setup, monkeypatch):
+    for name, value in setup.items():  # the launches served only by the environment's overrides
+        monkeypatch.setattr(lg, name, value)
     b, h, kvh, gk, t, n, kr, vr, bias, norm, dtype = case
     q, zk, zv, pack, inv = latent_decode_inputs(
         b, h, kvh, 128, t, gk, gk, kr, vr, bias=bias, norm=norm, dtype=dtype, device="cuda", seed=sum(kr)

@@ -4,7 +4,8 @@
 ``LATENT_KERNEL``), and its Triton flash kernel elsewhere. On an H200, the kernel alone took 0.62-0.98x the Triton
 kernel's time at 15 of the 16 points timed at the default launch (:data:`LAUNCH`; Llama-3-8B and Qwen2.5-7B shapes,
 key group 4, key/value ranks 128/232, 64/208 and 128/224; B 1/16/64 x KV 4096/32768) and 1.06x at the last
-(Llama-3-8B at 128/232, B=16 x 32k): ``benchmarks/results/h200/palu-default/README.md``, calls 25-30.
+(Llama-3-8B at 128/232, B=16 x 32k): ``benchmarks/results/h200/palu-default/README.md``, calls 25-30. With one KV
+head a program and 384 value columns (Qwen2.5-7B at 128/280) it took 0.84-0.92x (call 32).
 
 The Triton kernel waits on every tile's loads in turn: Triton pipelines its innermost loop, the one over the key
 group's heads, so each tile's key and value latents are fetched when the tile starts (call 13). This kernel computes
@@ -14,7 +15,8 @@ the same thing with the copies written out:
   ``[head_dim / 2, RKP]``), so the rebuild reads nothing from L2 per tile;
 * a tile's key latents ``[BLOCK_T, RKP]`` are copied ``XS`` tiles ahead through a ring of shared-memory stages (with
   ``XREG``, read once into registers as the rebuild's first operand and the stage refilled at once), the value
-  latents ``[BLOCK_T, RVP]`` ``VS`` tiles ahead, each stage with its own mbarrier;
+  latents ``[BLOCK_T, RVP]`` ``VS`` tiles ahead, each stage with its own mbarrier (a rank that is not a power of
+  two in two boxes: key rank 192 as 128 + 64, value columns past 256 in a second box with its own accumulator);
 * per tile, KV head and ``QC``-column chunk of both key halves (the RoPE pairs), the keys are rebuilt by two Hopper
   tensor-core products issued together and waited on once, take their bias and RMS norm (the norm's row scale is
   applied to the scores: RoPE and the dot are linear), RoPE at the in-tile offsets (fp16 cos/sin in shared memory;
@@ -28,8 +30,11 @@ of angles up to 32k compiled to their precise path, double-precision and local-m
 Nsight Compute counted 2.3x the Triton kernel's instructions, and the kernel took 1.5-2.6x its time (calls 25-28).
 
 It serves Hopper (sm_90) with Gluon (Triton 3.6; 3.9 compiles it too), ``head_dim`` 128, values grouped as the keys,
-padded key ranks of at most :data:`MAX_RANK`, value tiles of at most 256 columns, and programs of at most 16 query
-rows (:func:`program_heads`). :func:`refusal` names why any other launch is not served.
+padded key ranks of at most :data:`MAX_RANK`, value ranks of at most :data:`MAX_VALUE`, and programs of whole KV
+heads, at most 16 query rows, that fit shared memory at one of :data:`LAUNCHES` (:func:`plan`). :func:`refusal` names
+why any other launch is not served. Key ranks past 128 and 64-token tiles compile, pass the GPU tests and are
+reachable by ``GAC_GLUON_MAX_RANK`` and ``GAC_GLUON_LAUNCH``, but ran 1.0-2.3x the Triton kernel's time (calls 32-33),
+so they are not the default.
 """
 
 from __future__ import annotations
