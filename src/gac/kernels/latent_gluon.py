@@ -68,9 +68,9 @@ except (ImportError, AttributeError):  # pragma: no cover - depends on the insta
 #: warpgroup), warps a program, the columns of each key half rebuilt, turned and scored at once, and whether the
 #: tile's key latents are the rebuild's register operand (read from shared memory once a tile, not once a product);
 #: the launches tried in turn, the first whose program fits (:func:`plan`). ``GAC_GLUON_LAUNCH`` overrides them
-#: (``"bt,nw,qc,xreg[;bt,nw,qc,xreg...]"``). One launch by default: 64-token tiles in one warpgroup
-#: (``64,4,32,1``), where one KV head's up-projections at key rank 192-256 beside value latents past 256 columns fit,
-#: ran 1.01-1.28x the Triton kernel's time at Llama-3-8B's 192/328 and 2.1-2.3x at 256/440 (H200, call 32).
+#: (``"bt,nw,qc,xreg[;bt,nw,qc,xreg...]"``). One launch by default. 64-token tiles in one warpgroup
+#: (``64,4,32,1``), which fit one KV head's up-projections at key rank 192-256 beside value latents past 256 columns,
+#: ran 1.01-1.28x the Triton kernel's time at Llama-3-8B's 192/328 and 1.7-2.3x at 256/440 (H200, call 32).
 LAUNCHES = tuple(
     tuple(int(x) for x in part.split(","))
     for part in os.environ.get("GAC_GLUON_LAUNCH", "128,8,64,1").split(";")
@@ -95,10 +95,10 @@ SMEM_BUDGET = 232448 - 4096
 
 class Plan(NamedTuple):
     """One launch of the kernel: KV heads a program (``g``), its tile and warps, the column chunk, the key latents as
-    the register operand, the key and value stages, the query rows (``mq``, a power of two of at least 16, 8 in one warpgroup: the value accumulators'
-    registers a thread double as the warps halve), and the
-    descriptor boxes: key ranks ``rk1 + rk2`` (``rk2`` 0 or the part past the largest power of two), value columns
-    ``rvl + rvh`` (``rvh`` past the first 256, 0 if none) of an output ``rvo`` wide."""
+    the register operand, the key and value stages, the query rows (``mq``: a power of two of at least 16, or 8 in
+    one warpgroup, where the value accumulators' registers a thread double), and the descriptor boxes: key ranks
+    ``rk1 + rk2`` (``rk2`` 0 or the part past the largest power of two), value columns ``rvl + rvh`` (``rvh`` past
+    the first 256, 0 if none) of an output ``rvo`` wide."""
 
     g: int
     block_t: int
