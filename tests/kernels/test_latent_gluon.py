@@ -290,3 +290,35 @@ assert kl.kernels_ran() == ["triton"] and kl.gluon_refusals() == [kl.LAST_LAUNCH
 print("ok")
 """
     )
+
+
+def test_gluon_launch_record_carries_what_the_profile_reads(monkeypatch):
+    """``gac profile``'s latent class (``measure_latent_attention``) reads each call's rank tile from
+    ``LAST_LAUNCH["block_r"]``; on a Hopper GPU the default path takes the Gluon kernel, whose record must carry it
+    (the kernel itself replaced here: no GPU), with the plan's boxes and the rank the kernel rebuilds at."""
+    q, zk, zv, pack, inv = latent_decode_inputs(2, 32, 8, 128, 300, 4, 4, [128, 96], [232, 208])
+    pl = lg.plan(4, 4, 128, 232)
+    seen = {}
+
+    def fake_launch(*args):
+        part, ml = args[-2], args[-1]
+        seen["plan"] = args[-3]
+        part.zero_()
+        ml.zero_()
+        return object()
+
+    monkeypatch.setattr(lg, "refusal", lambda *a, **k: (None, pl))
+    monkeypatch.setattr(lg, "launch", fake_launch)
+    monkeypatch.setattr(kl, "_combine", lambda part, ml, out: out.zero_())
+    monkeypatch.setattr(kl, "LATENT_KERNEL", "auto")
+    voff, vrk, shared, valign = kl.per_kv_head(pack, q.device)
+    kl._launch(q, zk, zv, pack["uk"], pack["koff"], pack["kr"], voff, vrk, None, None, inv, torch.tensor([290]),
+               128**-0.5, 1.0, 1e-6, pack["rk_max"], 232, 8, 4, shared, pack["align"], valign,
+               rope=pack["rope"])  # fmt: skip
+    rec = kl.LAST_LAUNCH
+    assert rec["kernel"] == "gluon" and seen["plan"] is pl
+    tile = rec["block_r"]
+    assert (
+        -(-int(pack["rk_max"]) // tile) * tile == sum(rec["key_boxes"]) == 128
+    )  # the profile's executed rank
+    assert rec["value_boxes"] == [256, 0] and rec["sub"] == pl.g and rec["stages"] == [pl.xs, pl.vs]

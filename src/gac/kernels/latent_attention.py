@@ -1223,10 +1223,11 @@ def _launch_gluon(
         q, zk, zv, uk, koff, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps, kvh, pl, part, ml
     )  # fmt: skip
     LAST_LAUNCH.clear()
-    LAST_LAUNCH.update(kernel="gluon", block_t=bt, num_warps=nw, column_chunk=pl.qc, x_registers=pl.xreg,
-                       stages=[pl.xs, pl.vs], key_boxes=[pl.rk1, pl.rk2], value_boxes=[pl.rvl, pl.rvh],
-                       splits=splits, sub=pl.g, waves=GLUON_WAVES, rope_table=True, raw_keys=False, value_tma=True,
-                       paired_keys=False)  # fmt: skip
+    # block_r: the rank tile, as the Triton kernel's record names it (the profile's latent class reads it)
+    LAST_LAUNCH.update(kernel="gluon", block_t=bt, block_r=latent_gluon.RANK_TILE, num_warps=nw, column_chunk=pl.qc,
+                       x_registers=pl.xreg, stages=[pl.xs, pl.vs], key_boxes=[pl.rk1, pl.rk2],
+                       value_boxes=[pl.rvl, pl.rvh], splits=splits, sub=pl.g, waves=GLUON_WAVES, rope_table=True,
+                       raw_keys=False, value_tma=True, paired_keys=False)  # fmt: skip
     n_regs = getattr(kern, "n_regs", None)
     if n_regs:
         LAST_LAUNCH["registers"] = int(n_regs)

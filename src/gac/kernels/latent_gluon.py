@@ -87,6 +87,8 @@ MAX_RANK = int(os.environ.get("GAC_GLUON_MAX_RANK", "128"))
 MAX_VALUE = 512
 #: the widest descriptor box (Hopper's tensor-memory accelerator: 256 elements a dimension)
 BOX = 256
+#: the key rank's tile: ranks are padded to 64-column multiples, then split into power-of-two boxes (:func:`key_boxes`)
+RANK_TILE = 64
 #: key ranks past this take 32-column chunks (the rebuilt chunks and the in-tile cos/sin beside the register operand)
 WIDE_KEYS = 128
 #: shared memory a block may take on a Hopper GPU (bytes), less what the compiler adds for barriers and scratch
@@ -118,7 +120,7 @@ class Plan(NamedTuple):
 def key_boxes(rk_max: int) -> tuple[int, int]:
     """The key latent's descriptor boxes (powers of two): the padded rank (64-column multiples) as its largest power
     of two and the rest, ``192 -> (128, 64)``."""
-    rkp = -(-int(rk_max) // 64) * 64
+    rkp = -(-int(rk_max) // RANK_TILE) * RANK_TILE
     rk1 = 1 << (rkp.bit_length() - 1)
     return rk1, rkp - rk1
 
