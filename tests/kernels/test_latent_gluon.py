@@ -322,3 +322,18 @@ def test_gluon_launch_record_carries_what_the_profile_reads(monkeypatch):
         -(-int(pack["rk_max"]) // tile) * tile == sum(rec["key_boxes"]) == 128
     )  # the profile's executed rank
     assert rec["value_boxes"] == [256, 0] and rec["sub"] == pl.g and rec["stages"] == [pl.xs, pl.vs]
+
+
+@needs_gluon
+def test_descriptors_take_the_plan_boxes():
+    """The kernel's six descriptor arguments by the plan's boxes; a box a launch does not need (no second key or value
+    box) is the first box's descriptor itself, not another one built per launch."""
+    q, zk, zv, pack, _ = latent_decode_inputs(
+        2, 32, 8, 128, 300, 4, 4, [128, 96], [232, 208], dtype=torch.bfloat16
+    )
+    d = lg.descriptors(zk, zv, pack["uk"], lg.plan(4, 4, 128, 232))
+    assert d["zk_desc"].block_shape == [128, 128] and d["zv_desc"].block_shape == [128, 256]
+    assert d["uk_desc"].block_shape == [64, 128]
+    assert d["zk2_desc"] is d["zk_desc"] and d["zvh_desc"] is d["zv_desc"] and d["uk2_desc"] is d["uk_desc"]
+    d = lg.descriptors(zk, zv, pack["uk"], lg.plan(4, 7, 128, 280))  # values past 256: a second box of 128
+    assert d["zvh_desc"].block_shape == [128, 128] and d["zvh_desc"] is not d["zv_desc"]

@@ -209,6 +209,17 @@ def refusal(
 if HAVE_GLUON:
 
     @gluon.jit
+    def _load_boxes(
+        desc, desc2, bar, dst, dst2, row, col, ok, W: gl.constexpr, W2: gl.constexpr, NBYTES: gl.constexpr
+    ):
+        """One stage of a latent tile: its first box (``W`` columns from ``col``) and, where ``W2``, the second past
+        it, both on one mbarrier expecting ``NBYTES``."""
+        mbarrier.expect(bar, NBYTES, pred=ok)
+        _tma_load(desc, [row, col], bar, dst, pred=ok)
+        if W2 > 0:
+            _tma_load(desc2, [row, col + W], bar, dst2, pred=ok)
+
+    @gluon.jit
     def _gluon_flash_kernel(
         q_ptr,  # [B, H, HD] roped queries
         zk_desc, zk2_desc,  # descriptors of the key latents as [B*T, Σ r] rows, blocks [BLOCK_T, RKP] / [.., RK2]
@@ -265,8 +276,13 @@ if HAVE_GLUON:
         if RK2 > 0:  # key ranks past a power of two: their columns in boxes of their own
             u2_smem = gl.allocate_shared_memory(dt, [2 * G, HALF, RK2], uk2_desc.layout)
             x2_smem = gl.allocate_shared_memory(dt, [XS, BLOCK_T, RK2], zk2_desc.layout)
-        if RVH > 0:  # value columns past 256
+        else:  # never read (every use is under RK2 > 0)
+            u2_smem = u_smem
+            x2_smem = x_smem
+        if RVH > 0:  # noqa: SIM108 - value columns past 256; a static branch, as the one above
             vh_smem = gl.allocate_shared_memory(dt, [VS, BLOCK_T, RVH], zvh_desc.layout)
+        else:
+            vh_smem = v_smem
         q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([MQ, QC], dt)
         q_smem = gl.allocate_shared_memory(dt, [2 * NC, MQ, QC], q_layout)
         cs_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_T, QC], gl.float16)
@@ -293,21 +309,11 @@ if HAVE_GLUON:
                 _tma_load(uk2_desc, [(2 * kvh0 + j) * HALF, RKP], bar_u, u2_smem.index(j))
         # the first tiles' latents
         for s in gl.static_range(XS):
-            ok = s < n_tiles
-            mbarrier.expect(bar_x.index(s), XBYTES, pred=ok)
-            _tma_load(zk_desc, [row0 + s * BLOCK_T, koff], bar_x.index(s), x_smem.index(s), pred=ok)
-            if RK2 > 0:
-                _tma_load(
-                    zk2_desc, [row0 + s * BLOCK_T, koff + RKP], bar_x.index(s), x2_smem.index(s), pred=ok
-                )
+            _load_boxes(zk_desc, zk2_desc, bar_x.index(s), x_smem.index(s), x2_smem.index(s), row0 + s * BLOCK_T,
+                        koff, s < n_tiles, RKP, RK2, XBYTES)  # fmt: skip
         for s in gl.static_range(VS):
-            ok = s < n_tiles
-            mbarrier.expect(bar_v.index(s), VBYTES, pred=ok)
-            _tma_load(zv_desc, [row0 + s * BLOCK_T, voff], bar_v.index(s), v_smem.index(s), pred=ok)
-            if RVH > 0:
-                _tma_load(
-                    zvh_desc, [row0 + s * BLOCK_T, voff + RVP], bar_v.index(s), vh_smem.index(s), pred=ok
-                )
+            _load_boxes(zv_desc, zvh_desc, bar_v.index(s), v_smem.index(s), vh_smem.index(s), row0 + s * BLOCK_T,
+                        voff, s < n_tiles, RVP, RVH, VBYTES)  # fmt: skip
 
         # The in-tile offsets' cos/sin (the tile start turns the queries), in shared memory as fp16 (2^-11 relative,
         # below the keys' own bf16 rounding): held in registers as two [64, 64] fp32 tiles they took 64 a thread and
@@ -351,18 +357,14 @@ if HAVE_GLUON:
             sx = i % XS
             mbarrier.wait(bar_x.index(sx), (i // XS) & 1)
             xs = x_smem.index(sx)
-            if RK2 > 0:
-                xs2 = x2_smem.index(sx)
+            xs2 = x2_smem.index(sx)
             if XREG:  # the tile's key latents as the rebuild's register operand: read from shared memory once
                 xa = xs.load(a_k)
                 if RK2 > 0:
                     xa2 = xs2.load(a_k)
                 nxt = i + XS
-                ok = nxt < n_tiles
-                mbarrier.expect(bar_x.index(sx), XBYTES, pred=ok)
-                _tma_load(zk_desc, [row0 + nxt * BLOCK_T, koff], bar_x.index(sx), xs, pred=ok)
-                if RK2 > 0:
-                    _tma_load(zk2_desc, [row0 + nxt * BLOCK_T, koff + RKP], bar_x.index(sx), xs2, pred=ok)
+                _load_boxes(zk_desc, zk2_desc, bar_x.index(sx), xs, xs2, row0 + nxt * BLOCK_T, koff, nxt < n_tiles,
+                            RKP, RK2, XBYTES)  # fmt: skip
             else:
                 xa = xs
                 if RK2 > 0:
@@ -405,11 +407,8 @@ if HAVE_GLUON:
                 sc = gl.where((col_head == hj)[None, :], sj, sc)
             if not XREG:  # every product reading this key stage has completed: refill it XS tiles ahead
                 nxt = i + XS
-                ok = nxt < n_tiles
-                mbarrier.expect(bar_x.index(sx), XBYTES, pred=ok)
-                _tma_load(zk_desc, [row0 + nxt * BLOCK_T, koff], bar_x.index(sx), xs, pred=ok)
-                if RK2 > 0:
-                    _tma_load(zk2_desc, [row0 + nxt * BLOCK_T, koff + RKP], bar_x.index(sx), xs2, pred=ok)
+                _load_boxes(zk_desc, zk2_desc, bar_x.index(sx), xs, xs2, row0 + nxt * BLOCK_T, koff, nxt < n_tiles,
+                            RKP, RK2, XBYTES)  # fmt: skip
             # online softmax (log2 units) over the tile's valid tokens
             tmask = (t0 + offs_ts) < end
             sc = gl.where(tmask[:, None], sc * qk_scale, float("-inf"))
@@ -426,13 +425,8 @@ if HAVE_GLUON:
             if RVH > 0:
                 acc_h = warpgroup_mma(vh_smem.index(sv).permute((1, 0)), p_smem, acc_h * alpha[None, :])
             nxt = i + VS
-            ok = nxt < n_tiles
-            mbarrier.expect(bar_v.index(sv), VBYTES, pred=ok)
-            _tma_load(zv_desc, [row0 + nxt * BLOCK_T, voff], bar_v.index(sv), v_smem.index(sv), pred=ok)
-            if RVH > 0:
-                _tma_load(
-                    zvh_desc, [row0 + nxt * BLOCK_T, voff + RVP], bar_v.index(sv), vh_smem.index(sv), pred=ok
-                )
+            _load_boxes(zv_desc, zvh_desc, bar_v.index(sv), v_smem.index(sv), vh_smem.index(sv),
+                        row0 + nxt * BLOCK_T, voff, nxt < n_tiles, RVP, RVH, VBYTES)  # fmt: skip
 
         mbarrier.invalidate(bar_u)
         for s in gl.static_range(XS):
@@ -532,7 +526,16 @@ def descriptors(zk: torch.Tensor, zv: torch.Tensor, uk: torch.Tensor, pl: Plan) 
         return TensorDescriptor(x2, list(x2.shape), list(x2.stride()), block,
                                 gl.NVMMASharedLayout.get_default_for(block, dt))  # fmt: skip
 
-    return {name: desc(src[name[:2]], block) for name, block in _blocks(pl, half).items()}
+    out: dict[str, Any] = {}
+    made: dict[tuple, Any] = {}
+    for name, block in _blocks(
+        pl, half
+    ).items():  # a box not needed repeats the first: one descriptor for both
+        key = (name[:2], *block)
+        if key not in made:
+            made[key] = desc(src[name[:2]], block)
+        out[name] = made[key]
+    return out
 
 
 _TILE_STARTS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
