@@ -83,6 +83,42 @@ def test_refusal_names_what_is_not_served():
         assert why == "not a Hopper GPU (sm_90)"
 
 
+def test_launches_timed_faster_on_triton_are_left_to_it():
+    """``slower``: key group 1 always; one KV head a program of a key group the Triton kernel holds whole from 16
+    sequences (Llama-3-8B's group at key rank 128 with 384 value columns); Qwen2.5-7B's group, two KV heads a Triton
+    program, and fewer sequences stay on the Gluon kernel."""
+    one = lg.plan(1, 4, 64, 64)
+    assert one is not None and lg.slower(1, 1, one, 1).startswith("key group 1")
+    split = lg.plan(4, 4, 128, 384)
+    assert split is not None and split.g == 1
+    assert "key group of 4 that the Triton kernel holds whole" in lg.slower(4, 16, split, 4)
+    assert lg.slower(4, 15, split, 4) is None and lg.slower(4, 64, split, 2) is None
+    whole = lg.plan(4, 4, 64, 192)
+    assert whole is not None and whole.g == 4 and lg.slower(4, 64, whole, 4) is None
+    pair = lg.plan(2, 4, 128, 128)
+    assert pair is not None and pair.g == 2 and lg.slower(2, 64, pair, 2) is None
+
+
+def test_unserved_shapes_are_named():
+    """What the kernel's layout cannot take is named before any launch: value latents narrower than one warpgroup's
+    64 product rows failed to compile on the GPU (call 36, the profile's key-group-1 calls at KV 0.25)."""
+    bf = torch.bfloat16
+    assert lg.unserved(128, bf, 64, 64, True, False) is None
+    assert lg.unserved(128, bf, 128, 512, True, False) is None
+    assert (
+        lg.unserved(128, bf, 64, 32, True, False)
+        == "value rank 32 (the P·V product's rows are value columns, 64 at least)"
+    )
+    assert lg.unserved(128, bf, 64, 33, True, False) is None  # its box is 64 columns
+    assert "value rank 520" in lg.unserved(128, bf, 64, 520, True, False)
+    assert lg.unserved(128, bf, 320, 64, True, False).startswith("key rank 320")
+    assert lg.unserved(96, bf, 64, 64, True, False) == "head_dim 96 (serves 128)"
+    assert lg.unserved(128, torch.float32, 64, 64, True, False).startswith("torch.float32")
+    assert lg.unserved(128, bf, 64, 64, False, False) == "value groups apart from the key groups"
+    assert lg.unserved(128, bf, 64, 64, True, True).startswith("keys cached raw")
+    assert lg.unserved(128, bf, 64, 64, True, False, rope_table=False).startswith("a rotary embedding")
+
+
 @needs_gluon
 @pytest.mark.slow
 @pytest.mark.parametrize(
@@ -163,6 +199,8 @@ WIDE_CASES = [
 def test_gluon_kernel_matches_float64(case, setup, monkeypatch):
     for name, value in setup.items():  # the launches served only by the environment's overrides
         monkeypatch.setattr(lg, name, value)
+    # the kernel itself at every case: key group 1 is left to the Triton kernel by default (lg.slower)
+    monkeypatch.setattr(lg, "slower", lambda *a: None)
     b, h, kvh, gk, t, n, kr, vr, bias, norm, dtype = case
     q, zk, zv, pack, inv = latent_decode_inputs(
         b, h, kvh, 128, t, gk, gk, kr, vr, bias=bias, norm=norm, dtype=dtype, device="cuda", seed=sum(kr)
@@ -202,7 +240,17 @@ def test_unserved_launch_takes_triton_and_says_why():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER or not lg.HAVE_GLUON, reason="needs a Hopper GPU and Gluon")
-@pytest.mark.parametrize(("family", "kg"), [("llama", 2), ("qwen2", 2), ("qwen3", 1), ("granite", 2)])
+def test_key_group_one_takes_triton_and_says_why():
+    q, zk, zv, pack, inv = latent_decode_inputs(2, 32, 8, 128, 300, 1, 1, [64] * 8, [64] * 8,
+                                                dtype=torch.bfloat16, device="cuda")  # fmt: skip
+    kl.latent_decode_attention(q, zk, zv, pack, torch.tensor([290], device="cuda"), inv, 128**-0.5)
+    assert kl.LAST_LAUNCH["kernel"] == "triton"
+    assert kl.LAST_LAUNCH["gluon_refused"].startswith("key group 1")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER or not lg.HAVE_GLUON, reason="needs a Hopper GPU and Gluon")
+@pytest.mark.parametrize(("family", "kg"), [("llama", 2), ("qwen2", 2), ("qwen3", 2), ("granite", 2)])
 def test_model_decode_takes_the_gluon_kernel(family, kg):
     """A PaLU model at head_dim 128 (Llama, Qwen2 with its key bias, Qwen3 with its key norm, Granite found by
     structural discovery), bf16: its decode steps take the Gluon kernel (recorded) and give the Triton kernel's
@@ -322,6 +370,33 @@ def test_gluon_launch_record_carries_what_the_profile_reads(monkeypatch):
         -(-int(pack["rk_max"]) // tile) * tile == sum(rec["key_boxes"]) == 128
     )  # the profile's executed rank
     assert rec["value_boxes"] == [256, 0] and rec["sub"] == pl.g and rec["stages"] == [pl.xs, pl.vs]
+
+
+def test_a_launch_timed_faster_on_triton_takes_it_and_records_why(monkeypatch):
+    """Served by the Gluon kernel (refusal replaced: no GPU) but one KV head a program of Llama-3-8B's group of 4 at 16
+    sequences: ``_launch`` takes the Triton kernel (replaced too) and records why (``slower``)."""
+    q, zk, zv, pack, inv = latent_decode_inputs(16, 32, 8, 128, 300, 4, 4, [128, 96], [384, 320])
+    pl = lg.plan(4, 4, 128, 384)
+    assert pl is not None and pl.g == 1
+    ran = []
+
+    def fake_triton(*args):
+        kl.LAST_LAUNCH.clear()
+        kl.LAST_LAUNCH.update(kernel="triton")
+        ran.append(args[-1])
+        return q.new_zeros(16, 32, 512)
+
+    monkeypatch.setattr(lg, "refusal", lambda *a, **k: (None, pl))
+    monkeypatch.setattr(lg, "launch", lambda *a: pytest.fail("the Gluon kernel ran"))
+    monkeypatch.setattr(kl, "_launch_once", fake_triton)
+    monkeypatch.setattr(kl, "LATENT_KERNEL", "auto")
+    voff, vrk, shared, valign = kl.per_kv_head(pack, q.device)
+    kl._launch(q, zk, zv, pack["uk"], pack["koff"], pack["kr"], voff, vrk, None, None, inv, torch.tensor([290]),
+               128**-0.5, 1.0, 1e-6, pack["rk_max"], 384, 8, 4, shared, pack["align"], valign,
+               rope=pack["rope"])  # fmt: skip
+    assert len(ran) == 1 and kl.LAST_LAUNCH["kernel"] == "triton"
+    assert "that the Triton kernel holds whole" in kl.LAST_LAUNCH["gluon_refused"]
+    assert any("holds whole" in r for r in kl.gluon_refusals())
 
 
 @needs_gluon

@@ -1256,6 +1256,9 @@ def _launch(
         refused, pl = latent_gluon.refusal(
             q, zk, zv, uk, rk_max, rv_max, k_group, n_rep, v_shared, raw, rope_table=rope is not None
         )
+        if refused is None:  # served, unless the Triton kernel was timed faster at this launch
+            tcfg = launch_config(b * (kvh // k_group), t, k_group, q.device, raw=raw, n_rep=n_rep, rk=rk)
+            refused = latent_gluon.slower(k_group, b, pl, program_heads(k_group, tcfg.get("sub")))
         if refused is None:
             return _launch_gluon(
                 q, zk, zv, uk, koff, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps,

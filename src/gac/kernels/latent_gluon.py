@@ -85,6 +85,10 @@ MOST_HEADS = int(os.environ.get("GAC_GLUON_HEADS", "0"))
 MAX_RANK = int(os.environ.get("GAC_GLUON_MAX_RANK", "128"))
 #: the widest value latent served: two descriptor boxes of at most 256 columns
 MAX_VALUE = 512
+#: the narrowest value tile: the transposed ``P·Z_v`` product's rows are the value columns, and a Hopper tensor-core
+#: product's rows come in warpgroups of 64 (value rank 32 failed to compile, H200 call 36: the profile's key-group-1
+#: calls at KV 0.25); narrower value latents take the Triton kernel
+MIN_VALUE = 64
 #: the widest descriptor box (Hopper's tensor-memory accelerator: 256 elements a dimension)
 BOX = 256
 #: the key rank's tile: ranks are padded to 64-column multiples, then split into power-of-two boxes (:func:`key_boxes`)
@@ -169,6 +173,65 @@ def plan(k_group: int, n_rep: int, rk_max: int, rv_max: int) -> Plan | None:
     return None
 
 
+def unserved(
+    head_dim: int,
+    dtype: torch.dtype,
+    rk_max: int,
+    rv_max: int,
+    v_shared: bool,
+    raw: bool,
+    rope_table: bool = True,
+) -> str | None:
+    """Why the kernel's layout does not serve a launch's shapes (any GPU aside), or None."""
+    if raw:
+        return "keys cached raw (nothing to rebuild)"
+    if not rope_table:
+        return "a rotary embedding that rescales with the length (no rotary table: the Triton kernel evaluates it)"
+    if head_dim != 128:
+        return f"head_dim {head_dim} (serves 128)"
+    if dtype not in (torch.bfloat16, torch.float16):
+        return f"{dtype} (serves bf16 and fp16)"
+    if not v_shared:
+        return "value groups apart from the key groups"
+    if sum(key_boxes(rk_max)) > MAX_RANK:
+        return f"key rank {rk_max} (the up-projections of a program stay on chip up to rank {MAX_RANK})"
+    if rv_max > MAX_VALUE:
+        return f"value rank {rv_max} (two descriptor boxes hold {MAX_VALUE} columns)"
+    if next_pow2(rv_max) < MIN_VALUE:
+        return f"value rank {rv_max} (the P·V product's rows are value columns, {MIN_VALUE} at least)"
+    return None
+
+
+#: from this many sequences, a program of one KV head out of a key group that the Triton kernel's program holds whole
+#: (more than two KV heads) is left to the Triton kernel (:func:`slower`)
+SPLIT_GROUP_FROM = 16
+
+
+def slower(k_group: int, batch: int, p: Plan, triton_heads: int) -> str | None:
+    """Why the Triton kernel takes a launch this kernel serves (``p``, :func:`plan`) because it was timed faster there
+    (``triton_heads``: KV heads a Triton program takes, :func:`gac.kernels.latent_attention.program_heads`), or None.
+
+    Both on one H200 (``benchmarks/results/h200/palu-default/README.md``, calls 36-37; Triton rows of the latent
+    class reproduced within 2% across the two runs):
+
+    * **key group 1**: this kernel took 0.97-1.16x the Triton kernel's time at 20 calls, more at 18 (Llama-3-8B and
+      Qwen2.5-7B shapes, key and value rank 64, B 16/64 x KV 16k/32k, and the class's key-group-1 calls);
+    * **one KV head a program where the Triton kernel holds the key group** (Llama-3-8B's group of 4 at key rank 128
+      and 384 value columns, which leave shared memory one head's up-projections): 1.28-1.31x its time from 16
+      sequences (B=16 x 16k, B=64 x 4k), 0.61-0.96x at one sequence. Between 2 and 15 sequences it is untimed and
+      stays here. Qwen2.5-7B's group of 4 (28 query rows) is two KV heads a Triton program, and one a program here
+      took 0.84-0.92x its time (call 32).
+    """
+    if k_group == 1:
+        return "key group 1 (the Triton kernel's per-head launch is faster there)"
+    if p.g == 1 and triton_heads > 2 and batch >= SPLIT_GROUP_FROM:
+        return (
+            f"one KV head a program of a key group of {k_group} that the Triton kernel holds whole, from "
+            f"{SPLIT_GROUP_FROM} sequences (the Triton kernel is faster there)"
+        )
+    return None
+
+
 def refusal(
     q: torch.Tensor, zk: torch.Tensor, zv: torch.Tensor, uk: torch.Tensor, rk_max: int, rv_max: int, k_group: int,
     n_rep: int, v_shared: bool, raw: bool, rope_table: bool = True,
@@ -179,26 +242,10 @@ def refusal(
         return "Triton without Gluon's Hopper layer (triton.experimental.gluon)", None
     if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 9:
         return "not a Hopper GPU (sm_90)", None
-    hd = q.shape[-1]
-    rkp = sum(key_boxes(rk_max))
-    why = None
-    if raw:
-        why = "keys cached raw (nothing to rebuild)"
-    elif not rope_table:
-        why = "a rotary embedding that rescales with the length (no rotary table: the Triton kernel evaluates it)"
-    elif hd != 128:
-        why = f"head_dim {hd} (serves 128)"
-    elif q.dtype not in (torch.bfloat16, torch.float16):
-        why = f"{q.dtype} (serves bf16 and fp16)"
-    elif not v_shared:
-        why = "value groups apart from the key groups"
-    elif rkp > MAX_RANK:
-        why = f"key rank {rk_max} (the up-projections of a program stay on chip up to rank {MAX_RANK})"
-    elif rv_max > MAX_VALUE:
-        why = f"value rank {rv_max} (two descriptor boxes hold {MAX_VALUE} columns)"
-    elif not (zk.is_contiguous() and zv.is_contiguous() and uk.is_contiguous()):
+    why = unserved(q.shape[-1], q.dtype, rk_max, rv_max, v_shared, raw, rope_table)
+    if why is None and not (zk.is_contiguous() and zv.is_contiguous() and uk.is_contiguous()):
         why = "latents or up-projections not contiguous"
-    elif (zk.shape[-1] * 2) % 16 or (zv.shape[-1] * 2) % 16 or (uk.shape[-1] * 2) % 16:
+    elif why is None and ((zk.shape[-1] * 2) % 16 or (zv.shape[-1] * 2) % 16 or (uk.shape[-1] * 2) % 16):
         why = "latent rows not 16-byte multiples"
     p = plan(k_group, n_rep, rk_max, rv_max) if why is None else None
     if why is None and p is None:
