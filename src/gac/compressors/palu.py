@@ -134,11 +134,14 @@ class PaluCompressor(Compressor):
 
     #: a smaller KV cache pays in memory where its decode is slower (on an H200, Llama-3-8B shape at 32k: 1.97x the
     #: sequences at 0.97x dense's tokens/s, ``benchmarks/results/h200/palu-default/call9/``): the refusal says how
-    #: to measure that
+    #: to measure that; and key and value groups of two KV heads, which the Hopper kernel serves where the default
+    #: group of 4 leaves it too little shared memory, decoded faster than dense from 16 sequences at 16k on that
+    #: shape (``benchmarks/results/h200/palu-default/keygroup2-values2/``)
     refusal_hint = (
         "PaLU's smaller cache may still pay in memory: compressed with --allow-slower, `gac eval infer --variant DIR "
         "--baseline-model-id MODEL --capacity-context 32768 --out R` measures the most sequences that fit, and "
-        "their tokens/s, beside dense"
+        "their tokens/s, beside dense; and on a Hopper GPU, key and value groups of 2 KV heads (-O k_group_size=2 "
+        "-O v_group_size=2; their quality is unmeasured) decoded at 0.95-1.16x dense on the Llama-3-8B shape (H200)"
     )
 
     def __init__(
