@@ -130,6 +130,8 @@ def test_unserved_shapes_are_named():
         (4, 4, 192, 328, False, 0),
         (4, 7, 128, 280, True, 64),
         (4, 4, 256, 440, False, 512),
+        (2, 4, 128, 128, False, 0),  # key and value groups of 2 (plans/palu-keygroup2-values2.toml)
+        (1, 4, 64, 64, False, 0),  # the narrowest value tile served (MIN_VALUE)
     ],
 )
 def test_compiles_for_sm90_within_resources(k_group, n_rep, rk, rv, bias, stack, monkeypatch):
