@@ -29,10 +29,13 @@ Every rotary angle's cos/sin comes from host tables (:func:`tile_starts`). Evalu
 of angles up to 32k compiled to their precise path, double-precision and local-memory instructions in the loop:
 Nsight Compute counted 2.3x the Triton kernel's instructions, and the kernel took 1.5-2.6x its time (calls 25-28).
 
-It serves Hopper (sm_90) with Gluon (Triton 3.6; 3.9 compiles it too), ``head_dim`` 128, values grouped as the keys,
-padded key ranks of at most :data:`MAX_RANK`, value ranks of at most :data:`MAX_VALUE`, and programs of whole KV
-heads, at most 16 query rows, that fit shared memory at one of :data:`LAUNCHES` (:func:`plan`). :func:`refusal` names
-why any other launch is not served. Key ranks past 128 and 64-token tiles compile, pass the GPU tests and are
+It serves Hopper (sm_90) with Gluon (Triton 3.6; 3.9 compiles it too), ``head_dim`` 128, each key group inside one
+value group, padded key ranks of at most :data:`MAX_RANK`, value ranks of :data:`MIN_VALUE` to :data:`MAX_VALUE`, and
+programs of whole KV heads, at most 16 query rows, that fit shared memory at one of :data:`LAUNCHES` (:func:`plan`).
+:func:`refusal` names why any other launch is not served, and :func:`slower` why a served one is left to the Triton
+kernel, timed faster there (key group 1; one KV head a program of a key group the Triton kernel holds whole, from 16
+sequences). At key and value groups of 2 it took 0.78-0.81x the Triton kernel's time (call 36), and a Llama-3-8B shape
+so grouped decoded at 0.95-1.16x dense (call 39). Key ranks past 128 and 64-token tiles compile, pass the GPU tests and are
 reachable by ``GAC_GLUON_MAX_RANK`` and ``GAC_GLUON_LAUNCH``, but ran 1.0-2.3x the Triton kernel's time (calls 32-33),
 so they are not the default.
 """
