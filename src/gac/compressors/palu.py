@@ -134,9 +134,9 @@ class PaluCompressor(Compressor):
 
     #: a smaller KV cache pays in memory where its decode is slower (on an H200, Llama-3-8B shape at 32k: 1.97x the
     #: sequences at 0.97x dense's tokens/s, ``benchmarks/results/h200/palu-default/call9/``): the refusal says how
-    #: to measure that; and key and value groups of two KV heads, which the Hopper kernel serves where the default
-    #: group of 4 leaves it too little shared memory, decoded faster than dense from 16 sequences at 16k on that
-    #: shape (``benchmarks/results/h200/palu-default/keygroup2-values2/``)
+    #: to measure that; and key and value groups of two KV heads, where the Hopper kernel serves every rebuilt layer,
+    #: decoded faster than dense from 16 sequences at 16k on that shape
+    #: (``benchmarks/results/h200/palu-default/keygroup2-values2/``)
     refusal_hint = (
         "PaLU's smaller cache may still pay in memory: compressed with --allow-slower, `gac eval infer --variant DIR "
         "--baseline-model-id MODEL --capacity-context 32768 --out R` measures the most sequences that fit, and "
