@@ -1205,8 +1205,7 @@ def kernels_ran() -> list[str]:
 
 
 def _launch_gluon(
-    q, zk, zv, uk, koff, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps, rv_max, kvh, pl,
-    poison=None,
+    q, zk, zv, uk, koff, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps, kvh, pl, poison=None,
 ) -> torch.Tensor:  # fmt: skip
     """The Gluon kernel by the launch ``pl`` (:func:`gac.kernels.latent_gluon.plan`) and the Triton combine:
     :func:`_launch_once`'s output."""
@@ -1218,7 +1217,7 @@ def _launch_gluon(
     key = ("gluon", q.device.index, h, kvh, k_bias is not None, k_norm is not None, pl)
     if key in _RESIDENT:
         splits = balanced_splits(splits, ctas, t, bt, _RESIDENT[key] * _sm_count(q.device.index or 0))
-    part, ml, out = _split_buffers(q, splits, next_pow2(rv_max), poison)
+    part, ml, out = _split_buffers(q, splits, pl.rvo, poison)
     kern = latent_gluon.launch(
         q, zk, zv, uk, koff, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps, kvh, pl, part, ml
     )  # fmt: skip
@@ -1252,24 +1251,27 @@ def _launch(
     t = zk.shape[1]
     n_rep, rk = h // kvh, int(rk_max)
     refused = None
+    table = None  # the Triton kernel's launch, where the Gluon kernel's choice needed it
     if LATENT_KERNEL == "auto" and cfg is None and not _ENV:
         refused, pl = latent_gluon.refusal(
             q, zk, zv, uk, rk_max, rv_max, k_group, n_rep, v_shared, raw, rope_table=rope is not None
         )
         if refused is None:  # served, unless the Triton kernel was timed faster at this launch
-            tcfg = launch_config(b * (kvh // k_group), t, k_group, q.device, raw=raw, n_rep=n_rep, rk=rk)
-            refused = latent_gluon.slower(k_group, b, pl, program_heads(k_group, tcfg.get("sub")))
+            table = launch_config(b * (kvh // k_group), t, k_group, q.device, raw=raw, n_rep=n_rep, rk=rk)
+            refused = latent_gluon.slower(k_group, b, pl, program_heads(k_group, table.get("sub")))
         if refused is None:
             return _launch_gluon(
-                q, zk, zv, uk, koff, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps,
-                rv_max, kvh, pl, poison,
+                q, zk, zv, uk, koff, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps, kvh,
+                pl, poison,
             )  # fmt: skip
         if refused not in _GLUON_REFUSED:
             _GLUON_REFUSED.add(refused)
             if q.device.type == "cuda" and torch.cuda.get_device_capability(q.device)[0] == 9:  # a Hopper GPU
                 log.warning("latent decode: the Gluon kernel does not serve this launch (%s); the Triton kernel runs",
                             refused)  # fmt: skip
-    cfg = dict(cfg or launch_config(b * (kvh // k_group), t, k_group, q.device, raw=raw, n_rep=n_rep, rk=rk))
+    cfg = dict(
+        cfg or table or launch_config(b * (kvh // k_group), t, k_group, q.device, raw=raw, n_rep=n_rep, rk=rk)
+    )
     sub = program_heads(k_group, cfg.get("sub"))
     ctas = b * (kvh // sub)
     key = (q.device.index, q.dtype, h, hd, kvh, k_group, rk_max, rv_max, k_bias is not None,
