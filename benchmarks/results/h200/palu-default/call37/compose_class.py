@@ -18,7 +18,10 @@ import json
 import os
 import sys
 
+import torch
+
 from gac.hardware.latency import fit_latent_attention
+from gac.kernels import latent_attention as kl
 from gac.kernels import latent_gluon as lg
 
 
@@ -26,22 +29,27 @@ def key(c: dict) -> tuple:
     return c["key_group"], c["rank"], c.get("rank_v", c["rank"]), c["batch"], c["kv"]
 
 
-def left_to_triton(c: dict, n_rep: int) -> bool:
-    """Whether the default path now takes the Triton kernel at this call (``latent_gluon.slower``)."""
+def left_to_triton(c: dict, kv_heads: int, n_rep: int) -> bool:
+    """Whether the default path now takes the Triton kernel at a call the Gluon kernel ran (``latent_gluon.slower``,
+    with the Triton kernel's launch table as ``_launch`` reads it)."""
     launch = c["launch"]
     if launch.get("kernel") != "gluon":
         return False
-    g = c["key_group"]
-    pl = lg.plan(g, n_rep, c["rank"], c.get("rank_v", c["rank"]))
-    triton_heads = g if g * n_rep <= 16 else 2  # the Triton kernel's program: the group up to 16 query rows
-    return lg.slower(g, c["batch"], pl, triton_heads) is not None
+    g, b = c["key_group"], c["batch"]
+    table = kl.launch_config(b * (kv_heads // g), c["kv"], g, torch.device("cpu"), n_rep=n_rep, rk=c["rank"])
+    return (
+        lg.slower(g, b, lg.plan(g, n_rep, c["rank"], c["rank_v"]), kl.program_heads(g, table.get("sub")))
+        is not None
+    )
 
 
-def compose(new: dict, old: dict, n_rep: int) -> tuple[dict, list]:
+def compose(new: dict, old: dict) -> tuple[dict, list]:
+    geo = new["fit"]["geometry"]
+    kv_heads, n_rep = geo["kv_heads"], geo["heads"] // geo["kv_heads"]
     olds = {key(c): c for c in old["fit"]["calls"]}
     calls, swapped = [], []
     for c in new["fit"]["calls"]:
-        if left_to_triton(c, n_rep):
+        if left_to_triton(c, kv_heads, n_rep):
             o = olds[key(c)]
             assert o["launch"].get("kernel", "triton") == "triton", o
             calls.append(o)
@@ -65,8 +73,8 @@ def main() -> None:
     new = read(new_path)["latent_attention"]
     old_doc = read(old_path)
     old = old_doc.get("latent_attention", old_doc)
-    cls, swapped = compose(new, old, 4)  # Llama-3-8B's attention: 32 query heads, 8 KV heads
-    wide, swapped_w = compose(new["wide"], old["wide"], 7)  # Qwen2.5-7B's: 28 query heads, 4 KV heads
+    cls, swapped = compose(new, old)  # Llama-3-8B's attention: 32 query heads, 8 KV heads
+    wide, swapped_w = compose(new["wide"], old["wide"])  # Qwen2.5-7B's: 28 query heads, 4 KV heads
     cls["wide"] = {**wide, "rows_over": new["wide"]["rows_over"]}
     cls["fit"]["composed"] = {
         "note": "call 37's calls (H200, 2026-11-29), those the default path now leaves to the Triton kernel "
