@@ -135,13 +135,17 @@ class PaluCompressor(Compressor):
     #: a smaller KV cache pays in memory where its decode is slower (on an H200, Llama-3-8B shape at 32k: 1.97x the
     #: sequences at 0.97x dense's tokens/s, ``benchmarks/results/h200/palu-default/call9/``): the refusal says how
     #: to measure that; and key and value groups of two KV heads, where the Hopper kernel serves every rebuilt layer,
-    #: decoded faster than dense from 16 sequences at 16k on that shape
-    #: (``benchmarks/results/h200/palu-default/keygroup2-values2/``)
+    #: decoded at 0.91-1.16x dense on the Llama-3-8B and Qwen2.5-7B shapes and served 1.46x dense's tokens/s at 32k,
+    #: but prefilled a 128-token prompt at 0.87x, so the guard refuses them as well (H200, calls 39-42 of
+    #: ``benchmarks/results/h200/palu-default/``: ``keygroup2-values2/``, ``capacity-keygroup2-values2/``,
+    #: ``call42/short-prefill/``)
     refusal_hint = (
         "PaLU's smaller cache may still pay in memory: compressed with --allow-slower, `gac eval infer --variant DIR "
         "--baseline-model-id MODEL --capacity-context 32768 --out R` measures the most sequences that fit, and "
         "their tokens/s, beside dense; and on a Hopper GPU, key and value groups of 2 KV heads (-O k_group_size=2 "
-        "-O v_group_size=2; their quality is unmeasured) decoded at 0.95-1.16x dense on the Llama-3-8B shape (H200)"
+        "-O v_group_size=2 --allow-slower; their quality is unmeasured) decoded at 0.91-1.16x dense from 4k cached "
+        "tokens on the Llama-3-8B and Qwen2.5-7B shapes, and at 1.46x dense's tokens/s in the same memory at 32k (H200), "
+        "but prefilled a 128-token prompt at 0.87x"
     )
 
     def __init__(
