@@ -618,6 +618,7 @@ def latent_call(
     elem: int = 2,
     raw: bool = False,
     n_rep: int = 0,
+    value_group: int = 0,
 ) -> dict[str, Any]:
     """One latent decode attention call (one layer, one new token per sequence), priced on ``profile``.
 
@@ -626,7 +627,8 @@ def latent_call(
     bandwidth, as dense decode attention does (on an H100 the raw-key launch ran 0.96-1.85x dense decode
     attention at the first layer of the Llama-3-8B and Qwen2.5-7B shapes, ``benchmarks/results/h100/palu-kernel/v9/``).
 
-    ``bytes``: the latent cache read, ``batch·kv·(Σ r_k + Σ r_v)·elem``. ``flops``: the key rebuild,
+    ``bytes``: the latent cache read, ``batch·kv·(Σ r_k + n·Σ r_v)·elem``, where each value latent is read ``n``
+    times (:func:`value_reads` of ``key_group`` and ``value_group``, the layer's value group size; 0: as the keys). ``flops``: the key rebuild,
     ``2·batch·kv·head_dim·G·r`` per key group of ``G`` KV heads at the rank ``r`` the kernel runs
     (:func:`latent_rank`: on a measured class every group at the layer's widest, padded to the rank
     tile, as the kernel's one ``RK`` tile does; at the roofline each group's own rank). ``ms`` =
@@ -649,7 +651,9 @@ def latent_call(
         run = [latent_rank(rates, max(key_ranks))] * n_k
     else:
         run = [latent_rank(rates, r) for r in key_ranks]
-    nbytes = float(batch * kv * (sum(key_ranks) + sum(value_ranks)) * elem)
+    nbytes = float(
+        batch * kv * (sum(key_ranks) + value_reads(key_group, value_group) * sum(value_ranks)) * elem
+    )
     flops = 2.0 * batch * kv * head_dim * key_group * sum(run)
     byte_ms = nbytes / (float(rates["gbps"]) * 1e9) * 1e3
     tf = rates.get("tflops")
@@ -658,6 +662,17 @@ def latent_call(
     work = byte_ms + flop_ms if serial else max(byte_ms, flop_ms)
     return {"bytes": nbytes, "flops": flops, "byte_ms": byte_ms, "flop_ms": flop_ms, "serial": serial,
             "ms": float(rates["launch_us"]) * 1e-3 + work, "rates": rates}  # fmt: skip
+
+
+def value_reads(key_group: int, value_group: int) -> int:
+    """How many times the latent kernel reads each value latent: once per program of a key group, so a value
+    group of ``value_group`` KV heads is read by each of the ``value_group / key_group`` key groups inside it
+    (once where the values are grouped as the keys, or narrower; ``value_group`` 0: as the keys).
+
+    >>> value_reads(2, 4), value_reads(4, 4), value_reads(4, 2), value_reads(1, 4), value_reads(2, 0)
+    (2, 1, 1, 4, 1)
+    """
+    return max(1, int(value_group) // max(1, int(key_group)))
 
 
 def site_cache_ms(profile: Profile, site: Any, d: int, batch: int, kv: int, elem: int = 2) -> float:
@@ -683,7 +698,8 @@ def site_cache_ms(profile: Profile, site: Any, d: int, batch: int, kv: int, elem
     g = int(meta.get("group_kv") or 1)
     # the kernel's row: the key group size, and the key group's query rows (the class's wide rows past them)
     rates = profile.latent_rates(int(meta.get("key_group") or g), int(meta.get("query_rows") or 0))
-    ms = batch * kv * d * elem / (float(rates["gbps"]) * 1e9) * 1e3
+    reads = value_reads(int(meta.get("key_group") or g), g) if meta.get("kind") == "v" else 1
+    ms = reads * batch * kv * d * elem / (float(rates["gbps"]) * 1e9) * 1e3
     hd = int(meta.get("head_dim") or 0)
     if per_dim and rates.get("tflops") and hd:
         flop_ms = 2.0 * batch * kv * hd * g * latent_rank(rates, d) / (float(rates["tflops"]) * 1e12) * 1e3
@@ -870,7 +886,8 @@ class _LatentLayer:
                                   nbytes / (c["copy_gbps"] * 1e9) * 1e3))  # fmt: skip
             return out
         call = latent_call(profile, b, n_kv, int(a.head_dim), int(a.group_kv_k), list(a.k_proj.ranks),
-                           list(a.v_proj.ranks), elem, raw=self.raw, n_rep=int(a.num_key_value_groups))  # fmt: skip
+                           list(a.v_proj.ranks), elem, raw=self.raw, n_rep=int(a.num_key_value_groups),
+                           value_group=int(a.group_kv_v))  # fmt: skip
         rates = call["rates"]
         if rates["source"] == "measured":  # the fitted fixed time covers both launches
             split_us = max(rates["launch_us"] - c["aux_us"], 0.0)
@@ -925,11 +942,12 @@ def latent_grouped_apart(layers: list[_LatentLayer], profile: Profile) -> dict[s
     (:func:`values_timed_as_keys`): ``{"layers", "key_group", "value_group"}`` of the first such grouping, or
     None.
 
-    Such a layer is priced from its key group's row, as if its values were grouped alike. The kernel runs a
-    program per key group, and each reads its value group's latents; on an H100 (Llama-3-8B and Qwen2.5-7B
-    shapes, values in groups of 4) the model predicted key group 2 up to 20% (Llama) and 51% (Qwen)
-    optimistic and key group 1 up to 10% and 14% optimistic from 16 sequences
-    (``benchmarks/results/h100/palu-default/keygroup/``).
+    Such a layer is priced from its key group's row. The kernel runs a program per key group, and each reads its
+    value group's latents, so values grouped wider than the keys are priced as read once per key group inside
+    them (:func:`value_reads`). Priced as read once, the committed cells of key groups 1 and 2 with values in
+    groups of 4 (Llama-3-8B and Qwen2.5-7B shapes) read 0.93-1.43x their measured speedup over dense (H100,
+    ``benchmarks/results/h100/palu-default/keygroup/``) and 0.89-1.15x (H200, ``keygroup2/``, ``g1-qwen/``); as
+    read per key group, 0.81-1.15x and 0.84-1.08x.
     """
     if not values_timed_as_keys(profile):
         return None
@@ -945,7 +963,8 @@ def latent_apart_line(apart: dict[str, Any]) -> str:
     return (
         f"{apart['layers']} latent attention layer(s) group keys by {apart['key_group']} and values by "
         f"{apart['value_group']} KV heads; the profile's latent_attention class timed values grouped as the "
-        "keys: their decode time is priced from the key group's row, untimed for this grouping"
+        "keys: their decode time is priced from the key group's row with the values read once per key group, "
+        "untimed for this grouping"
     )
 
 
