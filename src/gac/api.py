@@ -465,7 +465,7 @@ class Plan:
             if m <= 0
             else f"below {1 + m:.3f}x dense (the guard's margin {m:.3f} for the latency model's error: {src})"
         )
-        hint = getattr(self.compressor, "refusal_hint", "")
+        hint = self.compressor.refusal()
         return (
             f"--param-ratio {r:g} cannot be met without a slowdown: predicted {below} at "
             f"{shapes}{where}; or pass --allow-slower, or --serve the shapes you run, or a wider "

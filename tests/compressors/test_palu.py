@@ -565,8 +565,21 @@ def test_the_guards_refusal_says_how_to_measure_palus_capacity(llama64):
     with pytest.raises(GacError, match="cannot be met without a slowdown") as e:
         p.allocation()
     msg = str(e.value)
-    assert "\n" not in msg and msg.endswith("; " + PaluCompressor.refusal_hint)
-    assert (
-        "--capacity-context" in PaluCompressor.refusal_hint
-        and "--allow-slower" in PaluCompressor.refusal_hint
-    )
+    # already in key and value groups of 2: told what such groups were measured at, and that they need the flag
+    assert "\n" not in msg and msg.endswith("; " + p.compressor.refusal())
+    assert msg.endswith("key and value groups of 2 KV heads, as here, " + PaluCompressor.GROUPS2_RECORD + " on a "
+                        "Hopper GPU, where the latency model prices their decode below dense (up to 16% pessimistic "
+                        "at long context): they need --allow-slower")  # fmt: skip
+    assert "--capacity-context" in msg and "-O k_group_size=2" not in msg
+    # the default groups (4 KV heads: one group): groups of 2 named, with the flag they need
+    cfg = dataclasses.replace(cfg, options={})
+    p = plan(copy.deepcopy(llama64), cfg, calib_batches=_batches(), profile=prof)
+    with pytest.raises(GacError, match="cannot be met without a slowdown") as e:
+        p.allocation()
+    assert str(e.value).endswith("; " + PaluCompressor.refusal_hint)
+    assert "-O k_group_size=2 -O v_group_size=2 --allow-slower" in PaluCompressor.refusal_hint
+    # 3 KV heads take no group of 2: not suggested
+    odd = PaluCompressor()
+    odd.sites(tiny_model("llama", **{**GEOM, "heads": 6, "kv_heads": 3}))
+    assert odd.refusal() == PaluCompressor.CAPACITY_HINT
+    assert PaluCompressor().refusal() == PaluCompressor.refusal_hint  # before it has read a model

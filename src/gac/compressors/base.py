@@ -83,6 +83,11 @@ class Compressor(ABC):
     #: what else the latency guard's refusal tells a user of this method (appended to its one line; empty: nothing)
     refusal_hint: ClassVar[str] = ""
 
+    def refusal(self) -> str:
+        """What the latency guard's refusal tells a user of this method about the model it refused
+        (:attr:`refusal_hint` unless the method says more for that model, after :meth:`sites`)."""
+        return self.refusal_hint
+
     @abstractmethod
     def sites(self, model: nn.Module) -> list[Site]:
         """The sites this compressor can shrink in ``model``."""

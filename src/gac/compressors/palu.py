@@ -132,21 +132,44 @@ def _gemm_launches(groups: int, kind: str, fold_values: bool) -> dict[str, float
 class PaluCompressor(Compressor):
     """Group-head low-rank K/V projections with a latent KV cache."""
 
-    #: a smaller KV cache pays in memory where its decode is slower (on an H200, Llama-3-8B shape at 32k: 1.97x the
-    #: sequences at 0.97x dense's tokens/s, ``benchmarks/results/h200/palu-default/call9/``): the refusal says how
-    #: to measure that; and key and value groups of two KV heads, where the Hopper kernel serves every rebuilt layer,
-    #: decoded at 0.91-1.16x dense on the Llama-3-8B and Qwen2.5-7B shapes and served 1.46x dense's tokens/s at 32k,
-    #: but prefilled a 128-token prompt at 0.87x, so the guard refuses them as well (H200, calls 39-42 of
-    #: ``benchmarks/results/h200/palu-default/``: ``keygroup2-values2/``, ``capacity-keygroup2-values2/``,
-    #: ``call42/short-prefill/``)
-    refusal_hint = (
+    # What the latency guard's refusal adds. A smaller KV cache pays in memory where its decode is slower (on an H200,
+    # Llama-3-8B shape at 32k: 1.97x the sequences at 0.97x dense's tokens/s, benchmarks/results/h200/palu-default/
+    # call9/); key and value groups of two KV heads, where the Hopper kernel serves every rebuilt layer, decoded at
+    # 0.91-1.16x dense on the Llama-3-8B and Qwen2.5-7B shapes and served 1.46x dense's tokens/s at 32k, but
+    # prefilled a 128-token prompt at 0.87x, and the latency model prices their decode below dense (up to 16%
+    # pessimistic at long context), so the guard refuses them as well (H200, calls 39-42 of that folder:
+    # keygroup2-values2/, capacity-keygroup2-values2/, call42/short-prefill/).
+    CAPACITY_HINT = (
         "PaLU's smaller cache may still pay in memory: compressed with --allow-slower, `gac eval infer --variant DIR "
         "--baseline-model-id MODEL --capacity-context 32768 --out R` measures the most sequences that fit, and "
-        "their tokens/s, beside dense; and on a Hopper GPU, key and value groups of 2 KV heads (-O k_group_size=2 "
-        "-O v_group_size=2 --allow-slower; their quality is unmeasured) decoded at 0.91-1.16x dense from 4k cached "
-        "tokens on the Llama-3-8B and Qwen2.5-7B shapes, and at 1.46x dense's tokens/s in the same memory at 32k (H200), "
-        "but prefilled a 128-token prompt at 0.87x"
+        "their tokens/s, beside dense"
     )
+    GROUPS2_RECORD = (
+        "decoded at 0.91-1.16x dense from 4k cached tokens on the Llama-3-8B and Qwen2.5-7B shapes, and at 1.46x "
+        "dense's tokens/s in the same memory at 32k (H200), but prefilled a 128-token prompt at 0.87x"
+    )
+    refusal_hint = (
+        CAPACITY_HINT
+        + "; and on a Hopper GPU, key and value groups of 2 KV heads (-O k_group_size=2 -O v_group_size=2 "
+        "--allow-slower; their quality is unmeasured) " + GROUPS2_RECORD
+    )
+
+    def refusal(self) -> str:
+        """:attr:`refusal_hint` for the model :meth:`sites` read: groups of 2 are named only where they divide its
+        KV heads, and a model already grouped so is told what such groups were measured at, and that they need
+        ``--allow-slower`` (the latency model prices their decode below dense)."""
+        kvh = int((getattr(self, "_geom", None) or {}).get("kv_heads") or 0)
+        if not kvh:
+            return self.refusal_hint
+        if self._gsize.get("k") == 2 and self._gsize.get("v") == 2:
+            return (
+                f"{self.CAPACITY_HINT}; key and value groups of 2 KV heads, as here, {self.GROUPS2_RECORD} on a "
+                "Hopper GPU, where the latency model prices their decode below dense (up to 16% pessimistic at "
+                "long context): they need --allow-slower"
+            )
+        if kvh % 2:
+            return self.CAPACITY_HINT
+        return self.refusal_hint
 
     def __init__(
         self,
