@@ -698,7 +698,7 @@ def site_cache_ms(profile: Profile, site: Any, d: int, batch: int, kv: int, elem
     g = int(meta.get("group_kv") or 1)
     # the kernel's row: the key group size, and the key group's query rows (the class's wide rows past them)
     rates = profile.latent_rates(int(meta.get("key_group") or g), int(meta.get("query_rows") or 0))
-    reads = value_reads(int(meta.get("key_group") or g), g) if meta.get("kind") == "v" else 1
+    reads = value_reads(int(meta.get("key_group") or g), g)  # a key site is its key group: read once
     ms = reads * batch * kv * d * elem / (float(rates["gbps"]) * 1e9) * 1e3
     hd = int(meta.get("head_dim") or 0)
     if per_dim and rates.get("tflops") and hd:

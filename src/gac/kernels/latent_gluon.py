@@ -35,9 +35,9 @@ programs of whole KV heads, at most 16 query rows, that fit shared memory at one
 :func:`refusal` names why any other launch is not served, and :func:`slower` why a served one is left to the Triton
 kernel, timed faster there (key group 1; one KV head a program of a key group the Triton kernel holds whole, from 16
 sequences). At key and value groups of 2 it took 0.78-0.81x the Triton kernel's time (call 36), and the Llama-3-8B
-and Qwen2.5-7B shapes so grouped decoded at 0.91-1.16x dense (calls 39-40). Key ranks past 128 and 64-token tiles compile, pass the GPU tests and are
-reachable by ``GAC_GLUON_MAX_RANK`` and ``GAC_GLUON_LAUNCH``, but ran 1.0-2.3x the Triton kernel's time (calls 32-33),
-so they are not the default.
+and Qwen2.5-7B shapes so grouped decoded at 0.91-1.16x dense (calls 39-40). Key ranks past 128 and 64-token tiles
+compile, pass the GPU tests and are reachable by ``GAC_GLUON_MAX_RANK`` and ``GAC_GLUON_LAUNCH``, but ran 1.0-2.3x
+the Triton kernel's time (calls 32-33), so they are not the default.
 """
 
 from __future__ import annotations
@@ -578,10 +578,8 @@ def descriptors(zk: torch.Tensor, zv: torch.Tensor, uk: torch.Tensor, pl: Plan) 
 
     out: dict[str, Any] = {}
     made: dict[tuple, Any] = {}
-    for name, block in _blocks(
-        pl, half
-    ).items():  # a box not needed repeats the first: one descriptor for both
-        key = (name[:2], *block)
+    for name, block in _blocks(pl, half).items():
+        key = (name[:2], *block)  # a box not needed repeats the first: one descriptor for both
         if key not in made:
             made[key] = desc(src[name[:2]], block)
         out[name] = made[key]
