@@ -317,6 +317,67 @@ def test_folded_values_equal_reference_path(llama64, planned):
     assert torch.equal(g1, g2) and torch.equal(g1, g3)
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_a_short_prompt_rebuilds_in_one_gemm_and_attends_unmasked_as_the_per_group_path(family, monkeypatch):
+    """A prompt's keys and values rebuilt in one block-diagonal GEMM (few rows), the queries' cos/sin reused for
+    the keys, and a whole unmasked prompt attended causally on the grouped heads: the per-group, masked path's
+    logits (float64), biases (Qwen2) included; and a cache passed in (whose keys take the rotary) agrees."""
+    import gac.nn.latent as nl
+
+    base = tiny_model(family, hidden=120, layers=2, heads=8, kv_heads=4, head_dim=24).double()
+    p = plan(copy.deepcopy(base), CompressConfig(compressor="palu", param_ratio=0.5, align="none",
+                                                  options={"group_size": 2}), calib_batches=_batches())  # fmt: skip
+    m = _applied(base, p, p.native, fold=False)
+    att = m.model.layers[0].self_attn
+    assert att.n_groups == (2, 2) and att.k_proj.one_gemm(2 * 24) and not att.k_proj.one_gemm(1 << 24)
+    ids = _ids()
+    calls = {"block_diag": 0, "causal": 0}
+    block_diag, sdpa = torch.block_diag, torch.nn.functional.scaled_dot_product_attention
+
+    def count_block(*a):
+        calls["block_diag"] += 1
+        return block_diag(*a)
+
+    def count_causal(*a, **kw):
+        calls["causal"] += bool(kw.get("is_causal"))
+        return sdpa(*a, **kw)
+
+    with torch.no_grad():
+        with monkeypatch.context() as mp:
+            mp.setattr(torch, "block_diag", count_block)
+            mp.setattr(torch.nn.functional, "scaled_dot_product_attention", count_causal)
+            fast = m(ids, use_cache=False).logits
+        assert calls == {"block_diag": 2 * 2, "causal": 2}  # keys and values of both layers; both layers
+        with (
+            monkeypatch.context() as mp
+        ):  # one GEMM a group, the causal mask built and repeated over the heads
+            mp.setattr(nl, "ONE_GEMM_MAX_MACS", 0)
+            mp.setattr(nl, "SDPA_GQA", False)
+            assert not att.k_proj.one_gemm(2 * 24)
+            slow = m(ids, use_cache=False).logits
+        cached = m(ids, **cache_arg(m, __import__("transformers").DynamicCache())).logits
+    assert (fast - slow).abs().max() < 1e-10 and (fast - cached).abs().max() < 1e-10
+    assert (fast - base(ids).logits).abs().max() > 1e-3  # it is compressed
+    # an up-projection that is not a plain linear layer (a LoRA wrapper, say, whose weight is not all it
+    # computes) keeps one GEMM a group
+    att.k_proj.ups[0] = _Wrapped(att.k_proj.ups[0])
+    assert not att.k_proj.one_gemm(2 * 24)
+    with torch.no_grad():
+        assert (m(ids, use_cache=False).logits - fast).abs().max() < 1e-10
+
+
+class _Wrapped(torch.nn.Module):
+    """A linear layer behind a wrapper with its weight, bias and widths (as peft's LoRA layers show them)."""
+
+    def __init__(self, lin: torch.nn.Linear) -> None:
+        super().__init__()
+        self.base, self.in_features, self.out_features = lin, lin.in_features, lin.out_features
+        self.weight, self.bias = lin.weight, lin.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x)
+
+
 def test_latent_cache_bytes(llama64, planned):
     m = _applied(llama64, planned, planned.native).float()
     cache = LatentCache()

@@ -103,9 +103,21 @@ def test_folded_values_launch_no_value_up_projection():
     m = _latent(2, [32, 32], fold=True)
     for pt in (Point("decode", 4, kv=512), Point("prefill", 1, seq=64)):
         assert not any(".v_proj.ups" in x.name for x in launches(m, _prof(), pt))
-    # prefill rebuilds the keys as GEMMs over B·S rows (the reference path: LatentAttention.forward)
-    ups = [x for x in launches(m, _prof(), Point("prefill", 2, seq=64)) if ".k_proj.ups" in x.name]
-    assert len(ups) == 4 * 2 and all(x.flops == 2.0 * 2 * 64 * 32 * 2 * HD for x in ups)
+    # a short prefill rebuilds the keys in one GEMM against the block-diagonal up-projection, which one kernel
+    # builds (the reference path: LatentAttention.forward, LatentProjection.one_gemm)
+    ls = launches(m, _prof(), Point("prefill", 2, seq=64))
+    assert m.model.layers[0].self_attn.k_proj.one_gemm(2 * 64)
+    assert not any(".k_proj.ups" in x.name for x in ls)
+    blk = [x for x in ls if x.name.startswith("layer0.latent_")]
+    assert [x.name for x in blk] == ["layer0.latent_block0", "layer0.latent_rebuild0"]
+    assert blk[0].kind == "aux" and blk[0].bytes == (64 * 128 + 2 * 32 * 64) * 2
+    assert blk[1].flops == 2.0 * 2 * 64 * 64 * (KVH * HD)  # rows x Σ r x every group's width: the zeros too
+    # a long one rebuilds them as one GEMM a group over B·S rows
+    assert not m.model.layers[0].self_attn.k_proj.one_gemm(64 * 8192)
+    ls = launches(m, _prof(), Point("prefill", 64, seq=8192))
+    ups = [x for x in ls if ".k_proj.ups" in x.name]
+    assert len(ups) == 4 * 2 and all(x.flops == 2.0 * 64 * 8192 * 32 * 2 * HD for x in ups)
+    assert not any(x.name.startswith("layer0.latent_") for x in ls)
 
 
 def test_prefill_is_priced_as_dense_attention_over_the_rebuilt_keys():
@@ -113,8 +125,13 @@ def test_prefill_is_priced_as_dense_attention_over_the_rebuilt_keys():
     pt = Point("prefill", 2, seq=128)
     att = lambda model: [x for x in launches(model, _prof(), pt) if x.kind == "attention"]  # noqa: E731
     assert [(x.flops, x.bytes) for x in att(m)] == [(x.flops, x.bytes) for x in att(d)]
-    ups = [x for x in launches(m, _prof(), pt) if ".ups." in x.name]
-    assert len(ups) == 4 * 8 and {x.flops for x in ups} == {2.0 * 2 * 128 * 16 * HD}
+    # the keys and the values rebuilt, each in one block-diagonal GEMM at these rows, a GEMM a group at many
+    ls = launches(m, _prof(), pt)
+    rebuilt = [x for x in ls if x.name.startswith("layer0.latent_rebuild")]
+    assert not any(".ups." in x.name for x in ls)
+    assert len(rebuilt) == 2 and {x.flops for x in rebuilt} == {2.0 * 2 * 128 * 4 * 16 * KVH * HD}
+    ups = [x for x in launches(m, _prof(), Point("prefill", 64, seq=8192)) if ".ups." in x.name]
+    assert len(ups) == 4 * 8 and {x.flops for x in ups} == {2.0 * 64 * 8192 * 16 * HD}
 
 
 # ----------------------------------------------------------- (a) the smaller cache at long context
@@ -190,9 +207,15 @@ def test_a_layer_the_kernel_cannot_serve_is_priced_on_the_reference_path_and_nam
     assert rec["reasons"] == ["head_dim 24 not a power of two >= 32"]
     ls = launches(m, _prof(), pt)
     rebuild = [x for x in ls if x.name.startswith("layer0.latent_rebuild")]
-    assert len(rebuild) == 4  # two key and two value up-projections over every cached token
-    assert all(x.flops == 2.0 * 4 * 1024 * 12 * 24 for x in rebuild)
+    # keys and values over every cached token, each in one block-diagonal GEMM (LatentProjection.one_gemm)
+    assert [x.name for x in rebuild] == ["layer0.latent_rebuild0", "layer0.latent_rebuild1"]
+    assert all(x.flops == 2.0 * 4 * 1024 * 24 * 48 for x in rebuild)
     assert {"layer0.attention.qk", "layer0.attention.pv", "layer0.softmax"} <= {x.name for x in ls}
+    # over a long cache, one GEMM a group: two key and two value up-projections
+    rebuild = [
+        x for x in launches(m, _prof(), Point("decode", 64, kv=32768)) if "layer0.latent_rebuild" in x.name
+    ]
+    assert len(rebuild) == 4 and all(x.flops == 2.0 * 64 * 32768 * 12 * 24 for x in rebuild)
     m.model.layers[0].self_attn.use_kernel = False
     assert "kernel switched off (use_kernel=False)" in predict(m, _prof(), pt)["latent_attention"]["reasons"]
 

@@ -448,7 +448,9 @@ def launches(
         q, kv, hd, inter = d["q"], d["kv"], d["head_dim"], d["inter"]
         lat = lat_layers.get(i)
         if lat is not None and point.phase == "decode":  # PaLU: the latent kernel, or the rebuild
-            out += lat.decode_launches(profile, point, i, elem, peak)
+            out += lat.decode_launches(profile, point, i, elem, peak, compiled)
+        elif lat is not None:
+            out += lat.rebuild_launches(profile, point.tokens, i, elem, peak, compiled, per_group=False)
         if lat is not None and point.phase == "decode" and lat.path == "kernel":
             pass  # the kernel is the layer's attention: no dense cache read, no softmax launch
         elif point.phase == "prefill":
@@ -867,24 +869,51 @@ class _LatentLayer:
             out += list(a.k_proj.ups)
             if self.path == "reference" and not a.folded:
                 out += list(a.v_proj.ups)
+        else:  # a prefill rebuilds in one block-diagonal GEMM where it can (priced by rebuild_launches)
+            out += [u for p in self.rebuilt() if p.one_gemm(point.tokens) for u in p.ups]
         return out
 
-    def decode_launches(self, profile: Profile, point: Point, i: int, elem: int, peak: float) -> list[Launch]:
+    def rebuilt(self) -> list[Any]:
+        """The :class:`~gac.nn.latent.LatentProjection` s the reference path rebuilds (folded values are not)."""
+        a = self.attn
+        return [a.k_proj] + ([] if a.folded else [a.v_proj])
+
+    def rebuild_launches(
+        self, profile: Profile, rows: int, i: int, elem: int, peak: float, compiled: bool, per_group: bool
+    ) -> list[Launch]:
+        """The reference path's rebuild of ``rows`` rows: where :meth:`gac.nn.latent.LatentProjection.one_gemm`
+        holds, the block-diagonal up-projection built (one kernel writing it, zeros too) and one GEMM against
+        it; elsewhere, with ``per_group``, one GEMM a group (without, :func:`launches`' walk prices those)."""
+        c = constants(profile)
+        bw, out = c["copy_gbps"] * 1e9, []
+        for j, p in enumerate(self.rebuilt()):
+            if p.one_gemm(rows):
+                k, n = sum(p.ranks), p.out_features
+                nbytes = float((k * n + sum(r * p.group_out for r in p.ranks)) * elem)
+                out.append(Launch("aux", f"layer{i}.latent_block{j}", 0.0, nbytes, c["aux_us"], 0.0,
+                                  nbytes / bw * 1e3))  # fmt: skip
+                x = _gemm_launch(profile, rows, k, n, False, compiled, elem, peak, bw, c["launch_us"])
+                x.name = f"layer{i}.latent_rebuild{j}"
+                out.append(x)
+                continue
+            for g, u in enumerate(p.ups if per_group else []):
+                r, n = u.in_features, u.out_features
+                eff = profile.efficiency("gemm_n", n) if "gemm_n" in profile.ops else 1.0
+                nbytes = float((r * n + rows * (r + n)) * elem)
+                out.append(Launch("gemm", f"layer{i}.latent_rebuild{j}.{g}", 2.0 * rows * r * n, nbytes,
+                                  c["launch_us"], 2.0 * rows * r * n / (peak * 1e12 * eff) * 1e3,
+                                  nbytes / bw * 1e3))  # fmt: skip
+        return out
+
+    def decode_launches(
+        self, profile: Profile, point: Point, i: int, elem: int, peak: float, compiled: bool = True
+    ) -> list[Launch]:
         """The layer's decode attention: the kernel's two launches, or the reference path's rebuild GEMMs
         (followed by :func:`launches`' dense decode attention over the rebuilt keys and values)."""
         a, b, n_kv = self.attn, point.batch, point.kv
         c = constants(profile)
         if self.path == "reference":
-            ups = list(a.k_proj.ups) + ([] if a.folded else list(a.v_proj.ups))
-            out = []
-            for j, u in enumerate(ups):
-                r, n, rows = u.in_features, u.out_features, b * n_kv
-                eff = profile.efficiency("gemm_n", n) if "gemm_n" in profile.ops else 1.0
-                nbytes = float((r * n + rows * (r + n)) * elem)
-                out.append(Launch("gemm", f"layer{i}.latent_rebuild{j}", 2.0 * rows * r * n, nbytes,
-                                  c["launch_us"], 2.0 * rows * r * n / (peak * 1e12 * eff) * 1e3,
-                                  nbytes / (c["copy_gbps"] * 1e9) * 1e3))  # fmt: skip
-            return out
+            return self.rebuild_launches(profile, b * n_kv, i, elem, peak, compiled, per_group=True)
         call = latent_call(profile, b, n_kv, int(a.head_dim), int(a.group_kv_k), list(a.k_proj.ranks),
                            list(a.v_proj.ranks), elem, raw=self.raw, n_rep=int(a.num_key_value_groups),
                            value_group=int(a.group_kv_v))  # fmt: skip

@@ -58,6 +58,26 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos.unsqueeze(1) + rotate_half(x) * sin.unsqueeze(1)
 
 
+#: :func:`one_gemm`'s bound on ``rows · Σ r_g · group_out``, the multiply-adds of one group-width GEMM over every
+#: latent column: the block-diagonal GEMM runs ``len(ranks) - 1`` times them on zeros, and saves as many launches
+ONE_GEMM_MAX_MACS = 1 << 29
+
+
+def one_gemm(rows: int, ranks: list[int], group_out: int) -> bool:
+    """Whether ``rows`` latent rows of groups of ``ranks`` rebuild in one GEMM against the block-diagonal of the
+    up-projections instead of one GEMM a group.
+
+    The block-diagonal GEMM does ``len(ranks)`` times the multiply-adds, the added ones on zeros, in one launch
+    instead of ``len(ranks)`` (and no concatenation). At few rows (a short prompt) each launch costs more than
+    its work, so one launch wins; at many, the wasted work does. The bound is the work of a GEMM that
+    takes about as long as a launch: :data:`ONE_GEMM_MAX_MACS`.
+
+    >>> one_gemm(128, [128] * 4, 256), one_gemm(16384, [128] * 4, 256), one_gemm(128, [256], 512)
+    (True, False, False)
+    """
+    return len(ranks) > 1 and rows * sum(ranks) * group_out <= ONE_GEMM_MAX_MACS
+
+
 class LatentProjection(nn.Module):
     """Group-head low-rank projection: ``down: in -> Σ r_g`` and one ``up_g: r_g -> group_out`` per group.
 
@@ -99,7 +119,17 @@ class LatentProjection(nn.Module):
     def latent(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(x)
 
+    def one_gemm(self, rows: int) -> bool:
+        """Whether :meth:`reconstruct` of ``rows`` latent rows runs as one GEMM (:func:`one_gemm`)."""
+        return all(isinstance(u, nn.Linear) for u in self.ups) and one_gemm(rows, self.ranks, self.group_out)
+
     def reconstruct(self, z: torch.Tensor) -> torch.Tensor:
+        """``cat_g(up_g(z[..., slice_g]))``: one GEMM a group, or, for few rows (:meth:`one_gemm`), one GEMM
+        against the block-diagonal of the up-projections (exact: the blocks off the diagonal are zeros)."""
+        if self.one_gemm(z.numel() // max(z.shape[-1], 1)):
+            w = torch.block_diag(*(u.weight for u in self.ups))
+            b = torch.cat([u.bias for u in self.ups]) if self.ups[0].bias is not None else None
+            return nn.functional.linear(z, w, b)
         parts = z.split(self.ranks, dim=-1)
         return torch.cat([up(p) for up, p in zip(self.ups, parts, strict=True)], dim=-1)
 
@@ -136,6 +166,9 @@ def raw_key_groups(proj: LatentProjection) -> list[bool]:
 
 
 log = logging.getLogger(__name__)
+
+#: SDPA takes ``enable_gqa`` (torch >= 2.5)
+SDPA_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
 
 #: reasons already warned about (once per process; see :meth:`LatentAttention._note_path`)
 _WARNED: set[str] = set()
@@ -369,10 +402,13 @@ class LatentAttention(nn.Module):
             pos = pos[:1]  # no left padding: one RoPE table for the batch
         return zk_all, zv_all, pos, mask
 
-    def _keys(self, zk_all: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    def _keys(
+        self, zk_all: torch.Tensor, pos: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> torch.Tensor:
         """Full keys ``[B, kv_heads, T, hd]`` from the latents: (bias,) per-head norm, RoPE at ``pos``.
 
-        ``pos`` is ``[1, T]`` (cos/sin built once, shared by the batch) or ``[B, T]``.
+        ``pos`` is ``[1, T]`` (cos/sin built once, shared by the batch) or ``[B, T]``. ``rope``: the cos/sin of
+        ``pos`` where the caller has them (the queries' own, when the keys are this call's tokens alone).
         """
         b, t, _ = zk_all.shape
         k = self.k_proj.reconstruct(zk_all).view(b, t, self.kv_heads, self.head_dim)
@@ -381,7 +417,7 @@ class LatentAttention(nn.Module):
         k = k.transpose(1, 2)
         if self._rotary is None:
             return k
-        cos, sin = self._rotary(k, pos)
+        cos, sin = rope if rope is not None else self._rotary(k, pos)
         return apply_rope(k, cos.to(k.dtype), sin.to(k.dtype))
 
     def key_group_shape(self, g: int) -> dict[str, int]:
@@ -619,11 +655,18 @@ class LatentAttention(nn.Module):
     def _attend(self, q, k, v, mask) -> torch.Tensor:
         """Softmax attention of ``q [B, H, S, D]`` on the KV heads of ``k [B, KVH, T, D]``,
         ``v [B, KVH, T, Dv]``, without a ``repeat_kv`` copy: each KV head's ``n_rep`` query heads
-        become ``n_rep·S`` query rows of one SDPA head (the mask repeats over them). Returns
-        ``[B, S, H, Dv]``."""
+        become ``n_rep·S`` query rows of one SDPA head (the mask repeats over them). A whole prompt with no mask
+        (``S == T``) attends causally with SDPA's grouped heads instead (``enable_gqa``: no mask built, and the
+        flash kernel may take it). Returns ``[B, S, H, Dv]``."""
         b, h, s, d = q.shape
         kvh, t = k.shape[1], k.shape[2]
         rep = h // kvh
+        dropout = self.attention_dropout if self.training else 0.0
+        if mask is None and s == t and s > 1 and SDPA_GQA:  # a whole causal prompt: no mask to build
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, dropout_p=dropout, scale=self.scaling, is_causal=True, enable_gqa=rep > 1
+            )
+            return out.transpose(1, 2)
         qg = q.reshape(b, kvh, rep * s, d)
         if mask is None and s > 1:
             mask = torch.ones(s, t, dtype=torch.bool, device=q.device).tril(t - s)[None, None]
@@ -640,7 +683,7 @@ class LatentAttention(nn.Module):
             k,
             v,
             attn_mask=mask,
-            dropout_p=self.attention_dropout if self.training else 0.0,
+            dropout_p=dropout,
             scale=self.scaling,
         )
         return out.view(b, kvh, rep, s, -1).reshape(b, h, s, -1).transpose(1, 2)
@@ -677,7 +720,9 @@ class LatentAttention(nn.Module):
         pos = self._positions(hidden_states, position_ids, cache_position)
         zk, zv = self.k_proj.latent(hidden_states), self.v_proj.latent(hidden_states)
         zk_all, zv_all, kpos, mask = self._cached(zk, zv, pos, cache, cache_position, mask)
-        return q, self._keys(zk_all, kpos), zv_all, mask
+        # no cache: the keys are the queries' tokens, at their positions, so they take the queries' cos/sin
+        own = position_embeddings if kpos is pos and self._rotary is not None else None
+        return q, self._keys(zk_all, kpos, own), zv_all, mask
 
     def forward(
         self,
