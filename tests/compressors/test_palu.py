@@ -644,3 +644,30 @@ def test_the_guards_refusal_says_how_to_measure_palus_capacity(llama64):
     odd.sites(tiny_model("llama", **{**GEOM, "heads": 6, "kv_heads": 3}))
     assert odd.refusal() == PaluCompressor.CAPACITY_HINT
     assert PaluCompressor().refusal() == PaluCompressor.refusal_hint  # before it has read a model
+
+
+def test_the_guard_prices_a_short_prompts_groups_in_one_gemm_as_the_module_runs_them(llama64):
+    """A PaLU site at a prompt of few rows shares one block-diagonal GEMM with its projection's other groups
+    (its up-projection's work done ``groups`` times), as LatentProjection.one_gemm runs it; a long prompt pays a
+    launch a group."""
+    import dataclasses
+
+    from gac.allocation import site_ms
+    from gac.compressors.palu import PaluCompressor
+    from gac.hardware.profile import default_profile
+
+    prof = default_profile("bfloat16")
+    site = next(s for s in PaluCompressor(group_size=2).sites(copy.deepcopy(llama64)) if s.meta["kind"] == "k")
+    og = site.meta["one_gemm"]
+    assert og["groups"] == 2 and og["width"] == 2 * 24
+    plain = dataclasses.replace(site, meta={k: v for k, v in site.meta.items() if k != "one_gemm"})
+    d, launch = 24, prof.launch_us_or_default * 1e-3
+    few = 128
+    assert few * og["groups"] * d * og["width"] <= og["max_macs"]
+    saved = site_ms(prof, plain, d, few) - site_ms(prof, site, d, few)
+    zeros = 2.0 * few * d * og["width"] / (prof.peak_tflops() * 1e12 * prof.efficiency(site.op, d)) * 1e3
+    # half a launch saved (two groups, one GEMM), less the zeros' work where it shows over the bytes
+    assert 0 < 0.5 * launch - zeros <= saved <= 0.5 * launch + 1e-15
+    many = og["max_macs"] // (og["groups"] * d * og["width"]) + 1
+    assert site_ms(prof, plain, d, many) == site_ms(prof, site, d, many)
+    assert site_ms(prof, plain, site.max_dim, few) == site_ms(prof, site, site.max_dim, few)  # kept dense

@@ -184,6 +184,19 @@ class Allocation:
 
 
 # ---------------------------------------------------------------------------- latency model
+def one_gemm_site(site: Site, d: int, tokens: int) -> bool:
+    """Whether a site of grouped up-projections (``meta["one_gemm"]``: ``max_macs``, ``groups``, ``width``) rebuilds
+    ``tokens`` rows in one block-diagonal GEMM at kept dim ``d``: :func:`gac.nn.latent.one_gemm`'s rule with every
+    group of the projection at ``d`` (the allocator prices one site at a time).
+
+    >>> s = Site("k:g0", "lowrank_r", 256, 1, 256, meta={"one_gemm": {"max_macs": 1 << 29, "groups": 4, "width": 256}})
+    >>> one_gemm_site(s, 128, 128), one_gemm_site(s, 128, 16384)
+    (True, False)
+    """
+    og = site.meta.get("one_gemm")
+    return bool(og) and og["groups"] > 1 and tokens * og["groups"] * d * og["width"] <= og["max_macs"]
+
+
 def site_ms(profile: Profile, site: Site, d: int, tokens: int = DEFAULT_TOKENS, kv: int = 0) -> float:
     """Predicted time (ms) of one site's matmuls at kept dim ``d`` for ``tokens`` rows.
 
@@ -200,7 +213,9 @@ def site_ms(profile: Profile, site: Site, d: int, tokens: int = DEFAULT_TOKENS, 
     * launches: one GEMM per member weight (``site.members``), two for a factorized low-rank site;
       a site whose module runs otherwise declares its count in ``meta["gemm_launches"]``
       (``{"dense", "prefill", "decode"}``: kept dense, compressed at a prefill, compressed at a decode
-      step; PaLU's groups share their projection's GEMM and rebuild keys inside the decode kernel).
+      step; PaLU's groups share their projection's GEMM and rebuild keys inside the decode kernel; and
+      ``"prefill_one_gemm"``, a prompt of few rows whose groups rebuild in one block-diagonal GEMM,
+      :func:`one_gemm_site`, whose up-projection does ``groups`` times its work).
       Where the profile knows a fused low-rank kernel at ``tokens`` rows (``Profile.fused_lowrank``:
       both factors in one launch, its own fixed time and bandwidth), a factorized site costs the
       cheaper of the two, as the inference path's dispatch picks the faster.
@@ -235,6 +250,13 @@ def site_ms(profile: Profile, site: Site, d: int, tokens: int = DEFAULT_TOKENS, 
     declared = site.meta.get("gemm_launches")  # the compressor's count, where its module runs otherwise
     if declared is not None:
         phase = "dense" if d >= site.max_dim else ("decode" if kv > 0 else "prefill")
+        if phase == "prefill" and "prefill_one_gemm" in declared and one_gemm_site(site, d, tokens):
+            phase = "prefill_one_gemm"
+            og = site.meta[
+                "one_gemm"
+            ]  # the block-diagonal GEMM's zeros: the up-projection's work, groups - 1 times
+            zeros = 2.0 * tokens * d * og["width"] * (og["groups"] - 1)
+            flop_ms += zeros / (profile.peak_tflops() * 1e12 * profile.efficiency(site.op, d)) * 1e3
         launches, fused = float(declared[phase]), None
     byte_ms = nbytes / (profile.copy_gbps_or_default * 1e9) * 1e3
     ms = launches * profile.launch_us_or_default * 1e-3 + max(flop_ms, byte_ms)

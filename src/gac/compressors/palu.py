@@ -68,6 +68,7 @@ from gac.compressors.lowrank import svd_dtype_for, tail_energy_curve, truncated_
 from gac.compressors.svdllm import whitening_factor
 from gac.errors import GacError
 from gac.models.adapters import model_rotary
+from gac.nn.latent import ONE_GEMM_MAX_MACS
 from gac.sites import Site
 from gac.utils import track
 
@@ -118,14 +119,21 @@ def round_reference(r: int, block: int = REF_ROUND) -> int:
 
 
 def _gemm_launches(groups: int, kind: str, fold_values: bool) -> dict[str, float]:
-    """One PaLU group's GEMM launches: kept dense, latent at a prefill, latent at a decode step.
+    """One PaLU group's GEMM launches: kept dense, latent at a prefill (its own up-projection, or its share of
+    the one block-diagonal GEMM of a prompt of few rows: :meth:`gac.nn.latent.LatentProjection.one_gemm`),
+    latent at a decode step.
 
     >>> _gemm_launches(2, "k", False), _gemm_launches(2, "v", False)["decode"], _gemm_launches(2, "v", True)["decode"]
-    ({'dense': 0.5, 'prefill': 1.5, 'decode': 0.5}, 1.5, 0.5)
+    ({'dense': 0.5, 'prefill': 1.5, 'prefill_one_gemm': 1.0, 'decode': 0.5}, 1.5, 0.5)
     """
     share = 1.0 / groups
     rebuilt_in_kernel = kind == "k" or (kind == "v" and fold_values)
-    return {"dense": share, "prefill": share + 1.0, "decode": share + (0.0 if rebuilt_in_kernel else 1.0)}
+    return {
+        "dense": share,
+        "prefill": share + 1.0,
+        "prefill_one_gemm": share + 1.0 / groups,
+        "decode": share + (0.0 if rebuilt_in_kernel else 1.0),
+    }
 
 
 @register_compressor("palu")
@@ -320,6 +328,13 @@ class PaluCompressor(Compressor):
                                 # groups, plus a latent group's up-projection; none at decode for keys
                                 # (the decode kernel rebuilds them) nor for values folded into o_proj
                                 "gemm_launches": _gemm_launches(kvh // gs[r], r, self.fold_values),
+                                # a prompt of few rows rebuilds the groups of a projection in one GEMM
+                                # (LatentProjection.one_gemm: rows x Σ r x group width within the bound)
+                                "one_gemm": {
+                                    "max_macs": ONE_GEMM_MAX_MACS,
+                                    "groups": kvh // gs[r],
+                                    "width": gd,
+                                },
                                 "params_per_dim": ad.hidden + gd,
                                 "dense_params": gd * ad.hidden,
                                 "cost_unit": "latent dims per token",
