@@ -657,7 +657,9 @@ def test_the_guard_prices_a_short_prompts_groups_in_one_gemm_as_the_module_runs_
     from gac.hardware.profile import default_profile
 
     prof = default_profile("bfloat16")
-    site = next(s for s in PaluCompressor(group_size=2).sites(copy.deepcopy(llama64)) if s.meta["kind"] == "k")
+    site = next(
+        s for s in PaluCompressor(group_size=2).sites(copy.deepcopy(llama64)) if s.meta["kind"] == "k"
+    )
     og = site.meta["one_gemm"]
     assert og["groups"] == 2 and og["width"] == 2 * 24
     plain = dataclasses.replace(site, meta={k: v for k, v in site.meta.items() if k != "one_gemm"})

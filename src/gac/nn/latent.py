@@ -59,7 +59,12 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 #: :func:`one_gemm`'s bound on ``rows · Σ r_g · group_out``, the multiply-adds of one group-width GEMM over every
-#: latent column: the block-diagonal GEMM runs ``len(ranks) - 1`` times them on zeros, and saves as many launches
+#: latent column: the block-diagonal GEMM runs ``len(ranks) - 1`` times them on zeros, and saves as many launches.
+#: On an H200, compiled, in CUDA graphs (``benchmarks/results/h200/palu-default/call43/latent_prefill.json``), one GEMM
+#: took 0.54-0.87x the per-group time up to 5.4e8 (Llama-3-8B's keys in four groups of 2 KV heads, 128-4096 rows) and
+#: 1.17x at 2.1e9; 0.85-0.86x up to 1.3e8 and 1.03x at 5.4e8 in two groups of 4. The break-even lies at 0.5-1.1e9
+#: across the five shapes timed; this bound picked the faster way at 22 of their 25 points, losing 0.2-0.9 us at two
+#: and 13 us at the third (Qwen2.5-7B's biased keys at 16384 rows, whose per-group GEMMs each copy their bias in)
 ONE_GEMM_MAX_MACS = 1 << 29
 
 
