@@ -83,6 +83,20 @@ def one_gemm(rows: int, ranks: list[int], group_out: int) -> bool:
     return len(ranks) > 1 and rows * sum(ranks) * group_out <= ONE_GEMM_MAX_MACS
 
 
+def _plain_linear(m: nn.Module) -> bool:
+    """Whether calling ``m`` is its weight's GEMM and nothing else: an ``nn.Linear`` (or a subclass) with no forward of
+    its own on the instance and no hooks (accelerate's offloading wraps the forward and loads the weight in its
+    hook; a LoRA layer is not an ``nn.Linear``), whose weight is in memory (not on the meta device)."""
+    return (
+        isinstance(m, nn.Linear)
+        and "forward" not in m.__dict__
+        and getattr(m, "_hf_hook", None) is None
+        and not m._forward_hooks
+        and not m._forward_pre_hooks
+        and m.weight.device.type != "meta"
+    )
+
+
 class LatentProjection(nn.Module):
     """Group-head low-rank projection: ``down: in -> Σ r_g`` and one ``up_g: r_g -> group_out`` per group.
 
@@ -125,8 +139,10 @@ class LatentProjection(nn.Module):
         return self.down(x)
 
     def one_gemm(self, rows: int) -> bool:
-        """Whether :meth:`reconstruct` of ``rows`` latent rows runs as one GEMM (:func:`one_gemm`)."""
-        return all(isinstance(u, nn.Linear) for u in self.ups) and one_gemm(rows, self.ranks, self.group_out)
+        """Whether :meth:`reconstruct` of ``rows`` latent rows runs as one GEMM (:func:`one_gemm`): only where every
+        up-projection is a plain linear layer (:func:`_plain_linear`), since the one GEMM reads their weights
+        without calling them."""
+        return one_gemm(rows, self.ranks, self.group_out) and all(_plain_linear(u) for u in self.ups)
 
     def reconstruct(self, z: torch.Tensor) -> torch.Tensor:
         """``cat_g(up_g(z[..., slice_g]))``: one GEMM a group, or, for few rows (:meth:`one_gemm`), one GEMM
