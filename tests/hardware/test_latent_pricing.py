@@ -120,6 +120,19 @@ def test_folded_values_launch_no_value_up_projection():
     assert not any(x.name.startswith("layer0.latent_") for x in ls)
 
 
+def test_a_meta_skeleton_is_priced_with_the_one_gemm_rebuild_it_would_run():
+    """The latency model prices skeletons on the meta device (``gac report``'s cells): the one-GEMM rule holds there
+    by the ranks alone, though the module itself (weights not in memory) would call each up-projection."""
+    with torch.device("meta"):
+        m = _latent(2, [32, 32])
+    kp = m.model.layers[0].self_attn.k_proj
+    assert kp.ups[0].weight.is_meta and not kp.one_gemm(2 * 64)
+    ls = launches(m, _prof(), Point("prefill", 2, seq=64))
+    assert [x.name for x in ls if x.name.startswith("layer0.latent_")] == [
+        "layer0.latent_block0", "layer0.latent_rebuild0", "layer0.latent_block1", "layer0.latent_rebuild1"
+    ]  # fmt: skip
+
+
 def test_prefill_is_priced_as_dense_attention_over_the_rebuilt_keys():
     d, m = _dense(), _latent(1, [16] * 4)
     pt = Point("prefill", 2, seq=128)

@@ -252,9 +252,8 @@ def site_ms(profile: Profile, site: Site, d: int, tokens: int = DEFAULT_TOKENS, 
         phase = "dense" if d >= site.max_dim else ("decode" if kv > 0 else "prefill")
         if phase == "prefill" and "prefill_one_gemm" in declared and one_gemm_site(site, d, tokens):
             phase = "prefill_one_gemm"
-            og = site.meta[
-                "one_gemm"
-            ]  # the block-diagonal GEMM's zeros: the up-projection's work, groups - 1 times
+            # the block-diagonal GEMM's zeros: the up-projection's work, groups - 1 times
+            og = site.meta["one_gemm"]
             zeros = 2.0 * tokens * d * og["width"] * (og["groups"] - 1)
             flop_ms += zeros / (profile.peak_tflops() * 1e12 * profile.efficiency(site.op, d)) * 1e3
         launches, fused = float(declared[phase]), None

@@ -829,6 +829,15 @@ def _attentions(model: Any) -> list[Any]:
     return out
 
 
+def _one_gemm(proj: Any, rows: int) -> bool:
+    """Whether ``proj`` (a :class:`~gac.nn.latent.LatentProjection`) rebuilds ``rows`` rows in one GEMM, by the rule
+    alone (:func:`gac.nn.latent.one_gemm`): a priced model is often a meta-device skeleton, where the module's own
+    check (plain linear layers with their weights in memory) would not hold."""
+    from gac.nn.latent import one_gemm
+
+    return one_gemm(rows, list(proj.ranks), int(proj.group_out))
+
+
 @dataclass
 class _LatentLayer:
     """A :class:`~gac.nn.latent.LatentAttention` layer as the latency model prices it."""
@@ -870,7 +879,7 @@ class _LatentLayer:
             if self.path == "reference" and not a.folded:
                 out += list(a.v_proj.ups)
         else:  # a prefill rebuilds in one block-diagonal GEMM where it can (priced by rebuild_launches)
-            out += [u for p in self.rebuilt() if p.one_gemm(point.tokens) for u in p.ups]
+            out += [u for p in self.rebuilt() if _one_gemm(p, point.tokens) for u in p.ups]
         return out
 
     def rebuilt(self) -> list[Any]:
@@ -881,13 +890,13 @@ class _LatentLayer:
     def rebuild_launches(
         self, profile: Profile, rows: int, i: int, elem: int, peak: float, compiled: bool, per_group: bool
     ) -> list[Launch]:
-        """The reference path's rebuild of ``rows`` rows: where :meth:`gac.nn.latent.LatentProjection.one_gemm`
-        holds, the block-diagonal up-projection built (one kernel writing it, zeros too) and one GEMM against
-        it; elsewhere, with ``per_group``, one GEMM a group (without, :func:`launches`' walk prices those)."""
+        """The reference path's rebuild of ``rows`` rows: where :func:`_one_gemm` holds, the block-diagonal
+        up-projection built (one kernel writing it, zeros too) and one GEMM against it; elsewhere, with
+        ``per_group``, one GEMM a group (without, :func:`launches`' walk prices those)."""
         c = constants(profile)
         bw, out = c["copy_gbps"] * 1e9, []
         for j, p in enumerate(self.rebuilt()):
-            if p.one_gemm(rows):
+            if _one_gemm(p, rows):
                 k, n = sum(p.ranks), p.out_features
                 nbytes = float((k * n + sum(r * p.group_out for r in p.ranks)) * elem)
                 out.append(Launch("aux", f"layer{i}.latent_block{j}", 0.0, nbytes, c["aux_us"], 0.0,
