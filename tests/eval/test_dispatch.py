@@ -35,6 +35,14 @@ def test_split_over_cpu_and_disk_gives_the_same_logits(tmp_path, compressor):
     with torch.no_grad():
         got = d(ids).logits
     assert torch.allclose(got, ref, atol=1e-5, rtol=0)
+    if compressor == "palu":  # offloaded up-projections are called, one GEMM a group, and that is recorded
+        from gac.nn.latent import latent_attention_paths
+
+        why = latent_attention_paths(d)["prompt_rebuild_per_group"]
+        assert why == [
+            "an up-projection's forward is wrapped (accelerate's hooks: offloaded or dispatched weights)"
+        ]
+        assert "prompt_rebuild_per_group" not in latent_attention_paths(m)
 
 
 def test_bad_max_memory():

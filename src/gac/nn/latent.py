@@ -83,18 +83,19 @@ def one_gemm(rows: int, ranks: list[int], group_out: int) -> bool:
     return len(ranks) > 1 and rows * sum(ranks) * group_out <= ONE_GEMM_MAX_MACS
 
 
-def _plain_linear(m: nn.Module) -> bool:
-    """Whether calling ``m`` is its weight's GEMM and nothing else: an ``nn.Linear`` (or a subclass) with no forward of
-    its own on the instance and no hooks (accelerate's offloading wraps the forward and loads the weight in its
-    hook; a LoRA layer is not an ``nn.Linear``), whose weight is in memory (not on the meta device)."""
-    return (
-        isinstance(m, nn.Linear)
-        and "forward" not in m.__dict__
-        and getattr(m, "_hf_hook", None) is None
-        and not m._forward_hooks
-        and not m._forward_pre_hooks
-        and m.weight.device.type != "meta"
-    )
+def _not_plain(m: nn.Module) -> str | None:
+    """Why calling ``m`` is more than its weight's GEMM (None: it is not): an ``nn.Linear`` (or a subclass) with no
+    forward of its own on the instance and no hooks (accelerate's offloading wraps the forward and loads the weight
+    in its hook; a LoRA layer is not an ``nn.Linear``), whose weight is in memory (not on the meta device)."""
+    if not isinstance(m, nn.Linear):
+        return f"an up-projection is a {type(m).__name__}, not a linear layer"
+    if "forward" in m.__dict__ or getattr(m, "_hf_hook", None) is not None:
+        return "an up-projection's forward is wrapped (accelerate's hooks: offloaded or dispatched weights)"
+    if m._forward_hooks or m._forward_pre_hooks:
+        return "an up-projection has forward hooks"
+    if m.weight.device.type == "meta":
+        return "an up-projection's weight is on the meta device"
+    return None
 
 
 class LatentProjection(nn.Module):
@@ -140,9 +141,16 @@ class LatentProjection(nn.Module):
 
     def one_gemm(self, rows: int) -> bool:
         """Whether :meth:`reconstruct` of ``rows`` latent rows runs as one GEMM (:func:`one_gemm`): only where every
-        up-projection is a plain linear layer (:func:`_plain_linear`), since the one GEMM reads their weights
-        without calling them."""
-        return one_gemm(rows, self.ranks, self.group_out) and all(_plain_linear(u) for u in self.ups)
+        up-projection is a plain linear layer (:func:`_not_plain`), since the one GEMM reads their weights without
+        calling them. Where the rule holds but a layer is not plain, that is warned once and recorded
+        (:func:`latent_attention_paths`' ``prompt_rebuild_per_group``)."""
+        if not one_gemm(rows, self.ranks, self.group_out):
+            return False
+        why = next((w for w in map(_not_plain, self.ups) if w is not None), None)
+        if why is not None and not torch.compiler.is_compiling():
+            self.__dict__["_one_gemm_refused"] = why
+            _warn_once(why, "{}: a prompt's latent rebuild takes one GEMM a group, not one in all (slower)")
+        return why is None
 
     def reconstruct(self, z: torch.Tensor) -> torch.Tensor:
         """``cat_g(up_g(z[..., slice_g]))``: one GEMM a group, or, for few rows (:meth:`one_gemm`), one GEMM
@@ -921,7 +929,9 @@ def latent_attention_paths(model: nn.Module) -> dict[str, Any] | None:
         tensor-memory accelerator read value latents through registers instead of a tensor descriptor
         (:func:`gac.kernels.latent_attention.value_descriptor`, warned once; this process's launches);
         ``"latent_kernels"``: which decode kernels this process's launches took (``gluon``, the Hopper kernel of
-        :mod:`gac.kernels.latent_gluon`; ``triton``), and ``"gluon_refused"`` why launches took the Triton one.
+        :mod:`gac.kernels.latent_gluon`; ``triton``), and ``"gluon_refused"`` why launches took the Triton one;
+        ``"prompt_rebuild_per_group"``: why a prompt of few rows rebuilt its latents one GEMM a group, not in one
+        (:meth:`LatentProjection.one_gemm`: up-projections behind hooks, as accelerate's offloading puts them).
     """
     from gac.kernels.latent_attention import (  # the allowed edge (decode_refusals)
         gluon_refusals,
@@ -954,6 +964,16 @@ def latent_attention_paths(model: nn.Module) -> dict[str, Any] | None:
         n = sum(1 for p in packs if p.get(key))
         if n:
             out[name] = n
+    per_group = sorted(
+        {
+            w
+            for m in mods
+            for p in (m.k_proj, m.v_proj)
+            if (w := p.__dict__.get("_one_gemm_refused")) is not None
+        }
+    )
+    if per_group:
+        out["prompt_rebuild_per_group"] = per_group
     if out["kernel"]:
         out["latent_kernels"] = kernels_ran()
         refused = gluon_refusals()
