@@ -668,8 +668,10 @@ def test_the_guard_prices_a_short_prompts_groups_in_one_gemm_as_the_module_runs_
     assert few * og["groups"] * d * og["width"] <= og["max_macs"]
     saved = site_ms(prof, plain, d, few) - site_ms(prof, site, d, few)
     zeros = 2.0 * few * d * og["width"] / (prof.peak_tflops() * 1e12 * prof.efficiency(site.op, d)) * 1e3
-    # half a launch saved (two groups, one GEMM), less the zeros' work where it shows over the bytes
-    assert 0 < 0.5 * launch - zeros <= saved <= 0.5 * launch + 1e-15
+    # half a GEMM launch saved (two groups, one GEMM), less half the kernel building the block-diagonal weight and
+    # the zeros' work where it shows over the bytes
+    aux = prof.aux_us_or_default * 1e-3
+    assert 0 < 0.5 * launch - 0.5 * aux - zeros <= saved <= 0.5 * launch - 0.5 * aux + 1e-15
     many = og["max_macs"] // (og["groups"] * d * og["width"]) + 1
     assert site_ms(prof, plain, d, many) == site_ms(prof, site, d, many)
     assert site_ms(prof, plain, site.max_dim, few) == site_ms(prof, site, site.max_dim, few)  # kept dense

@@ -215,7 +215,8 @@ def site_ms(profile: Profile, site: Site, d: int, tokens: int = DEFAULT_TOKENS, 
       (``{"dense", "prefill", "decode"}``: kept dense, compressed at a prefill, compressed at a decode
       step; PaLU's groups share their projection's GEMM and rebuild keys inside the decode kernel; and
       ``"prefill_one_gemm"``, a prompt of few rows whose groups rebuild in one block-diagonal GEMM,
-      :func:`one_gemm_site`, whose up-projection does ``groups`` times its work).
+      :func:`one_gemm_site`, whose up-projection does ``groups`` times its work, plus the site's share of the
+      kernel that builds that weight at the profile's ``aux_us``).
       Where the profile knows a fused low-rank kernel at ``tokens`` rows (``Profile.fused_lowrank``:
       both factors in one launch, its own fixed time and bandwidth), a factorized site costs the
       cheaper of the two, as the inference path's dispatch picks the faster.
@@ -248,17 +249,20 @@ def site_ms(profile: Profile, site: Site, d: int, tokens: int = DEFAULT_TOKENS, 
         launches = members * (2 if factorized else 1)
         fused = profile.fused_lowrank_at(tokens) if factorized else None
     declared = site.meta.get("gemm_launches")  # the compressor's count, where its module runs otherwise
+    aux_ms = 0.0
     if declared is not None:
         phase = "dense" if d >= site.max_dim else ("decode" if kv > 0 else "prefill")
         if phase == "prefill" and "prefill_one_gemm" in declared and one_gemm_site(site, d, tokens):
             phase = "prefill_one_gemm"
-            # the block-diagonal GEMM's zeros: the up-projection's work, groups - 1 times
+            # the block-diagonal GEMM's zeros (the up-projection's work, groups - 1 times), and the site's share of
+            # the kernel that builds that weight (a non-GEMM launch)
             og = site.meta["one_gemm"]
             zeros = 2.0 * tokens * d * og["width"] * (og["groups"] - 1)
             flop_ms += zeros / (profile.peak_tflops() * 1e12 * profile.efficiency(site.op, d)) * 1e3
+            aux_ms = profile.aux_us_or_default * 1e-3 / og["groups"]
         launches, fused = float(declared[phase]), None
     byte_ms = nbytes / (profile.copy_gbps_or_default * 1e9) * 1e3
-    ms = launches * profile.launch_us_or_default * 1e-3 + max(flop_ms, byte_ms)
+    ms = launches * profile.launch_us_or_default * 1e-3 + aux_ms + max(flop_ms, byte_ms)
     if fused is not None:  # one fused launch per member, where that beats two launches
         ms = min(ms, members * fused[0] * 1e-3 + max(flop_ms, nbytes / (fused[1] * 1e9) * 1e3))
     return ms + site_cache_ms(profile, site, d, tokens, kv)
