@@ -348,9 +348,8 @@ def test_a_short_prompt_rebuilds_in_one_gemm_and_attends_unmasked_as_the_per_gro
             mp.setattr(torch.nn.functional, "scaled_dot_product_attention", count_causal)
             fast = m(ids, use_cache=False).logits
         assert calls == {"block_diag": 2 * 2, "causal": 2}  # keys and values of both layers; both layers
-        with (
-            monkeypatch.context() as mp
-        ):  # one GEMM a group, the causal mask built and repeated over the heads
+        # one GEMM a group, the causal mask built and repeated over the heads
+        with monkeypatch.context() as mp:
             mp.setattr(nl, "ONE_GEMM_MAX_MACS", 0)
             mp.setattr(nl, "SDPA_GQA", False)
             assert not att.k_proj.one_gemm(2 * 24)
