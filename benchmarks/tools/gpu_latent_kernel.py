@@ -151,8 +151,18 @@ def main() -> int:
         action="store_true",
         help="rebuild each key's halves as two dots (latent_attention.PAIRED_KEYS off), as before the paired rebuild",
     )
+    ap.add_argument(
+        "--no-slower",
+        action="store_true",
+        help="the default path (--gluon) takes the Gluon kernel wherever it serves, also where its `slower` rule "
+        "leaves the launch to the Triton kernel (gac.kernels.latent_gluon.slower), to time that rule",
+    )
     args = ap.parse_args()
     kl.PAIRED_KEYS = not args.unpaired
+    if args.no_slower:
+        from gac.kernels import latent_gluon
+
+        latent_gluon.slower = lambda *a: None
     if args.no_balance:
         kl.balanced_splits = lambda splits, *a, **k: splits
     t_start = time.time()
