@@ -84,15 +84,16 @@ def test_refusal_names_what_is_not_served():
 
 
 def test_launches_timed_faster_on_triton_are_left_to_it():
-    """``slower``: key group 1 always; one KV head a program of a key group the Triton kernel holds whole from 16
+    """``slower``: key group 1 always; one KV head a program of a key group the Triton kernel holds whole from 2
     sequences (Llama-3-8B's group at key rank 128 with 384 value columns); Qwen2.5-7B's group, two KV heads a Triton
-    program, and fewer sequences stay on the Gluon kernel."""
+    program, and one sequence stay on the Gluon kernel."""
     one = lg.plan(1, 4, 64, 64)
     assert one is not None and lg.slower(1, 1, one, 1).startswith("key group 1")
     split = lg.plan(4, 4, 128, 384)
     assert split is not None and split.g == 1
-    assert "key group of 4 that the Triton kernel holds whole" in lg.slower(4, 16, split, 4)
-    assert lg.slower(4, 15, split, 4) is None and lg.slower(4, 64, split, 2) is None
+    assert "key group of 4 that the Triton kernel holds whole" in lg.slower(4, 2, split, 4)
+    assert "from 2 sequences" in lg.slower(4, 16, split, 4)
+    assert lg.slower(4, 1, split, 4) is None and lg.slower(4, 64, split, 2) is None
     whole = lg.plan(4, 4, 64, 192)
     assert whole is not None and whole.g == 4 and lg.slower(4, 64, whole, 4) is None
     pair = lg.plan(2, 4, 128, 128)

@@ -206,8 +206,9 @@ def unserved(
 
 
 #: from this many sequences, a program of one KV head out of a key group that the Triton kernel's program holds whole
-#: (more than two KV heads) is left to the Triton kernel (:func:`slower`)
-SPLIT_GROUP_FROM = 16
+#: (more than two KV heads) is left to the Triton kernel (:func:`slower`). Timed at 1-16 sequences in call 47: faster
+#: than the Triton kernel at one sequence only
+SPLIT_GROUP_FROM = 2
 
 
 def slower(k_group: int, batch: int, p: Plan, triton_heads: int) -> str | None:
@@ -221,9 +222,10 @@ def slower(k_group: int, batch: int, p: Plan, triton_heads: int) -> str | None:
       Qwen2.5-7B shapes, key and value rank 64, B 16/64 x KV 16k/32k, and the class's key-group-1 calls);
     * **one KV head a program where the Triton kernel holds the key group** (Llama-3-8B's group of 4 at key rank 128
       and 384 value columns, which leave shared memory one head's up-projections): 1.28-1.31x its time from 16
-      sequences (B=16 x 16k, B=64 x 4k), 0.61-0.96x at one sequence. Between 2 and 15 sequences it is untimed and
-      stays here. Qwen2.5-7B's group of 4 (28 query rows) is two KV heads a Triton program, and one a program here
-      took 0.84-0.92x its time (call 32).
+      sequences (B=16 x 16k, B=64 x 4k), 0.61-0.96x at one sequence. Call 47 timed the rest, kernel alone at KV
+      4096/16384/32768: 0.63-0.97x at one sequence, 1.04-1.30x at 2, 4, 8 and 16, so from 2 sequences it is left to
+      the Triton kernel. Qwen2.5-7B's group of 4 (28 query rows) is two KV heads a Triton program, and one a program
+      here took 0.84-0.92x its time (call 32).
     """
     if k_group == 1:
         return "key group 1 (the Triton kernel's per-head launch is faster there)"
