@@ -317,11 +317,12 @@ def test_folded_values_equal_reference_path(llama64, planned):
     assert torch.equal(g1, g2) and torch.equal(g1, g3)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 def test_a_short_prompt_rebuilds_in_one_gemm_and_attends_unmasked_as_the_per_group_path(family, monkeypatch):
     """A prompt's keys and values rebuilt in one block-diagonal GEMM (few rows), the queries' cos/sin reused for
     the keys, and a whole unmasked prompt attended causally on the grouped heads: the per-group, masked path's
-    logits (float64), biases (Qwen2) included; and a cache passed in (whose keys take the rotary) agrees."""
+    logits (float64), biases (Qwen2) and per-head key norms (Qwen3) included; and a cache passed in (whose keys
+    take the rotary) agrees."""
     import gac.nn.latent as nl
 
     base = tiny_model(family, hidden=120, layers=2, heads=8, kv_heads=4, head_dim=24).double()
@@ -330,6 +331,7 @@ def test_a_short_prompt_rebuilds_in_one_gemm_and_attends_unmasked_as_the_per_gro
     m = _applied(base, p, p.native, fold=False)
     att = m.model.layers[0].self_attn
     assert att.n_groups == (2, 2) and att.k_proj.one_gemm(2 * 24) and not att.k_proj.one_gemm(1 << 24)
+    assert (att.k_norm is not None) == (family == "qwen3")
     ids = _ids()
     calls = {"block_diag": 0, "causal": 0}
     block_diag, sdpa = torch.block_diag, torch.nn.functional.scaled_dot_product_attention
