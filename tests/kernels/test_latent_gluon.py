@@ -34,6 +34,7 @@ def test_stages_fit_the_shared_memory_budget():
 
 def test_plan_keeps_rows_and_shared_memory_in_bounds(monkeypatch):
     monkeypatch.setattr(lg, "LAUNCHES", ((128, 8, 32, 1), (64, 4, 32, 1)))
+    monkeypatch.setattr(lg, "OCCUPANCY_LAUNCH", ())
     monkeypatch.setattr(lg, "MOST_HEADS", 0)
 
     def heads(k_group, n_rep, rk, rv):
@@ -71,6 +72,37 @@ def test_boxes_are_powers_of_two_covering_the_ranks():
     assert lg.value_boxes(280, 8) == (256, 128)  # a product's M: 16 rows a warp
     assert lg.value_boxes(280, 4) == (256, 64)
     assert lg.value_boxes(328, 4) == (256, 128) and lg.value_boxes(440, 4) == (256, 256)
+    # below 256 at 4 warps: two boxes where they read fewer columns (a product's rows: 64 at least)
+    assert lg.value_boxes(144, 4) == (128, 64) and lg.value_boxes(192, 4) == (128, 64)
+    assert lg.value_boxes(200, 4) == (256, 0) and lg.value_boxes(112, 4) == (128, 0)
+    assert lg.value_boxes(144, 8) == (256, 0)  # 8 warps: a second box of 128 rows reads no fewer
+
+
+def test_value_boxes_split_only_where_asked(monkeypatch):
+    monkeypatch.setattr(lg, "VALUE_SPLIT", False)
+    assert lg.value_boxes(144, 4) == (256, 0) and lg.value_boxes(280, 4) == (256, 64)
+
+
+def test_occupancy_launch_taken_where_it_holds_as_many_heads(monkeypatch):
+    """Two programs a multiprocessor at 64-token tiles where such a program holds as many KV heads as the first
+    launch's (the capacity cell's key and value groups of 2 at key rank 64); not where it would hold fewer."""
+    monkeypatch.setattr(lg, "MOST_HEADS", 0)
+    p = lg.plan(2, 4, 64, 144)
+    assert (p.g, p.block_t, p.num_warps, p.occ) == (2, 64, 4, 2) and (p.rvl, p.rvh) == (128, 64)
+    assert lg.shared_bytes(p.g, p.rk1, p.rvl + p.rvh, p.mq, p.xs, p.vs, block_t=p.block_t) <= lg.smem_budget(
+        2
+    )
+    assert 2 * (lg.smem_budget(2) + lg.SMEM_RESERVED) <= lg.SMEM_PER_SM
+    assert lg.plan(2, 7, 64, 112).occ == 2  # Qwen2.5-7B's 14 query rows a program of two KV heads
+    # Llama-3-8B's key group of 4 at key rank 128 (two KV heads a 128-token program, one at 64 tokens), groups of 2
+    # at key rank 128, the whole group of 4 at rank 64: the first launch
+    for args in ((4, 4, 128, 232), (2, 4, 128, 216), (4, 4, 64, 208)):
+        q = lg.plan(*args)
+        assert (q.block_t, q.occ) == (128, 1), (args, q)
+    monkeypatch.setattr(lg, "OCCUPANCY_LAUNCH", ())
+    assert lg.plan(2, 4, 64, 144).occ == 1
+    with pytest.raises(ValueError, match="bt,nw,qc,xreg"):
+        lg.launch_fields((64, 4, 64))
 
 
 def test_refusal_names_what_is_not_served():
@@ -133,6 +165,8 @@ def test_unserved_shapes_are_named():
         (4, 4, 256, 440, False, 512),
         (2, 4, 128, 128, False, 0),  # key and value groups of 2 (plans/palu-keygroup2-values2.toml)
         (1, 4, 64, 64, False, 0),  # the narrowest value tile served (MIN_VALUE)
+        (2, 4, 64, 144, False, 0),  # the occupancy launch, values in two boxes (128 + 64)
+        (2, 7, 64, 136, True, 0),
     ],
 )
 def test_compiles_for_sm90_within_resources(k_group, n_rep, rk, rv, bias, stack, monkeypatch):
@@ -148,6 +182,8 @@ def test_compiles_for_sm90_within_resources(k_group, n_rep, rk, rv, bias, stack,
     assert r["stack_bytes"] <= stack, r
     assert r["registers"] <= 255
     assert r["shared_bytes"] <= lg.SMEM_BUDGET + 4096
+    if lg.plan(k_group, n_rep, rk, rv).occ == 2:  # two such programs fit one multiprocessor
+        assert 2 * (r["shared_bytes"] + lg.SMEM_RESERVED) <= lg.SMEM_PER_SM, r
 
 
 #: (batch, heads, kv_heads, key group (= value group), cache slots, valid tokens, key ranks, value ranks, bias, norm,
@@ -191,13 +227,28 @@ WIDE_CASES = [
 ]
 
 
+#: the launches' optional fields (``lg.LAUNCH_DEFAULTS``): pipelined key chunks (x in shared memory or registers),
+#: staged queries, two programs a multiprocessor at 64-token tiles; on Llama-3-8B's key group of 4, Qwen2-like with the
+#: key bias, the key norm in fp16 (the pipelined loop stays off there) and key groups of 2 at the capacity cell's ranks
+VARIANT_LAUNCHES = [(128, 8, 32, 0, 1, 0), (128, 8, 32, 1, 1, 1), (128, 8, 64, 1, 0, 1), (64, 4, 32, 0, 1, 1, 2),
+                    (64, 4, 64, 1, 0, 0, 2)]  # fmt: skip
+VARIANT_CASES = [
+    GPU_CASES[0],
+    GPU_CASES[2],
+    GPU_CASES[4],
+    (2, 32, 8, 2, 1100, 1037, [64, 64, 64, 64], [144, 144, 112, 112], False, False, torch.bfloat16),
+]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER or not lg.HAVE_GLUON, reason="needs a Hopper GPU and Gluon")
 @pytest.mark.parametrize(
     ("case", "setup"),
     [(c, {}) for c in GPU_CASES]
     + [(c, {"MAX_RANK": 256}) for c in SPLIT_CASES]
-    + [(c, {"MAX_RANK": 256, "LAUNCHES": (lg.LAUNCH, (64, 4, 32, 1))}) for c in WIDE_CASES],
+    + [(c, {"MAX_RANK": 256, "LAUNCHES": (lg.LAUNCH, (64, 4, 32, 1))}) for c in WIDE_CASES]
+    + [(c, {"LAUNCHES": (v,), "OCCUPANCY_LAUNCH": ()}) for v in VARIANT_LAUNCHES for c in VARIANT_CASES]
+    + [(c, {"VALUE_SPLIT": False}) for c in VARIANT_CASES[3:]],
 )
 def test_gluon_kernel_matches_float64(case, setup, monkeypatch):
     for name, value in setup.items():  # the launches served only by the environment's overrides
@@ -413,5 +464,10 @@ def test_descriptors_take_the_plan_boxes():
     assert d["zk_desc"].block_shape == [128, 128] and d["zv_desc"].block_shape == [128, 256]
     assert d["uk_desc"].block_shape == [64, 128]
     assert d["zk2_desc"] is d["zk_desc"] and d["zvh_desc"] is d["zv_desc"] and d["uk2_desc"] is d["uk_desc"]
-    d = lg.descriptors(zk, zv, pack["uk"], lg.plan(4, 7, 128, 280))  # values past 256: a second box of 128
+    lg.OCCUPANCY_LAUNCH, occ = (), lg.OCCUPANCY_LAUNCH  # the 128-token launch's boxes
+    try:
+        pl = lg.plan(4, 7, 128, 280)
+    finally:
+        lg.OCCUPANCY_LAUNCH = occ
+    d = lg.descriptors(zk, zv, pack["uk"], pl)  # values past 256: a second box of 128
     assert d["zvh_desc"].block_shape == [128, 128] and d["zvh_desc"] is not d["zv_desc"]

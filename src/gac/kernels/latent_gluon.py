@@ -78,6 +78,33 @@ LAUNCHES = tuple(
     tuple(int(x) for x in part.split(","))
     for part in os.environ.get("GAC_GLUON_LAUNCH", "128,8,64,1").split(";")
 )
+#: the optional fields of a launch past the first four, and their values where it leaves them out: ``pipe`` (the
+#: rebuild of the next key chunk issued before this one's RoPE and scores, the scores of every head into one
+#: accumulator against per-head masked queries), ``qs`` (the raw queries staged in shared memory once a program,
+#: not read from global memory each tile) and ``occ`` (programs a multiprocessor is meant to hold: the stages are
+#: chosen to fit that many programs' shared memory)
+LAUNCH_DEFAULTS = {"pipe": 0, "qs": 0, "occ": 1}
+
+
+def launch_fields(launch: tuple[int, ...]) -> tuple[int, ...]:
+    """A launch of :data:`LAUNCHES` with its optional fields filled in: ``(bt, nw, qc, xreg, pipe, qs, occ)``."""
+    if len(launch) < 4 or len(launch) > 4 + len(LAUNCH_DEFAULTS):
+        raise ValueError(
+            f"a Gluon launch is bt,nw,qc,xreg[,pipe[,qs[,occ]]]; got {','.join(map(str, launch))}"
+        )
+    return tuple(launch) + tuple(LAUNCH_DEFAULTS.values())[len(launch) - 4 :]
+
+
+#: the launch that takes the place of the first of :data:`LAUNCHES` wherever its program holds as many KV heads
+#: (:func:`plan`): 64-token tiles in one warpgroup, two programs a multiprocessor (their stages chosen to fit two
+#: programs' shared memory, about 113 KB each), so that one program's rebuild, RoPE and softmax chain runs while the
+#: other waits. On an H200 (call 48, the kernel alone at B=262 x 32k, key and value groups of 2 on the Llama-3-8B
+#: shape) it took 0.80x the 128-token launch's time at key/value rank 64/112 and 0.85x at 64/144, where both hold two
+#: KV heads; where it holds fewer (one KV head of Llama-3-8B's key group of 4 at key rank 128, or of a group of 2 at
+#: 128/216) it took 0.98-1.22x, so it is not taken there. ``GAC_GLUON_OCC_LAUNCH`` overrides it ("" for none)
+OCCUPANCY_LAUNCH = tuple(
+    int(x) for x in os.environ.get("GAC_GLUON_OCC_LAUNCH", "64,4,64,1,0,0,2").split(",") if x
+)
 #: the first launch tried (the one timed in calls 29-30)
 LAUNCH = LAUNCHES[0]
 #: the most KV heads a program takes (``GAC_GLUON_HEADS``, a benchmark's override; 0: as many as fit)
@@ -100,6 +127,16 @@ RANK_TILE = 64
 WIDE_KEYS = 128
 #: shared memory a block may take on a Hopper GPU (bytes), less what the compiler adds for barriers and scratch
 SMEM_BUDGET = 232448 - 4096
+#: shared memory of one multiprocessor (Hopper), and what the driver reserves for each resident block
+SMEM_PER_SM = 233472
+SMEM_RESERVED = 1024
+
+
+def smem_budget(occ: int = 1) -> int:
+    """Shared memory a program may take so that ``occ`` of them fit one multiprocessor (bytes)."""
+    if occ <= 1:
+        return SMEM_BUDGET
+    return SMEM_PER_SM // occ - SMEM_RESERVED - 2048
 
 
 class Plan(NamedTuple):
@@ -122,6 +159,9 @@ class Plan(NamedTuple):
     rvl: int
     rvh: int
     rvo: int
+    pipe: bool = False
+    qs: bool = False
+    occ: int = 1
 
 
 def key_boxes(rk_max: int) -> tuple[int, int]:
@@ -132,48 +172,80 @@ def key_boxes(rk_max: int) -> tuple[int, int]:
     return rk1, rkp - rk1
 
 
+#: a value tile below 256 columns read in two boxes where they hold fewer columns than one power of two
+#: (:func:`value_boxes`; ``GAC_GLUON_VALUE_SPLIT=0``: one box)
+VALUE_SPLIT = os.environ.get("GAC_GLUON_VALUE_SPLIT", "1") != "0"
+
+
 def value_boxes(rv_max: int, num_warps: int) -> tuple[int, int]:
     """The value latent's descriptor boxes: the value tile as one power of two up to 256 columns; past 256, 256 and
-    the rest as a power of two of at least a product's rows (16 a warp), ``328 -> (256, 128)``."""
+    the rest as a power of two of at least a product's rows (16 a warp, 64 at least), ``328 -> (256, 128)``. Below
+    256, two such boxes where they read fewer columns (:data:`VALUE_SPLIT`): at 4 warps ``144 -> (128, 64)``, where
+    one box of 256 read 112 columns of the next group's latents and zeroed them."""
     rvp = next_pow2(rv_max)
+    least = max(16 * num_warps, 64)
     if rvp <= BOX:
+        second = max(least, next_pow2(int(rv_max) - rvp // 2))
+        if VALUE_SPLIT and rvp // 2 >= least and rvp // 2 + second < rvp:
+            return rvp // 2, second
         return rvp, 0
-    return BOX, max(16 * num_warps, 64, next_pow2(int(rv_max) - BOX))
+    return BOX, max(least, next_pow2(int(rv_max) - BOX))
 
 
 def shared_bytes(
-    g: int, rkp: int, rvp: int, mq: int, xs: int, vs: int, head_dim: int = 128, block_t: int | None = None
-) -> int:
+    g: int, rkp: int, rvp: int, mq: int, xs: int, vs: int, head_dim: int = 128, block_t: int | None = None,
+    pipe: bool = False, qs: bool = False,
+) -> int:  # fmt: skip
     """Shared memory of one program (bf16): up-projections, key and value stages (``rkp`` and ``rvp`` columns a
-    token), queries, probabilities, and the in-tile cos/sin (fp16)."""
+    token), queries (turned: one copy a KV head with ``pipe``; raw: one more with ``qs``), probabilities, and the
+    in-tile cos/sin (fp16)."""
     bt = block_t or LAUNCH[0]
-    return 2 * (g * head_dim * rkp + xs * bt * rkp + vs * bt * rvp + mq * head_dim + bt * mq + bt * head_dim)
+    queries = (g if pipe else 1) + int(qs)
+    return 2 * (
+        g * head_dim * rkp + xs * bt * rkp + vs * bt * rvp + queries * mq * head_dim + bt * mq + bt * head_dim
+    )
 
 
-def stages(g: int, rkp: int, rvp: int, mq: int, block_t: int | None = None) -> tuple[int, int] | None:
-    """``(XS, VS)``: key and value stages that fit, the most value stages first; None if one of each does not."""
+def stages(
+    g: int, rkp: int, rvp: int, mq: int, block_t: int | None = None, pipe: bool = False, qs: bool = False,
+    occ: int = 1,
+) -> tuple[int, int] | None:  # fmt: skip
+    """``(XS, VS)``: key and value stages that fit (``occ`` programs a multiprocessor), the most value stages first;
+    None if one of each does not."""
     for xs, vs in ((2, 2), (2, 1), (1, 1)):
-        if shared_bytes(g, rkp, rvp, mq, xs, vs, block_t=block_t) <= SMEM_BUDGET:
+        if shared_bytes(g, rkp, rvp, mq, xs, vs, block_t=block_t, pipe=pipe, qs=qs) <= smem_budget(occ):
             return xs, vs
+    return None
+
+
+def _first_fit(launches: tuple, k_group: int, n_rep: int, rk_max: int, rv_max: int) -> Plan | None:
+    rk1, rk2 = key_boxes(rk_max)
+    for launch in launches:
+        bt, nw, qc, xreg, pipe, qs, occ = launch_fields(launch)
+        rvl, rvh = value_boxes(rv_max, nw)
+        for g in range(min(MOST_HEADS or k_group, k_group), 0, -1):
+            rows = next_pow2(g * n_rep, 8 if nw < 8 else 16)
+            if k_group % g or rows > 16:
+                continue
+            st = stages(g, rk1 + rk2, rvl + rvh, rows, block_t=bt, pipe=bool(pipe), qs=bool(qs), occ=occ)
+            if st is not None:
+                qcw = min(qc, 32) if rk1 + rk2 > WIDE_KEYS else qc
+                return Plan(g, bt, nw, qcw, bool(xreg), *st, rows, rk1, rk2, rvl, rvh, next_pow2(rv_max),
+                            bool(pipe), bool(qs), int(occ))  # fmt: skip
     return None
 
 
 def plan(k_group: int, n_rep: int, rk_max: int, rv_max: int) -> Plan | None:
     """The first of :data:`LAUNCHES` with a program that fits, and in it the most KV heads a program: dividing the
     key group, at most 16 query rows (more spilled, compiled for sm_90), and its up-projections beside one stage of
-    each latent in shared memory; None if no launch fits even one head's."""
-    rk1, rk2 = key_boxes(rk_max)
-    for bt, nw, qc, xreg in LAUNCHES:
-        rvl, rvh = value_boxes(rv_max, nw)
-        for g in range(min(MOST_HEADS or k_group, k_group), 0, -1):
-            rows = next_pow2(g * n_rep, 8 if nw < 8 else 16)
-            if k_group % g or rows > 16:
-                continue
-            st = stages(g, rk1 + rk2, rvl + rvh, rows, block_t=bt)
-            if st is not None:
-                qcw = min(qc, 32) if rk1 + rk2 > WIDE_KEYS else qc
-                return Plan(g, bt, nw, qcw, bool(xreg), *st, rows, rk1, rk2, rvl, rvh, next_pow2(rv_max))
-    return None
+    each latent in shared memory; None if no launch fits even one head's. :data:`OCCUPANCY_LAUNCH` takes its place
+    where its program holds as many KV heads."""
+    p = _first_fit(LAUNCHES, k_group, n_rep, rk_max, rv_max)
+    if p is not None and OCCUPANCY_LAUNCH:
+        o = _first_fit((OCCUPANCY_LAUNCH,), k_group, n_rep, rk_max, rv_max)
+        if o is not None and o.g == p.g:
+            return o
+    return p
 
 
 def unserved(
@@ -272,6 +344,65 @@ if HAVE_GLUON:
             _tma_load(desc2, [row, col + W], bar, dst2, pred=ok)
 
     @gluon.jit
+    def _rebuild(xa, xa2, u_smem, u2_smem, hj, zero_k, c: gl.constexpr, QC: gl.constexpr, RK2: gl.constexpr):
+        """Issue the rebuild of column chunk ``c`` of KV head ``hj``'s two key halves (the RoPE pairs): two
+        asynchronous tensor-core products (four with a second key box); the caller waits on them."""
+        u1 = u_smem.index(2 * hj).slice(c * QC, QC, dim=0).permute((1, 0))
+        u2 = u_smem.index(2 * hj + 1).slice(c * QC, QC, dim=0).permute((1, 0))
+        k1 = warpgroup_mma(xa, u1, zero_k, use_acc=False, is_async=True)
+        k2 = warpgroup_mma(xa, u2, zero_k, use_acc=False, is_async=True)
+        if RK2 > 0:
+            u1b = u2_smem.index(2 * hj).slice(c * QC, QC, dim=0).permute((1, 0))
+            u2b = u2_smem.index(2 * hj + 1).slice(c * QC, QC, dim=0).permute((1, 0))
+            k1 = warpgroup_mma(xa2, u1b, k1, is_async=True)
+            k2 = warpgroup_mma(xa2, u2b, k2, is_async=True)
+        return k1, k2
+
+    @gluon.jit
+    def _turned_keys(
+        k1, k2, kb_ptr, kn_ptr, kvh, cs_smem, ssq, offs_f, c: gl.constexpr, NC: gl.constexpr, QC: gl.constexpr,
+        HALF: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_NORM: gl.constexpr, mma_k: gl.constexpr, a_s: gl.constexpr,
+        dt: gl.constexpr,
+    ):  # fmt: skip
+        """A rebuilt chunk of KV head ``kvh``'s key halves with its bias and RMS-norm weight (``ssq`` gathers the
+        row's sum of squares: its scale is applied to the scores), turned by the in-tile offsets' RoPE, as the
+        score product's register operand."""
+        if HAS_BIAS:
+            kbj = kb_ptr + kvh * (2 * HALF) + c * QC
+            k1 = k1 + gl.load(kbj + offs_f).to(gl.float32)[None, :]
+            k2 = k2 + gl.load(kbj + HALF + offs_f).to(gl.float32)[None, :]
+        if HAS_NORM:
+            ssq += gl.sum(k1 * k1, axis=1) + gl.sum(k2 * k2, axis=1)
+            k1 = k1 * gl.load(kn_ptr + c * QC + offs_f).to(gl.float32)[None, :]
+            k2 = k2 * gl.load(kn_ptr + HALF + c * QC + offs_f).to(gl.float32)[None, :]
+        ci = cs_smem.index(c).load(mma_k).to(gl.float32)
+        si = cs_smem.index(NC + c).load(mma_k).to(gl.float32)
+        r1 = gl.convert_layout((k1 * ci - k2 * si).to(dt), a_s)
+        r2 = gl.convert_layout((k2 * ci + k1 * si).to(dt), a_s)
+        return r1, r2, ssq
+
+    @gluon.jit
+    def _unit(
+        k1, k2, sc, xa, xa2, u_smem, u2_smem, q_smem, cs_smem, kb_ptr, kvh0, hj, offs_f, zero_k, c: gl.constexpr,
+        nh, nc: gl.constexpr, NEXT: gl.constexpr, NC: gl.constexpr, QC: gl.constexpr, HALF: gl.constexpr,
+        RK2: gl.constexpr, HAS_BIAS: gl.constexpr, mma_k: gl.constexpr, a_s: gl.constexpr, dt: gl.constexpr,
+    ):  # fmt: skip
+        """One (head ``hj``, chunk ``c``) unit of the pipelined loop (``PIPE``): issue the next unit's rebuild
+        (head ``nh``, chunk ``nc``; none where not ``NEXT``), turn this one's keys and add their scores against the
+        head's masked queries into ``sc``; returns the next unit's keys and the scores, waited on."""
+        if NEXT:
+            n1, n2 = _rebuild(xa, xa2, u_smem, u2_smem, nh, zero_k, nc, QC, RK2)
+        r1, r2, _ = _turned_keys(k1, k2, kb_ptr, kb_ptr, kvh0 + hj, cs_smem, sc, offs_f, c, NC, QC, HALF, HAS_BIAS,
+                                 False, mma_k, a_s, dt)  # fmt: skip
+        sc = warpgroup_mma(r1, q_smem.index(2 * NC * hj + c).permute((1, 0)), sc, is_async=True)
+        sc = warpgroup_mma(r2, q_smem.index(2 * NC * hj + NC + c).permute((1, 0)), sc, is_async=True)
+        if NEXT:
+            k1, k2, sc, r1, r2 = warpgroup_mma_wait(num_outstanding=0, deps=(n1, n2, sc, r1, r2))
+        else:
+            sc, r1, r2 = warpgroup_mma_wait(num_outstanding=0, deps=(sc, r1, r2))
+        return k1, k2, sc
+
+    @gluon.jit
     def _gluon_flash_kernel(
         q_ptr,  # [B, H, HD] roped queries
         zk_desc, zk2_desc,  # descriptors of the key latents as [B*T, Σ r] rows, blocks [BLOCK_T, RKP] / [.., RK2]
@@ -291,7 +422,7 @@ if HAVE_GLUON:
         RVP: gl.constexpr, RVH: gl.constexpr, RVO: gl.constexpr, XBYTES: gl.constexpr, VBYTES: gl.constexpr,
         MQ: gl.constexpr, BLOCK_T: gl.constexpr, XS: gl.constexpr, VS: gl.constexpr,
         HAS_BIAS: gl.constexpr, HAS_NORM: gl.constexpr, QC: gl.constexpr, XREG: gl.constexpr,
-        num_warps: gl.constexpr,
+        PIPE: gl.constexpr, QS: gl.constexpr, num_warps: gl.constexpr,
     ):  # fmt: skip
         dt: gl.constexpr = q_ptr.dtype.element_ty
         pid = gl.program_id(0)
@@ -336,7 +467,10 @@ if HAVE_GLUON:
         else:
             vh_smem = v_smem
         q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([MQ, QC], dt)
-        q_smem = gl.allocate_shared_memory(dt, [2 * NC, MQ, QC], q_layout)
+        # with PIPE, one copy of the turned queries a KV head, the other heads' rows zeroed: every head's scores
+        # then go into one accumulator
+        QCOPIES: gl.constexpr = G if PIPE else 1
+        q_smem = gl.allocate_shared_memory(dt, [2 * NC * QCOPIES, MQ, QC], q_layout)
         cs_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_T, QC], gl.float16)
         cs_smem = gl.allocate_shared_memory(gl.float16, [2 * NC, BLOCK_T, QC], cs_layout)
         p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_T, MQ], dt)
@@ -381,6 +515,10 @@ if HAVE_GLUON:
         offs_d = gl.arange(0, QC, layout=gl.SliceLayout(0, blk))
         mrow = offs_m < G * NREP
         qb = q_ptr + b * sqb + (h0 + offs_m)[:, None] * sqh + offs_d[None, :]
+        if QS:  # the raw queries in shared memory once, each tile's turn reads them there
+            qr_smem = gl.allocate_shared_memory(dt, [2 * NC, MQ, QC], q_layout)
+            for c in gl.static_range(2 * NC):
+                qr_smem.index(c).store(gl.load(qb + c * QC, mask=mrow[:, None], other=0.0))
         offs_c = gl.arange(0, MQ, layout=gl.SliceLayout(0, mma_s))
         col_head = offs_c // NREP
         offs_ts = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(1, mma_s))
@@ -399,12 +537,24 @@ if HAVE_GLUON:
             # each tile so that nothing but the loop's state is held over it
             tsb = ts_ptr + (t0 // BLOCK_T) * HALF
             for c in gl.static_range(NC):
-                q1 = gl.load(qb + c * QC, mask=mrow[:, None], other=0.0).to(gl.float32)
-                q2 = gl.load(qb + HALF + c * QC, mask=mrow[:, None], other=0.0).to(gl.float32)
                 cb = gl.load(tsb + c * QC + offs_d)[None, :]
                 sb = gl.load(tsb + NT * HALF + c * QC + offs_d)[None, :]
-                q_smem.index(c).store((q1 * cb + q2 * sb).to(dt))
-                q_smem.index(NC + c).store((q2 * cb - q1 * sb).to(dt))
+                if QS:
+                    q1 = qr_smem.index(c).load(blk).to(gl.float32)
+                    q2 = qr_smem.index(NC + c).load(blk).to(gl.float32)
+                else:
+                    q1 = gl.load(qb + c * QC, mask=mrow[:, None], other=0.0).to(gl.float32)
+                    q2 = gl.load(qb + HALF + c * QC, mask=mrow[:, None], other=0.0).to(gl.float32)
+                lo = q1 * cb + q2 * sb
+                hi = q2 * cb - q1 * sb
+                for hq in gl.static_range(QCOPIES):
+                    if PIPE:  # KV head hq's rows only
+                        own = ((offs_m // NREP) == hq)[:, None]
+                        q_smem.index(2 * NC * hq + c).store(gl.where(own, lo, 0.0).to(dt))
+                        q_smem.index(2 * NC * hq + NC + c).store(gl.where(own, hi, 0.0).to(dt))
+                    else:
+                        q_smem.index(c).store(lo.to(dt))
+                        q_smem.index(NC + c).store(hi.to(dt))
             fence_async_shared()
             sx = i % XS
             mbarrier.wait(bar_x.index(sx), (i // XS) & 1)
@@ -412,51 +562,53 @@ if HAVE_GLUON:
             xs2 = x2_smem.index(sx)
             if XREG:  # the tile's key latents as the rebuild's register operand: read from shared memory once
                 xa = xs.load(a_k)
-                if RK2 > 0:
+                if RK2 > 0:  # noqa: SIM108 - a static branch
                     xa2 = xs2.load(a_k)
+                else:  # never read (every use is under RK2 > 0)
+                    xa2 = xa
                 nxt = i + XS
                 _load_boxes(zk_desc, zk2_desc, bar_x.index(sx), xs, xs2, row0 + nxt * BLOCK_T, koff, nxt < n_tiles,
                             RKP, RK2, XBYTES)  # fmt: skip
             else:
                 xa = xs
-                if RK2 > 0:
-                    xa2 = xs2
+                xa2 = xs2
             sc = zero_s
-            for hj in range(G):
-                sj = zero_s
-                if HAS_NORM:
-                    ssq = gl.zeros([BLOCK_T], gl.float32, layout=gl.SliceLayout(1, mma_k))
+            ssq = gl.zeros([BLOCK_T], gl.float32, layout=gl.SliceLayout(1, mma_k))  # used under HAS_NORM only
+            if PIPE:
+                # (head, chunk) units in turn, the next unit's rebuild issued before this one's RoPE and scores (the
+                # tensor cores rebuild while the registers turn); every head's scores go into one accumulator against
+                # its masked queries. The heads are a loop (unrolled, the program spilled), the last one peeled: it
+                # has no next head. No key norm (its row scale needs a head's every chunk first: _constexprs leaves
+                # PIPE off there)
+                k1, k2 = _rebuild(xa, xa2, u_smem, u2_smem, 0, zero_k, 0, QC, RK2)
+                k1, k2 = warpgroup_mma_wait(num_outstanding=0, deps=(k1, k2))
+                for hj in range(G - 1):
+                    for c in gl.static_range(NC):
+                        k1, k2, sc = _unit(k1, k2, sc, xa, xa2, u_smem, u2_smem, q_smem, cs_smem, kb_ptr, kvh0, hj,
+                                           offs_f, zero_k, c, hj + (c + 1) // NC, (c + 1) % NC, True, NC, QC, HALF,
+                                           RK2, HAS_BIAS, mma_k, a_s, dt)  # fmt: skip
                 for c in gl.static_range(NC):
-                    # one column chunk of both key halves: the RoPE pairs (d, d + HALF) of d in the chunk
-                    u1 = u_smem.index(2 * hj).slice(c * QC, QC, dim=0).permute((1, 0))
-                    u2 = u_smem.index(2 * hj + 1).slice(c * QC, QC, dim=0).permute((1, 0))
-                    k1 = warpgroup_mma(xa, u1, zero_k, use_acc=False, is_async=True)
-                    k2 = warpgroup_mma(xa, u2, zero_k, use_acc=False, is_async=True)
-                    if RK2 > 0:
-                        u1b = u2_smem.index(2 * hj).slice(c * QC, QC, dim=0).permute((1, 0))
-                        u2b = u2_smem.index(2 * hj + 1).slice(c * QC, QC, dim=0).permute((1, 0))
-                        k1 = warpgroup_mma(xa2, u1b, k1, is_async=True)
-                        k2 = warpgroup_mma(xa2, u2b, k2, is_async=True)
-                    k1, k2 = warpgroup_mma_wait(num_outstanding=0, deps=(k1, k2))
-                    if HAS_BIAS:
-                        kbj = kb_ptr + (kvh0 + hj) * (2 * HALF) + c * QC
-                        k1 = k1 + gl.load(kbj + offs_f).to(gl.float32)[None, :]
-                        k2 = k2 + gl.load(kbj + HALF + offs_f).to(gl.float32)[None, :]
-                    # the row's RMS scales its scores after the last chunk: RoPE and the dot are linear
+                    k1, k2, sc = _unit(k1, k2, sc, xa, xa2, u_smem, u2_smem, q_smem, cs_smem, kb_ptr, kvh0, G - 1,
+                                       offs_f, zero_k, c, G - 1, (c + 1) % NC, c + 1 < NC, NC, QC, HALF, RK2,
+                                       HAS_BIAS, mma_k, a_s, dt)  # fmt: skip
+            else:
+                for hj in range(G):
+                    sj = zero_s
                     if HAS_NORM:
-                        ssq += gl.sum(k1 * k1, axis=1) + gl.sum(k2 * k2, axis=1)
-                        k1 = k1 * gl.load(kn_ptr + c * QC + offs_f).to(gl.float32)[None, :]
-                        k2 = k2 * gl.load(kn_ptr + HALF + c * QC + offs_f).to(gl.float32)[None, :]
-                    ci = cs_smem.index(c).load(mma_k).to(gl.float32)
-                    si = cs_smem.index(NC + c).load(mma_k).to(gl.float32)
-                    r1 = gl.convert_layout((k1 * ci - k2 * si).to(dt), a_s)
-                    r2 = gl.convert_layout((k2 * ci + k1 * si).to(dt), a_s)
-                    sj = warpgroup_mma(r1, q_smem.index(c).permute((1, 0)), sj)
-                    sj = warpgroup_mma(r2, q_smem.index(NC + c).permute((1, 0)), sj)
-                if HAS_NORM:
-                    rn = gl.convert_layout(gl.rsqrt(ssq / (2 * HALF) + eps), gl.SliceLayout(1, mma_s))
-                    sj = sj * rn[:, None]
-                sc = gl.where((col_head == hj)[None, :], sj, sc)
+                        ssq = gl.zeros([BLOCK_T], gl.float32, layout=gl.SliceLayout(1, mma_k))
+                    for c in gl.static_range(NC):
+                        # one column chunk of both key halves: the RoPE pairs (d, d + HALF) of d in the chunk
+                        k1, k2 = _rebuild(xa, xa2, u_smem, u2_smem, hj, zero_k, c, QC, RK2)
+                        k1, k2 = warpgroup_mma_wait(num_outstanding=0, deps=(k1, k2))
+                        # the row's RMS scales its scores after the last chunk: RoPE and the dot are linear
+                        r1, r2, ssq = _turned_keys(k1, k2, kb_ptr, kn_ptr, kvh0 + hj, cs_smem, ssq, offs_f, c, NC,
+                                                   QC, HALF, HAS_BIAS, HAS_NORM, mma_k, a_s, dt)  # fmt: skip
+                        sj = warpgroup_mma(r1, q_smem.index(c).permute((1, 0)), sj)
+                        sj = warpgroup_mma(r2, q_smem.index(NC + c).permute((1, 0)), sj)
+                    if HAS_NORM:
+                        rn = gl.convert_layout(gl.rsqrt(ssq / (2 * HALF) + eps), gl.SliceLayout(1, mma_s))
+                        sj = sj * rn[:, None]
+                    sc = gl.where((col_head == hj)[None, :], sj, sc)
             if not XREG:  # every product reading this key stage has completed: refill it XS tiles ahead
                 nxt = i + XS
                 _load_boxes(zk_desc, zk2_desc, bar_x.index(sx), xs, xs2, row0 + nxt * BLOCK_T, koff, nxt < n_tiles,
@@ -559,7 +711,7 @@ def _constexprs(pl: Plan, n_rep: int, half: int, bias: bool, norm: bool) -> dict
     return dict(NREP=n_rep, G=pl.g, HALF=half, RKP=pl.rk1, RK2=pl.rk2, RVP=pl.rvl, RVH=pl.rvh, RVO=pl.rvo,
                 XBYTES=2 * pl.block_t * (pl.rk1 + pl.rk2), VBYTES=2 * pl.block_t * (pl.rvl + pl.rvh), MQ=pl.mq,
                 BLOCK_T=pl.block_t, XS=pl.xs, VS=pl.vs, HAS_BIAS=bias, HAS_NORM=norm, QC=pl.qc,
-                XREG=pl.xreg)  # fmt: skip
+                XREG=pl.xreg, PIPE=pl.pipe and not norm, QS=pl.qs)  # fmt: skip
 
 
 def _gl_dtype(dtype: torch.dtype) -> Any:
