@@ -227,11 +227,10 @@ WIDE_CASES = [
 ]
 
 
-#: the launches' optional fields (``lg.LAUNCH_DEFAULTS``): pipelined key chunks (x in shared memory or registers),
-#: staged queries, two programs a multiprocessor at 64-token tiles; on Llama-3-8B's key group of 4, Qwen2-like with the
-#: key bias, the key norm in fp16 (the pipelined loop stays off there) and key groups of 2 at the capacity cell's ranks
-VARIANT_LAUNCHES = [(128, 8, 32, 0, 1, 0), (128, 8, 32, 1, 1, 1), (128, 8, 64, 1, 0, 1), (64, 4, 32, 0, 1, 1, 2),
-                    (64, 4, 64, 1, 0, 0, 2)]  # fmt: skip
+#: other launches: 32-column key chunks, and two programs a multiprocessor at 64-token tiles (``occ``, the
+#: ``lg.LAUNCH_DEFAULTS`` field); on Llama-3-8B's key group of 4, Qwen2-like with the key bias, the key norm in fp16
+#: and key groups of 2 at the capacity cell's ranks
+VARIANT_LAUNCHES = [(128, 8, 32, 1), (64, 4, 32, 1, 2), (64, 4, 64, 1, 2)]
 VARIANT_CASES = [
     GPU_CASES[0],
     GPU_CASES[2],

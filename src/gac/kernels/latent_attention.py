@@ -1226,8 +1226,7 @@ def _launch_gluon(
     LAST_LAUNCH.update(kernel="gluon", block_t=bt, block_r=latent_gluon.RANK_TILE, num_warps=nw, column_chunk=pl.qc,
                        x_registers=pl.xreg, stages=[pl.xs, pl.vs], key_boxes=[pl.rk1, pl.rk2],
                        value_boxes=[pl.rvl, pl.rvh], splits=splits, sub=pl.g, waves=GLUON_WAVES, rope_table=True,
-                       raw_keys=False, value_tma=True, paired_keys=False, pipelined=pl.pipe and k_norm is None,
-                       staged_queries=pl.qs, occupancy=pl.occ)  # fmt: skip
+                       raw_keys=False, value_tma=True, paired_keys=False, occupancy=pl.occ)  # fmt: skip
     n_regs = getattr(kern, "n_regs", None)
     if n_regs:
         LAST_LAUNCH["registers"] = int(n_regs)

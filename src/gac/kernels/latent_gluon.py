@@ -78,20 +78,17 @@ LAUNCHES = tuple(
     tuple(int(x) for x in part.split(","))
     for part in os.environ.get("GAC_GLUON_LAUNCH", "128,8,64,1").split(";")
 )
-#: the optional fields of a launch past the first four, and their values where it leaves them out: ``pipe`` (the
-#: rebuild of the next key chunk issued before this one's RoPE and scores, the scores of every head into one
-#: accumulator against per-head masked queries), ``qs`` (the raw queries staged in shared memory once a program,
-#: not read from global memory each tile) and ``occ`` (programs a multiprocessor is meant to hold: the stages are
-#: chosen to fit that many programs' shared memory)
-LAUNCH_DEFAULTS = {"pipe": 0, "qs": 0, "occ": 1}
+#: the optional field of a launch past the first four, and its value where it leaves it out: ``occ``, programs a
+#: multiprocessor is meant to hold (the stages are chosen to fit that many programs' shared memory). Two more, a
+#: pipelined rebuild of the key chunks and queries staged in shared memory, were timed in call 48 (commit 70304f4) at
+#: 0.98-1.45x and 0.98-1.03x the default launch's time on an H200, and dropped
+LAUNCH_DEFAULTS = {"occ": 1}
 
 
 def launch_fields(launch: tuple[int, ...]) -> tuple[int, ...]:
-    """A launch of :data:`LAUNCHES` with its optional fields filled in: ``(bt, nw, qc, xreg, pipe, qs, occ)``."""
+    """A launch of :data:`LAUNCHES` with its optional field filled in: ``(bt, nw, qc, xreg, occ)``."""
     if len(launch) < 4 or len(launch) > 4 + len(LAUNCH_DEFAULTS):
-        raise ValueError(
-            f"a Gluon launch is bt,nw,qc,xreg[,pipe[,qs[,occ]]]; got {','.join(map(str, launch))}"
-        )
+        raise ValueError(f"a Gluon launch is bt,nw,qc,xreg[,occ]; got {','.join(map(str, launch))}")
     return tuple(launch) + tuple(LAUNCH_DEFAULTS.values())[len(launch) - 4 :]
 
 
@@ -103,7 +100,7 @@ def launch_fields(launch: tuple[int, ...]) -> tuple[int, ...]:
 #: KV heads; where it holds fewer (one KV head of Llama-3-8B's key group of 4 at key rank 128, or of a group of 2 at
 #: 128/216) it took 0.98-1.22x, so it is not taken there. ``GAC_GLUON_OCC_LAUNCH`` overrides it ("" for none)
 OCCUPANCY_LAUNCH = tuple(
-    int(x) for x in os.environ.get("GAC_GLUON_OCC_LAUNCH", "64,4,64,1,0,0,2").split(",") if x
+    int(x) for x in os.environ.get("GAC_GLUON_OCC_LAUNCH", "64,4,64,1,2").split(",") if x
 )
 #: the first launch tried (the one timed in calls 29-30)
 LAUNCH = LAUNCHES[0]
@@ -159,8 +156,6 @@ class Plan(NamedTuple):
     rvl: int
     rvh: int
     rvo: int
-    pipe: bool = False
-    qs: bool = False
     occ: int = 1
 
 
@@ -193,27 +188,21 @@ def value_boxes(rv_max: int, num_warps: int) -> tuple[int, int]:
 
 
 def shared_bytes(
-    g: int, rkp: int, rvp: int, mq: int, xs: int, vs: int, head_dim: int = 128, block_t: int | None = None,
-    pipe: bool = False, qs: bool = False,
-) -> int:  # fmt: skip
+    g: int, rkp: int, rvp: int, mq: int, xs: int, vs: int, head_dim: int = 128, block_t: int | None = None
+) -> int:
     """Shared memory of one program (bf16): up-projections, key and value stages (``rkp`` and ``rvp`` columns a
-    token), queries (turned: one copy a KV head with ``pipe``; raw: one more with ``qs``), probabilities, and the
-    in-tile cos/sin (fp16)."""
+    token), queries, probabilities, and the in-tile cos/sin (fp16)."""
     bt = block_t or LAUNCH[0]
-    queries = (g if pipe else 1) + int(qs)
-    return 2 * (
-        g * head_dim * rkp + xs * bt * rkp + vs * bt * rvp + queries * mq * head_dim + bt * mq + bt * head_dim
-    )
+    return 2 * (g * head_dim * rkp + xs * bt * rkp + vs * bt * rvp + mq * head_dim + bt * mq + bt * head_dim)
 
 
 def stages(
-    g: int, rkp: int, rvp: int, mq: int, block_t: int | None = None, pipe: bool = False, qs: bool = False,
-    occ: int = 1,
-) -> tuple[int, int] | None:  # fmt: skip
+    g: int, rkp: int, rvp: int, mq: int, block_t: int | None = None, occ: int = 1
+) -> tuple[int, int] | None:
     """``(XS, VS)``: key and value stages that fit (``occ`` programs a multiprocessor), the most value stages first;
     None if one of each does not."""
     for xs, vs in ((2, 2), (2, 1), (1, 1)):
-        if shared_bytes(g, rkp, rvp, mq, xs, vs, block_t=block_t, pipe=pipe, qs=qs) <= smem_budget(occ):
+        if shared_bytes(g, rkp, rvp, mq, xs, vs, block_t=block_t) <= smem_budget(occ):
             return xs, vs
     return None
 
@@ -221,17 +210,17 @@ def stages(
 def _first_fit(launches: tuple, k_group: int, n_rep: int, rk_max: int, rv_max: int) -> Plan | None:
     rk1, rk2 = key_boxes(rk_max)
     for launch in launches:
-        bt, nw, qc, xreg, pipe, qs, occ = launch_fields(launch)
+        bt, nw, qc, xreg, occ = launch_fields(launch)
         rvl, rvh = value_boxes(rv_max, nw)
         for g in range(min(MOST_HEADS or k_group, k_group), 0, -1):
             rows = next_pow2(g * n_rep, 8 if nw < 8 else 16)
             if k_group % g or rows > 16:
                 continue
-            st = stages(g, rk1 + rk2, rvl + rvh, rows, block_t=bt, pipe=bool(pipe), qs=bool(qs), occ=occ)
+            st = stages(g, rk1 + rk2, rvl + rvh, rows, block_t=bt, occ=occ)
             if st is not None:
                 qcw = min(qc, 32) if rk1 + rk2 > WIDE_KEYS else qc
                 return Plan(g, bt, nw, qcw, bool(xreg), *st, rows, rk1, rk2, rvl, rvh, next_pow2(rv_max),
-                            bool(pipe), bool(qs), int(occ))  # fmt: skip
+                            int(occ))  # fmt: skip
     return None
 
 
@@ -382,27 +371,6 @@ if HAVE_GLUON:
         return r1, r2, ssq
 
     @gluon.jit
-    def _unit(
-        k1, k2, sc, xa, xa2, u_smem, u2_smem, q_smem, cs_smem, kb_ptr, kvh0, hj, offs_f, zero_k, c: gl.constexpr,
-        nh, nc: gl.constexpr, NEXT: gl.constexpr, NC: gl.constexpr, QC: gl.constexpr, HALF: gl.constexpr,
-        RK2: gl.constexpr, HAS_BIAS: gl.constexpr, mma_k: gl.constexpr, a_s: gl.constexpr, dt: gl.constexpr,
-    ):  # fmt: skip
-        """One (head ``hj``, chunk ``c``) unit of the pipelined loop (``PIPE``): issue the next unit's rebuild
-        (head ``nh``, chunk ``nc``; none where not ``NEXT``), turn this one's keys and add their scores against the
-        head's masked queries into ``sc``; returns the next unit's keys and the scores, waited on."""
-        if NEXT:
-            n1, n2 = _rebuild(xa, xa2, u_smem, u2_smem, nh, zero_k, nc, QC, RK2)
-        r1, r2, _ = _turned_keys(k1, k2, kb_ptr, kb_ptr, kvh0 + hj, cs_smem, sc, offs_f, c, NC, QC, HALF, HAS_BIAS,
-                                 False, mma_k, a_s, dt)  # fmt: skip
-        sc = warpgroup_mma(r1, q_smem.index(2 * NC * hj + c).permute((1, 0)), sc, is_async=True)
-        sc = warpgroup_mma(r2, q_smem.index(2 * NC * hj + NC + c).permute((1, 0)), sc, is_async=True)
-        if NEXT:
-            k1, k2, sc, r1, r2 = warpgroup_mma_wait(num_outstanding=0, deps=(n1, n2, sc, r1, r2))
-        else:
-            sc, r1, r2 = warpgroup_mma_wait(num_outstanding=0, deps=(sc, r1, r2))
-        return k1, k2, sc
-
-    @gluon.jit
     def _gluon_flash_kernel(
         q_ptr,  # [B, H, HD] roped queries
         zk_desc, zk2_desc,  # descriptors of the key latents as [B*T, Σ r] rows, blocks [BLOCK_T, RKP] / [.., RK2]
@@ -422,7 +390,7 @@ if HAVE_GLUON:
         RVP: gl.constexpr, RVH: gl.constexpr, RVO: gl.constexpr, XBYTES: gl.constexpr, VBYTES: gl.constexpr,
         MQ: gl.constexpr, BLOCK_T: gl.constexpr, XS: gl.constexpr, VS: gl.constexpr,
         HAS_BIAS: gl.constexpr, HAS_NORM: gl.constexpr, QC: gl.constexpr, XREG: gl.constexpr,
-        PIPE: gl.constexpr, QS: gl.constexpr, num_warps: gl.constexpr,
+        num_warps: gl.constexpr,
     ):  # fmt: skip
         dt: gl.constexpr = q_ptr.dtype.element_ty
         pid = gl.program_id(0)
@@ -467,10 +435,7 @@ if HAVE_GLUON:
         else:
             vh_smem = v_smem
         q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([MQ, QC], dt)
-        # with PIPE, one copy of the turned queries a KV head, the other heads' rows zeroed: every head's scores
-        # then go into one accumulator
-        QCOPIES: gl.constexpr = G if PIPE else 1
-        q_smem = gl.allocate_shared_memory(dt, [2 * NC * QCOPIES, MQ, QC], q_layout)
+        q_smem = gl.allocate_shared_memory(dt, [2 * NC, MQ, QC], q_layout)
         cs_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_T, QC], gl.float16)
         cs_smem = gl.allocate_shared_memory(gl.float16, [2 * NC, BLOCK_T, QC], cs_layout)
         p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_T, MQ], dt)
@@ -515,10 +480,6 @@ if HAVE_GLUON:
         offs_d = gl.arange(0, QC, layout=gl.SliceLayout(0, blk))
         mrow = offs_m < G * NREP
         qb = q_ptr + b * sqb + (h0 + offs_m)[:, None] * sqh + offs_d[None, :]
-        if QS:  # the raw queries in shared memory once, each tile's turn reads them there
-            qr_smem = gl.allocate_shared_memory(dt, [2 * NC, MQ, QC], q_layout)
-            for c in gl.static_range(2 * NC):
-                qr_smem.index(c).store(gl.load(qb + c * QC, mask=mrow[:, None], other=0.0))
         offs_c = gl.arange(0, MQ, layout=gl.SliceLayout(0, mma_s))
         col_head = offs_c // NREP
         offs_ts = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(1, mma_s))
@@ -537,24 +498,12 @@ if HAVE_GLUON:
             # each tile so that nothing but the loop's state is held over it
             tsb = ts_ptr + (t0 // BLOCK_T) * HALF
             for c in gl.static_range(NC):
+                q1 = gl.load(qb + c * QC, mask=mrow[:, None], other=0.0).to(gl.float32)
+                q2 = gl.load(qb + HALF + c * QC, mask=mrow[:, None], other=0.0).to(gl.float32)
                 cb = gl.load(tsb + c * QC + offs_d)[None, :]
                 sb = gl.load(tsb + NT * HALF + c * QC + offs_d)[None, :]
-                if QS:
-                    q1 = qr_smem.index(c).load(blk).to(gl.float32)
-                    q2 = qr_smem.index(NC + c).load(blk).to(gl.float32)
-                else:
-                    q1 = gl.load(qb + c * QC, mask=mrow[:, None], other=0.0).to(gl.float32)
-                    q2 = gl.load(qb + HALF + c * QC, mask=mrow[:, None], other=0.0).to(gl.float32)
-                lo = q1 * cb + q2 * sb
-                hi = q2 * cb - q1 * sb
-                for hq in gl.static_range(QCOPIES):
-                    if PIPE:  # KV head hq's rows only
-                        own = ((offs_m // NREP) == hq)[:, None]
-                        q_smem.index(2 * NC * hq + c).store(gl.where(own, lo, 0.0).to(dt))
-                        q_smem.index(2 * NC * hq + NC + c).store(gl.where(own, hi, 0.0).to(dt))
-                    else:
-                        q_smem.index(c).store(lo.to(dt))
-                        q_smem.index(NC + c).store(hi.to(dt))
+                q_smem.index(c).store((q1 * cb + q2 * sb).to(dt))
+                q_smem.index(NC + c).store((q2 * cb - q1 * sb).to(dt))
             fence_async_shared()
             sx = i % XS
             mbarrier.wait(bar_x.index(sx), (i // XS) & 1)
@@ -573,42 +522,24 @@ if HAVE_GLUON:
                 xa = xs
                 xa2 = xs2
             sc = zero_s
-            ssq = gl.zeros([BLOCK_T], gl.float32, layout=gl.SliceLayout(1, mma_k))  # used under HAS_NORM only
-            if PIPE:
-                # (head, chunk) units in turn, the next unit's rebuild issued before this one's RoPE and scores (the
-                # tensor cores rebuild while the registers turn); every head's scores go into one accumulator against
-                # its masked queries. The heads are a loop (unrolled, the program spilled), the last one peeled: it
-                # has no next head. No key norm (its row scale needs a head's every chunk first: _constexprs leaves
-                # PIPE off there)
-                k1, k2 = _rebuild(xa, xa2, u_smem, u2_smem, 0, zero_k, 0, QC, RK2)
-                k1, k2 = warpgroup_mma_wait(num_outstanding=0, deps=(k1, k2))
-                for hj in range(G - 1):
-                    for c in gl.static_range(NC):
-                        k1, k2, sc = _unit(k1, k2, sc, xa, xa2, u_smem, u2_smem, q_smem, cs_smem, kb_ptr, kvh0, hj,
-                                           offs_f, zero_k, c, hj + (c + 1) // NC, (c + 1) % NC, True, NC, QC, HALF,
-                                           RK2, HAS_BIAS, mma_k, a_s, dt)  # fmt: skip
+            ssq = gl.zeros([BLOCK_T], gl.float32, layout=gl.SliceLayout(1, mma_k))  # under HAS_NORM only
+            for hj in range(G):
+                sj = zero_s
+                if HAS_NORM:
+                    ssq = gl.zeros([BLOCK_T], gl.float32, layout=gl.SliceLayout(1, mma_k))
                 for c in gl.static_range(NC):
-                    k1, k2, sc = _unit(k1, k2, sc, xa, xa2, u_smem, u2_smem, q_smem, cs_smem, kb_ptr, kvh0, G - 1,
-                                       offs_f, zero_k, c, G - 1, (c + 1) % NC, c + 1 < NC, NC, QC, HALF, RK2,
-                                       HAS_BIAS, mma_k, a_s, dt)  # fmt: skip
-            else:
-                for hj in range(G):
-                    sj = zero_s
-                    if HAS_NORM:
-                        ssq = gl.zeros([BLOCK_T], gl.float32, layout=gl.SliceLayout(1, mma_k))
-                    for c in gl.static_range(NC):
-                        # one column chunk of both key halves: the RoPE pairs (d, d + HALF) of d in the chunk
-                        k1, k2 = _rebuild(xa, xa2, u_smem, u2_smem, hj, zero_k, c, QC, RK2)
-                        k1, k2 = warpgroup_mma_wait(num_outstanding=0, deps=(k1, k2))
-                        # the row's RMS scales its scores after the last chunk: RoPE and the dot are linear
-                        r1, r2, ssq = _turned_keys(k1, k2, kb_ptr, kn_ptr, kvh0 + hj, cs_smem, ssq, offs_f, c, NC,
-                                                   QC, HALF, HAS_BIAS, HAS_NORM, mma_k, a_s, dt)  # fmt: skip
-                        sj = warpgroup_mma(r1, q_smem.index(c).permute((1, 0)), sj)
-                        sj = warpgroup_mma(r2, q_smem.index(NC + c).permute((1, 0)), sj)
-                    if HAS_NORM:
-                        rn = gl.convert_layout(gl.rsqrt(ssq / (2 * HALF) + eps), gl.SliceLayout(1, mma_s))
-                        sj = sj * rn[:, None]
-                    sc = gl.where((col_head == hj)[None, :], sj, sc)
+                    # one column chunk of both key halves: the RoPE pairs (d, d + HALF) of d in the chunk
+                    k1, k2 = _rebuild(xa, xa2, u_smem, u2_smem, hj, zero_k, c, QC, RK2)
+                    k1, k2 = warpgroup_mma_wait(num_outstanding=0, deps=(k1, k2))
+                    # the row's RMS scales its scores after the last chunk: RoPE and the dot are linear
+                    r1, r2, ssq = _turned_keys(k1, k2, kb_ptr, kn_ptr, kvh0 + hj, cs_smem, ssq, offs_f, c, NC,
+                                               QC, HALF, HAS_BIAS, HAS_NORM, mma_k, a_s, dt)  # fmt: skip
+                    sj = warpgroup_mma(r1, q_smem.index(c).permute((1, 0)), sj)
+                    sj = warpgroup_mma(r2, q_smem.index(NC + c).permute((1, 0)), sj)
+                if HAS_NORM:
+                    rn = gl.convert_layout(gl.rsqrt(ssq / (2 * HALF) + eps), gl.SliceLayout(1, mma_s))
+                    sj = sj * rn[:, None]
+                sc = gl.where((col_head == hj)[None, :], sj, sc)
             if not XREG:  # every product reading this key stage has completed: refill it XS tiles ahead
                 nxt = i + XS
                 _load_boxes(zk_desc, zk2_desc, bar_x.index(sx), xs, xs2, row0 + nxt * BLOCK_T, koff, nxt < n_tiles,
@@ -711,7 +642,7 @@ def _constexprs(pl: Plan, n_rep: int, half: int, bias: bool, norm: bool) -> dict
     return dict(NREP=n_rep, G=pl.g, HALF=half, RKP=pl.rk1, RK2=pl.rk2, RVP=pl.rvl, RVH=pl.rvh, RVO=pl.rvo,
                 XBYTES=2 * pl.block_t * (pl.rk1 + pl.rk2), VBYTES=2 * pl.block_t * (pl.rvl + pl.rvh), MQ=pl.mq,
                 BLOCK_T=pl.block_t, XS=pl.xs, VS=pl.vs, HAS_BIAS=bias, HAS_NORM=norm, QC=pl.qc,
-                XREG=pl.xreg, PIPE=pl.pipe and not norm, QS=pl.qs)  # fmt: skip
+                XREG=pl.xreg)  # fmt: skip
 
 
 def _gl_dtype(dtype: torch.dtype) -> Any:
