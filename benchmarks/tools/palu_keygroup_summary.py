@@ -59,7 +59,7 @@ RUNS = {
             ("g1-qwen", QWEN, 1, 4),
             ("keygroup2-values2", QWEN, 2, 2),
         ],
-        "capacity": [("capacity", 4, 4), ("capacity-keygroup2-values2", 2, 2)],
+        "capacity": [("capacity", 4, 4), ("capacity-keygroup2-values2-call52", 2, 2)],
     },
 }
 

@@ -37,7 +37,10 @@ kernel, timed faster there (key group 1; one KV head a program of a key group th
 sequences). At key and value groups of 2 it took 0.78-0.81x the Triton kernel's time (call 36), and the Llama-3-8B
 and Qwen2.5-7B shapes so grouped decoded at 0.91-1.16x dense (calls 39-40). Key ranks past 128 and 64-token tiles
 compile, pass the GPU tests and are reachable by ``GAC_GLUON_MAX_RANK`` and ``GAC_GLUON_LAUNCH``, but ran 1.0-2.3x
-the Triton kernel's time (calls 32-33), so they are not the default.
+the Triton kernel's time (calls 32-33), so they are not the default. One 64-token launch is: :data:`OCCUPANCY_LAUNCH`,
+two programs a multiprocessor, wherever its program holds as many KV heads as the 128-token one (value tiles below
+256 columns then read in two boxes, :func:`value_boxes`). With it the capacity cell of key and value groups of 2
+(Llama-3-8B shape, 32k) served 1.59x dense's tokens/s, against 1.46x before (calls 49 and 52).
 """
 
 from __future__ import annotations
@@ -79,9 +82,10 @@ LAUNCHES = tuple(
     for part in os.environ.get("GAC_GLUON_LAUNCH", "128,8,64,1").split(";")
 )
 #: the optional field of a launch past the first four, and its value where it leaves it out: ``occ``, programs a
-#: multiprocessor is meant to hold (the stages are chosen to fit that many programs' shared memory). Two more, a
-#: pipelined rebuild of the key chunks and queries staged in shared memory, were timed in call 48 (commit 70304f4) at
-#: 0.98-1.45x and 0.98-1.03x the default launch's time on an H200, and dropped
+#: multiprocessor is meant to hold (the stages are chosen to fit that many programs' shared memory). Two more were
+#: timed in call 48 (commit 70304f4) and dropped: the next key chunk's rebuild issued before this one's RoPE and
+#: scores (it spilled 100-580 bytes a thread; 1.08-1.32x the default launch's time on an H200) and the raw queries
+#: staged in shared memory once a program (0.94-1.05x)
 LAUNCH_DEFAULTS = {"occ": 1}
 
 
@@ -95,10 +99,13 @@ def launch_fields(launch: tuple[int, ...]) -> tuple[int, ...]:
 #: the launch that takes the place of the first of :data:`LAUNCHES` wherever its program holds as many KV heads
 #: (:func:`plan`): 64-token tiles in one warpgroup, two programs a multiprocessor (their stages chosen to fit two
 #: programs' shared memory, about 113 KB each), so that one program's rebuild, RoPE and softmax chain runs while the
-#: other waits. On an H200 (call 48, the kernel alone at B=262 x 32k, key and value groups of 2 on the Llama-3-8B
-#: shape) it took 0.80x the 128-token launch's time at key/value rank 64/112 and 0.85x at 64/144, where both hold two
-#: KV heads; where it holds fewer (one KV head of Llama-3-8B's key group of 4 at key rank 128, or of a group of 2 at
-#: 128/216) it took 0.98-1.22x, so it is not taken there. ``GAC_GLUON_OCC_LAUNCH`` overrides it ("" for none)
+#: other waits. Kernel alone on an H200 (``benchmarks/results/h200/palu-default/README.md``, calls 48-51), against the
+#: 128-token launch: key and value groups of 2 at key/value ranks 64/112 and 64/144 (two KV heads a program either
+#: way) 0.80-0.85x its time at 262 sequences x 32k and 0.76-0.92x at B 1/16/64 x 4k/32k but for one sequence of 4k
+#: tokens (1.10-1.20x); Qwen2.5-7B's key group of 4 at 128/280 (one KV head a program either way) 0.75-0.78x but for
+#: one sequence of 4k (1.14x). Where it holds fewer KV heads (Llama-3-8B's and Qwen2.5-7B's key group of 4 at key
+#: rank 128 with value rank 224-232, a group of 2 at 128/216) it took 0.87-1.28x, slower at 10 of 13 points, so it is
+#: not taken there. ``GAC_GLUON_OCC_LAUNCH`` overrides it ("" for none)
 OCCUPANCY_LAUNCH = tuple(
     int(x) for x in os.environ.get("GAC_GLUON_OCC_LAUNCH", "64,4,64,1,2").split(",") if x
 )
