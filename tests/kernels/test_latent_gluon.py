@@ -99,6 +99,12 @@ def test_occupancy_launch_taken_where_it_holds_as_many_heads(monkeypatch):
     for args in ((4, 4, 128, 232), (2, 4, 128, 216), (4, 4, 64, 208)):
         q = lg.plan(*args)
         assert (q.block_t, q.occ) == (128, 1), (args, q)
+    # one sequence over a short cache keeps the 128-token launch; many, or a long cache, take the occupancy launch
+    assert lg.plan(2, 4, 64, 144, batch=1, slots=4096).occ == 1
+    assert (
+        lg.plan(2, 4, 64, 144, batch=1, slots=32768).occ == 2
+        and lg.plan(2, 4, 64, 144, batch=16, slots=4096).occ == 2
+    )
     monkeypatch.setattr(lg, "OCCUPANCY_LAUNCH", ())
     assert lg.plan(2, 4, 64, 144).occ == 1
     with pytest.raises(ValueError, match="bt,nw,qc,xreg"):

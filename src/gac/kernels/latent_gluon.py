@@ -106,6 +106,9 @@ def launch_fields(launch: tuple[int, ...]) -> tuple[int, ...]:
 #: one sequence of 4k (1.14x). Where it holds fewer KV heads (Llama-3-8B's and Qwen2.5-7B's key group of 4 at key
 #: rank 128 with value rank 224-232, a group of 2 at 128/216) it took 0.87-1.28x, slower at 10 of 13 points, so it is
 #: not taken there. ``GAC_GLUON_OCC_LAUNCH`` overrides it ("" for none)
+#: one sequence over at most this many cache slots keeps the 128-token launch (:func:`plan`): there the occupancy launch
+#: took 1.10-1.20x its time at 4096 slots (5 of 5 shapes, calls 50-51), and 0.77-0.82x at 32768
+OCCUPANCY_FROM_SLOTS = 4096
 OCCUPANCY_LAUNCH = tuple(
     int(x) for x in os.environ.get("GAC_GLUON_OCC_LAUNCH", "64,4,64,1,2").split(",") if x
 )
@@ -231,13 +234,15 @@ def _first_fit(launches: tuple, k_group: int, n_rep: int, rk_max: int, rv_max: i
     return None
 
 
-def plan(k_group: int, n_rep: int, rk_max: int, rv_max: int) -> Plan | None:
+def plan(k_group: int, n_rep: int, rk_max: int, rv_max: int, batch: int = 0, slots: int = 0) -> Plan | None:
     """The first of :data:`LAUNCHES` with a program that fits, and in it the most KV heads a program: dividing the
     key group, at most 16 query rows (more spilled, compiled for sm_90), and its up-projections beside one stage of
     each latent in shared memory; None if no launch fits even one head's. :data:`OCCUPANCY_LAUNCH` takes its place
-    where its program holds as many KV heads."""
+    where its program holds as many KV heads, but for one sequence (``batch``) over at most
+    :data:`OCCUPANCY_FROM_SLOTS` cache slots (``slots``; 0: not known)."""
     p = _first_fit(LAUNCHES, k_group, n_rep, rk_max, rv_max)
-    if p is not None and OCCUPANCY_LAUNCH:
+    short = batch == 1 and 0 < slots <= OCCUPANCY_FROM_SLOTS
+    if p is not None and OCCUPANCY_LAUNCH and not short:
         o = _first_fit((OCCUPANCY_LAUNCH,), k_group, n_rep, rk_max, rv_max)
         if o is not None and o.g == p.g:
             return o
@@ -320,7 +325,7 @@ def refusal(
         why = "latents or up-projections not contiguous"
     elif why is None and ((zk.shape[-1] * 2) % 16 or (zv.shape[-1] * 2) % 16 or (uk.shape[-1] * 2) % 16):
         why = "latent rows not 16-byte multiples"
-    p = plan(k_group, n_rep, rk_max, rv_max) if why is None else None
+    p = plan(k_group, n_rep, rk_max, rv_max, batch=q.shape[0], slots=zk.shape[1]) if why is None else None
     if why is None and p is None:
         why = f"key rank {rk_max} with value rank {rv_max} (no program of whole KV heads fits shared memory)"
     return why, p
