@@ -106,12 +106,12 @@ def launch_fields(launch: tuple[int, ...]) -> tuple[int, ...]:
 #: one sequence of 4k (1.14x). Where it holds fewer KV heads (Llama-3-8B's and Qwen2.5-7B's key group of 4 at key
 #: rank 128 with value rank 224-232, a group of 2 at 128/216) it took 0.87-1.28x, slower at 10 of 13 points, so it is
 #: not taken there. ``GAC_GLUON_OCC_LAUNCH`` overrides it ("" for none)
-#: one sequence over at most this many cache slots keeps the 128-token launch (:func:`plan`): there the occupancy launch
-#: took 1.10-1.20x its time at 4096 slots (5 of 5 shapes, calls 50-51), and 0.77-0.82x at 32768
-OCCUPANCY_FROM_SLOTS = 4096
 OCCUPANCY_LAUNCH = tuple(
     int(x) for x in os.environ.get("GAC_GLUON_OCC_LAUNCH", "64,4,64,1,2").split(",") if x
 )
+#: one sequence over at most this many cache slots keeps the 128-token launch (:func:`plan`): there the occupancy launch
+#: took 1.10-1.20x its time at 4096 slots (5 of 5 shapes, calls 50-51), and 0.77-0.82x at 32768
+OCCUPANCY_FROM_SLOTS = 4096
 #: the first launch tried (the one timed in calls 29-30)
 LAUNCH = LAUNCHES[0]
 #: the most KV heads a program takes (``GAC_GLUON_HEADS``, a benchmark's override; 0: as many as fit)
