@@ -233,8 +233,8 @@ WIDE_CASES = [
 ]
 
 
-#: other launches: 32-column key chunks, and two programs a multiprocessor at 64-token tiles (``occ``, the
-#: ``lg.LAUNCH_DEFAULTS`` field); on Llama-3-8B's key group of 4, Qwen2-like with the key bias, the key norm in fp16
+#: other launches: 32-column key chunks, and two programs a multiprocessor at 64-token tiles (``occ``, the launch's
+#: fifth field); on Llama-3-8B's key group of 4, Qwen2-like with the key bias, the key norm in fp16
 #: and key groups of 2 at the capacity cell's ranks
 VARIANT_LAUNCHES = [(128, 8, 32, 1), (64, 4, 32, 1, 2), (64, 4, 64, 1, 2)]
 VARIANT_CASES = [
@@ -459,7 +459,7 @@ def test_a_launch_timed_faster_on_triton_takes_it_and_records_why(monkeypatch):
 
 
 @needs_gluon
-def test_descriptors_take_the_plan_boxes():
+def test_descriptors_take_the_plan_boxes(monkeypatch):
     """The kernel's six descriptor arguments by the plan's boxes; a box a launch does not need (no second key or value
     box) is the first box's descriptor itself, not another one built per launch."""
     q, zk, zv, pack, _ = latent_decode_inputs(
@@ -469,10 +469,6 @@ def test_descriptors_take_the_plan_boxes():
     assert d["zk_desc"].block_shape == [128, 128] and d["zv_desc"].block_shape == [128, 256]
     assert d["uk_desc"].block_shape == [64, 128]
     assert d["zk2_desc"] is d["zk_desc"] and d["zvh_desc"] is d["zv_desc"] and d["uk2_desc"] is d["uk_desc"]
-    lg.OCCUPANCY_LAUNCH, occ = (), lg.OCCUPANCY_LAUNCH  # the 128-token launch's boxes
-    try:
-        pl = lg.plan(4, 7, 128, 280)
-    finally:
-        lg.OCCUPANCY_LAUNCH = occ
-    d = lg.descriptors(zk, zv, pack["uk"], pl)  # values past 256: a second box of 128
+    monkeypatch.setattr(lg, "OCCUPANCY_LAUNCH", ())  # the 128-token launch's boxes
+    d = lg.descriptors(zk, zv, pack["uk"], lg.plan(4, 7, 128, 280))  # values past 256: a second box of 128
     assert d["zvh_desc"].block_shape == [128, 128] and d["zvh_desc"] is not d["zv_desc"]

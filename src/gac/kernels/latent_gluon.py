@@ -81,19 +81,18 @@ LAUNCHES = tuple(
     tuple(int(x) for x in part.split(","))
     for part in os.environ.get("GAC_GLUON_LAUNCH", "128,8,64,1").split(";")
 )
-#: the optional field of a launch past the first four, and its value where it leaves it out: ``occ``, programs a
-#: multiprocessor is meant to hold (the stages are chosen to fit that many programs' shared memory). Two more were
-#: timed in call 48 (commit 70304f4) and dropped: the next key chunk's rebuild issued before this one's RoPE and
-#: scores (it spilled 100-580 bytes a thread; 1.08-1.32x the default launch's time on an H200) and the raw queries
-#: staged in shared memory once a program (0.94-1.05x)
-LAUNCH_DEFAULTS = {"occ": 1}
 
 
+# a launch's optional fifth field is ``occ``, programs a multiprocessor is meant to hold (1 where it is left out;
+# the stages are chosen to fit that many programs' shared memory). Two more were timed in call 48 (commit 70304f4)
+# and dropped: the next key chunk's rebuild issued before this one's RoPE and scores (it spilled 100-580 bytes a
+# thread; 1.08-1.32x the default launch's time on an H200) and the raw queries staged in shared memory once a
+# program (0.94-1.05x)
 def launch_fields(launch: tuple[int, ...]) -> tuple[int, ...]:
     """A launch of :data:`LAUNCHES` with its optional field filled in: ``(bt, nw, qc, xreg, occ)``."""
-    if len(launch) < 4 or len(launch) > 4 + len(LAUNCH_DEFAULTS):
+    if len(launch) not in (4, 5):
         raise ValueError(f"a Gluon launch is bt,nw,qc,xreg[,occ]; got {','.join(map(str, launch))}")
-    return tuple(launch) + tuple(LAUNCH_DEFAULTS.values())[len(launch) - 4 :]
+    return (*launch, 1)[:5]
 
 
 #: the launch that takes the place of the first of :data:`LAUNCHES` wherever its program holds as many KV heads
