@@ -68,27 +68,19 @@ def test_plan_keeps_rows_and_shared_memory_in_bounds(monkeypatch):
 def test_boxes_are_powers_of_two_covering_the_ranks():
     assert lg.key_boxes(64) == (64, 0) and lg.key_boxes(120) == (128, 0)
     assert lg.key_boxes(192) == (128, 64) and lg.key_boxes(160) == (128, 64) and lg.key_boxes(256) == (256, 0)
-    # by default any tile that is not a power of two reads two boxes where the half holds a product's rows (16 a
-    # warp, 64 at least), the second ending at each group's own rank: no column of the next group is read
-    assert lg.value_boxes(232, 8) == (128, 128, True) and lg.value_boxes(168, 8) == (128, 128, True)
-    assert lg.value_boxes(280, 8) == (256, 128, True)
-    assert lg.value_boxes(280, 4) == (256, 64, True)
-    assert lg.value_boxes(328, 4) == (256, 128, True) and lg.value_boxes(440, 4) == (256, 256, True)
-    assert lg.value_boxes(384, 8) == (256, 128, False)  # the boxes hold the rank exactly
-    assert lg.value_boxes(144, 4) == (128, 64, True) and lg.value_boxes(112, 4) == (64, 64, True)
-    assert lg.value_boxes(256, 8) == (256, 0, False) and lg.value_boxes(112, 8) == (128, 0, False)
-    assert lg.value_boxes(48, 4) == (64, 0, False)  # the half holds fewer than a product's rows
+    assert lg.value_boxes(232, 8) == (256, 0)
+    assert lg.value_boxes(280, 8) == (256, 128)  # a product's M: 16 rows a warp
+    assert lg.value_boxes(280, 4) == (256, 64)
+    assert lg.value_boxes(328, 4) == (256, 128) and lg.value_boxes(440, 4) == (256, 256)
+    # below 256 at 4 warps: two boxes where they read fewer columns (a product's rows: 64 at least)
+    assert lg.value_boxes(144, 4) == (128, 64) and lg.value_boxes(192, 4) == (128, 64)
+    assert lg.value_boxes(200, 4) == (256, 0) and lg.value_boxes(112, 4) == (128, 0)
+    assert lg.value_boxes(144, 8) == (256, 0)  # 8 warps: a second box of 128 rows reads no fewer
 
 
-def test_value_boxes_by_the_split_setting(monkeypatch):
-    # "1" (calls 51-52): below 256, the second box right after the first, where they hold fewer columns
-    monkeypatch.setattr(lg, "VALUE_SPLIT", "1")
-    assert lg.value_boxes(144, 4) == (128, 64, False) and lg.value_boxes(192, 4) == (128, 64, False)
-    assert lg.value_boxes(200, 4) == (256, 0, False) and lg.value_boxes(112, 4) == (128, 0, False)
-    assert lg.value_boxes(144, 8) == (256, 0, False)  # 8 warps: a second box of 128 rows reads no fewer
-    assert lg.value_boxes(280, 4) == (256, 64, False)
-    monkeypatch.setattr(lg, "VALUE_SPLIT", "0")
-    assert lg.value_boxes(144, 4) == (256, 0, False) and lg.value_boxes(280, 4) == (256, 64, False)
+def test_value_boxes_split_only_where_asked(monkeypatch):
+    monkeypatch.setattr(lg, "VALUE_SPLIT", False)
+    assert lg.value_boxes(144, 4) == (256, 0) and lg.value_boxes(280, 4) == (256, 64)
 
 
 def test_occupancy_launch_taken_where_it_holds_as_many_heads(monkeypatch):
@@ -96,7 +88,7 @@ def test_occupancy_launch_taken_where_it_holds_as_many_heads(monkeypatch):
     launch's (the capacity cell's key and value groups of 2 at key rank 64); not where it would hold fewer."""
     monkeypatch.setattr(lg, "MOST_HEADS", 0)
     p = lg.plan(2, 4, 64, 144)
-    assert (p.g, p.block_t, p.num_warps, p.occ) == (2, 64, 4, 2) and (p.rvl, p.rvh, p.vend) == (128, 64, True)
+    assert (p.g, p.block_t, p.num_warps, p.occ) == (2, 64, 4, 2) and (p.rvl, p.rvh) == (128, 64)
     assert lg.shared_bytes(p.g, p.rk1, p.rvl + p.rvh, p.mq, p.xs, p.vs, block_t=p.block_t) <= lg.smem_budget(
         2
     )
@@ -261,8 +253,7 @@ VARIANT_CASES = [
     + [(c, {"MAX_RANK": 256}) for c in SPLIT_CASES]
     + [(c, {"MAX_RANK": 256, "LAUNCHES": (lg.LAUNCH, (64, 4, 32, 1))}) for c in WIDE_CASES]
     + [(c, {"LAUNCHES": (v,), "OCCUPANCY_LAUNCH": ()}) for v in VARIANT_LAUNCHES for c in VARIANT_CASES]
-    + [(c, {"VALUE_SPLIT": v}) for v in ("0", "1") for c in VARIANT_CASES[3:]]
-    + [(c, {"VALUE_SPLIT": "0"}) for c in GPU_CASES[:1]],
+    + [(c, {"VALUE_SPLIT": False}) for c in VARIANT_CASES[3:]],
 )
 def test_gluon_kernel_matches_float64(case, setup, monkeypatch):
     for name, value in setup.items():  # the launches served only by the environment's overrides
@@ -437,12 +428,7 @@ def test_gluon_launch_record_carries_what_the_profile_reads(monkeypatch):
     assert (
         -(-int(pack["rk_max"]) // tile) * tile == sum(rec["key_boxes"]) == 128
     )  # the profile's executed rank
-    assert (
-        rec["value_boxes"] == [128, 128]
-        and rec["value_box_ends"]
-        and rec["sub"] == pl.g
-        and rec["stages"] == [pl.xs, pl.vs]
-    )
+    assert rec["value_boxes"] == [256, 0] and rec["sub"] == pl.g and rec["stages"] == [pl.xs, pl.vs]
 
 
 def test_a_launch_timed_faster_on_triton_takes_it_and_records_why(monkeypatch):

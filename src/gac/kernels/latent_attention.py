@@ -1225,7 +1225,7 @@ def _launch_gluon(
     # block_r: the rank tile, as the Triton kernel's record names it (the profile's latent class reads it)
     LAST_LAUNCH.update(kernel="gluon", block_t=bt, block_r=latent_gluon.RANK_TILE, num_warps=nw, column_chunk=pl.qc,
                        x_registers=pl.xreg, stages=[pl.xs, pl.vs], key_boxes=[pl.rk1, pl.rk2],
-                       value_boxes=[pl.rvl, pl.rvh], value_box_ends=pl.vend, splits=splits, sub=pl.g, waves=GLUON_WAVES, rope_table=True,
+                       value_boxes=[pl.rvl, pl.rvh], splits=splits, sub=pl.g, waves=GLUON_WAVES, rope_table=True,
                        raw_keys=False, value_tma=True, paired_keys=False, occupancy=pl.occ)  # fmt: skip
     n_regs = getattr(kern, "n_regs", None)
     if n_regs:

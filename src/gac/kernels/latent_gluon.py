@@ -149,8 +149,8 @@ class Plan(NamedTuple):
     """One launch of the kernel: KV heads a program (``g``), its tile and warps, the column chunk, the key latents as
     the register operand, the key and value stages, the query rows (``mq``: a power of two of at least 16, or 8 in
     one warpgroup, where the value accumulators' registers a thread double), and the descriptor boxes: key ranks
-    ``rk1 + rk2`` (``rk2`` 0 or the part past the largest power of two), value columns ``rvl + rvh`` (``rvh`` 0 if
-    none; ``vend``: the second box ends at each group's rank, :func:`value_boxes`) of an output ``rvo`` wide."""
+    ``rk1 + rk2`` (``rk2`` 0 or the part past the largest power of two), value columns ``rvl + rvh`` (``rvh`` past
+    the first 256, 0 if none) of an output ``rvo`` wide."""
 
     g: int
     block_t: int
@@ -166,7 +166,6 @@ class Plan(NamedTuple):
     rvh: int
     rvo: int
     occ: int = 1
-    vend: bool = False
 
 
 def key_boxes(rk_max: int) -> tuple[int, int]:
@@ -177,37 +176,24 @@ def key_boxes(rk_max: int) -> tuple[int, int]:
     return rk1, rkp - rk1
 
 
-#: how a value tile that is not a power of two is read (``GAC_GLUON_VALUE_SPLIT``): ``"2"`` (the default) in two
-#: boxes, the second ending at each group's own rank, so that no column of the next group is read; ``"1"`` (calls
-#: 51-52) below 256 columns in two boxes only where they hold fewer columns than one power of two, the second right
-#: after the first; ``"0"`` one power of two up to 256 columns (:func:`value_boxes`)
-VALUE_SPLIT = os.environ.get("GAC_GLUON_VALUE_SPLIT", "2")
-if VALUE_SPLIT not in ("0", "1", "2"):
-    raise ValueError(f"GAC_GLUON_VALUE_SPLIT is 0, 1 or 2; got {VALUE_SPLIT!r}")
+#: a value tile below 256 columns read in two boxes where they hold fewer columns than one power of two
+#: (:func:`value_boxes`; ``GAC_GLUON_VALUE_SPLIT=0``: one box)
+VALUE_SPLIT = os.environ.get("GAC_GLUON_VALUE_SPLIT", "1") != "0"
 
 
-def value_boxes(rv_max: int, num_warps: int) -> tuple[int, int, bool]:
-    """The value latent's descriptor boxes ``(first, second, ends)``: the second box (0: none) a power of two of at
-    least a product's rows (16 a warp, 64 at least), and whether it ends at each group's own rank (overlapping the
-    first, read from L2 where it does) rather than right after the first box.
-
-    Past 256 columns: 256 and the rest, ``328 -> (256, 128)``. By :data:`VALUE_SPLIT`: ``"2"`` splits any tile that
-    is not a power of two where the half holds a product's rows, the second box ending at the group's rank
-    (``216 -> (128, 128)`` at 8 warps: 216 columns read, where one box of 256 read 40 of the next group's and zeroed
-    them); ``"1"`` splits below 256 where the boxes hold fewer columns, the second after the first (at 4 warps
-    ``144 -> (128, 64)``, 192 columns read); ``"0"`` reads one power of two below 256."""
+def value_boxes(rv_max: int, num_warps: int) -> tuple[int, int]:
+    """The value latent's descriptor boxes: the value tile as one power of two up to 256 columns; past 256, 256 and
+    the rest as a power of two of at least a product's rows (16 a warp, 64 at least), ``328 -> (256, 128)``. Below
+    256, two such boxes where they read fewer columns (:data:`VALUE_SPLIT`): at 4 warps ``144 -> (128, 64)``, where
+    one box of 256 read 112 columns of the next group's latents and zeroed them."""
     rvp = next_pow2(rv_max)
     least = max(16 * num_warps, 64)
-    if rvp > BOX:
-        second = max(least, next_pow2(int(rv_max) - BOX))
-        return BOX, second, VALUE_SPLIT == "2" and BOX + second > rv_max
-    half = rvp // 2
-    second = max(least, next_pow2(int(rv_max) - half))
-    if VALUE_SPLIT == "2" and half >= least and rv_max < rvp:
-        return half, second, True
-    if VALUE_SPLIT == "1" and half >= least and half + second < rvp:
-        return half, second, False
-    return rvp, 0, False
+    if rvp <= BOX:
+        second = max(least, next_pow2(int(rv_max) - rvp // 2))
+        if VALUE_SPLIT and rvp // 2 >= least and rvp // 2 + second < rvp:
+            return rvp // 2, second
+        return rvp, 0
+    return BOX, max(least, next_pow2(int(rv_max) - BOX))
 
 
 def shared_bytes(
@@ -234,7 +220,7 @@ def _first_fit(launches: tuple, k_group: int, n_rep: int, rk_max: int, rv_max: i
     rk1, rk2 = key_boxes(rk_max)
     for launch in launches:
         bt, nw, qc, xreg, occ = launch_fields(launch)
-        rvl, rvh, vend = value_boxes(rv_max, nw)
+        rvl, rvh = value_boxes(rv_max, nw)
         for g in range(min(MOST_HEADS or k_group, k_group), 0, -1):
             rows = next_pow2(g * n_rep, 8 if nw < 8 else 16)
             if k_group % g or rows > 16:
@@ -243,7 +229,7 @@ def _first_fit(launches: tuple, k_group: int, n_rep: int, rk_max: int, rv_max: i
             if st is not None:
                 qcw = min(qc, 32) if rk1 + rk2 > WIDE_KEYS else qc
                 return Plan(g, bt, nw, qcw, bool(xreg), *st, rows, rk1, rk2, rvl, rvh, next_pow2(rv_max),
-                            int(occ), vend)  # fmt: skip
+                            int(occ))  # fmt: skip
     return None
 
 
@@ -347,13 +333,15 @@ def refusal(
 if HAVE_GLUON:
 
     @gluon.jit
-    def _load_boxes(desc, desc2, bar, dst, dst2, row, col, col2, ok, W2: gl.constexpr, NBYTES: gl.constexpr):
-        """One stage of a latent tile: its first box (from column ``col``) and, where ``W2``, the second (from
-        ``col2``), both on one mbarrier expecting ``NBYTES``."""
+    def _load_boxes(
+        desc, desc2, bar, dst, dst2, row, col, ok, W: gl.constexpr, W2: gl.constexpr, NBYTES: gl.constexpr
+    ):
+        """One stage of a latent tile: its first box (``W`` columns from ``col``) and, where ``W2``, the second past
+        it, both on one mbarrier expecting ``NBYTES``."""
         mbarrier.expect(bar, NBYTES, pred=ok)
         _tma_load(desc, [row, col], bar, dst, pred=ok)
         if W2 > 0:
-            _tma_load(desc2, [row, col2], bar, dst2, pred=ok)
+            _tma_load(desc2, [row, col + W], bar, dst2, pred=ok)
 
     @gluon.jit
     def _rebuild(xa, xa2, u_smem, u2_smem, hj, zero_k, c: gl.constexpr, QC: gl.constexpr, RK2: gl.constexpr):
@@ -410,7 +398,7 @@ if HAVE_GLUON:
         KGROUPS, NSPLIT,
         qk_scale, rope_scale, eps,
         NREP: gl.constexpr, G: gl.constexpr, HALF: gl.constexpr, RKP: gl.constexpr, RK2: gl.constexpr,
-        RVP: gl.constexpr, RVH: gl.constexpr, RVO: gl.constexpr, VEND: gl.constexpr, XBYTES: gl.constexpr, VBYTES: gl.constexpr,
+        RVP: gl.constexpr, RVH: gl.constexpr, RVO: gl.constexpr, XBYTES: gl.constexpr, VBYTES: gl.constexpr,
         MQ: gl.constexpr, BLOCK_T: gl.constexpr, XS: gl.constexpr, VS: gl.constexpr,
         HAS_BIAS: gl.constexpr, HAS_NORM: gl.constexpr, QC: gl.constexpr, XREG: gl.constexpr,
         num_warps: gl.constexpr,
@@ -474,12 +462,6 @@ if HAVE_GLUON:
 
         koff = gl.load(koff_ptr + kvh0)
         voff = gl.load(voff_ptr + kvh0)
-        vr = gl.load(vr_ptr + kvh0)
-        # the second value box: right after the first, or (VEND) ending at the group's own rank
-        if VEND:  # noqa: SIM108 - a static branch
-            v2 = gl.maximum(vr - RVH, 0)
-        else:
-            v2 = RVP
         row0 = b * T + start
         # the group's up-projections, once a program
         mbarrier.expect(bar_u, 2 * G * HALF * (RKP + RK2) * 2)
@@ -490,10 +472,10 @@ if HAVE_GLUON:
         # the first tiles' latents
         for s in gl.static_range(XS):
             _load_boxes(zk_desc, zk2_desc, bar_x.index(s), x_smem.index(s), x2_smem.index(s), row0 + s * BLOCK_T,
-                        koff, koff + RKP, s < n_tiles, RK2, XBYTES)  # fmt: skip
+                        koff, s < n_tiles, RKP, RK2, XBYTES)  # fmt: skip
         for s in gl.static_range(VS):
             _load_boxes(zv_desc, zvh_desc, bar_v.index(s), v_smem.index(s), vh_smem.index(s), row0 + s * BLOCK_T,
-                        voff, voff + v2, s < n_tiles, RVH, VBYTES)  # fmt: skip
+                        voff, s < n_tiles, RVP, RVH, VBYTES)  # fmt: skip
 
         # The in-tile offsets' cos/sin (the tile start turns the queries), in shared memory as fp16 (2^-11 relative,
         # below the keys' own bf16 rounding): held in registers as two [64, 64] fp32 tiles they took 64 a thread and
@@ -545,8 +527,8 @@ if HAVE_GLUON:
                 else:  # never read (every use is under RK2 > 0)
                     xa2 = xa
                 nxt = i + XS
-                _load_boxes(zk_desc, zk2_desc, bar_x.index(sx), xs, xs2, row0 + nxt * BLOCK_T, koff, koff + RKP,
-                            nxt < n_tiles, RK2, XBYTES)  # fmt: skip
+                _load_boxes(zk_desc, zk2_desc, bar_x.index(sx), xs, xs2, row0 + nxt * BLOCK_T, koff, nxt < n_tiles,
+                            RKP, RK2, XBYTES)  # fmt: skip
             else:
                 xa = xs
                 xa2 = xs2
@@ -571,8 +553,8 @@ if HAVE_GLUON:
                 sc = gl.where((col_head == hj)[None, :], sj, sc)
             if not XREG:  # every product reading this key stage has completed: refill it XS tiles ahead
                 nxt = i + XS
-                _load_boxes(zk_desc, zk2_desc, bar_x.index(sx), xs, xs2, row0 + nxt * BLOCK_T, koff, koff + RKP,
-                            nxt < n_tiles, RK2, XBYTES)  # fmt: skip
+                _load_boxes(zk_desc, zk2_desc, bar_x.index(sx), xs, xs2, row0 + nxt * BLOCK_T, koff, nxt < n_tiles,
+                            RKP, RK2, XBYTES)  # fmt: skip
             # online softmax (log2 units) over the tile's valid tokens
             tmask = (t0 + offs_ts) < end
             sc = gl.where(tmask[:, None], sc * qk_scale, float("-inf"))
@@ -590,7 +572,7 @@ if HAVE_GLUON:
                 acc_h = warpgroup_mma(vh_smem.index(sv).permute((1, 0)), p_smem, acc_h * alpha[None, :])
             nxt = i + VS
             _load_boxes(zv_desc, zvh_desc, bar_v.index(sv), v_smem.index(sv), vh_smem.index(sv),
-                        row0 + nxt * BLOCK_T, voff, voff + v2, nxt < n_tiles, RVH, VBYTES)  # fmt: skip
+                        row0 + nxt * BLOCK_T, voff, nxt < n_tiles, RVP, RVH, VBYTES)  # fmt: skip
 
         mbarrier.invalidate(bar_u)
         for s in gl.static_range(XS):
@@ -598,27 +580,20 @@ if HAVE_GLUON:
         for s in gl.static_range(VS):
             mbarrier.invalidate(bar_v.index(s))
         # the partial outputs: value columns past the group's rank read the next group's latents, zeroed here
+        vr = gl.load(vr_ptr + kvh0)
         offs_v = gl.arange(0, RVP, layout=gl.SliceLayout(1, mma_s))
         acc = gl.where(offs_v[:, None] < vr, acc, 0.0)
         cmask = offs_c < G * NREP
         rows = h0 + offs_c
         optr = o_ptr + b * sob + rows[None, :] * soh + split * sos + offs_v[:, None]
         gl.store(optr, acc, mask=cmask[None, :])
-        if RVH > 0:  # the second box's columns, and zeros past them up to the output's width
+        if RVH > 0:  # the columns past 256, and zeros past them up to the output's width
             offs_h = gl.arange(0, RVH, layout=gl.SliceLayout(1, mma_s))
+            acc_h = gl.where((RVP + offs_h)[:, None] < vr, acc_h, 0.0)
             optr_h = o_ptr + b * sob + rows[None, :] * soh + split * sos + offs_h[:, None]
-            # VEND: its columns from v2 up to the rank, those the first box did not hold; zeros from the rank on
-            if VEND:
-                col_h = v2 + offs_h
-                gl.store(optr_h + v2, acc_h, mask=cmask[None, :] & ((col_h >= RVP) & (col_h < vr))[:, None])
-                for z0 in gl.static_range(RVP, RVO, RVH):
-                    gl.store(optr_h + z0, gl.zeros([RVH, MQ], gl.float32, layout=mma_s),
-                             mask=cmask[None, :] & ((z0 + offs_h) >= vr)[:, None])  # fmt: skip
-            else:
-                acc_h = gl.where((RVP + offs_h)[:, None] < vr, acc_h, 0.0)
-                gl.store(optr_h + RVP, acc_h, mask=cmask[None, :])
-                for z0 in gl.static_range(RVP + RVH, RVO, RVH):
-                    gl.store(optr_h + z0, gl.zeros([RVH, MQ], gl.float32, layout=mma_s), mask=cmask[None, :])
+            gl.store(optr_h + RVP, acc_h, mask=cmask[None, :])
+            for z0 in gl.static_range(RVP + RVH, RVO, RVH):
+                gl.store(optr_h + z0, gl.zeros([RVH, MQ], gl.float32, layout=mma_s), mask=cmask[None, :])
         mlp = ml_ptr + b * smb + rows * smh + split * 2
         gl.store(mlp, m_i, mask=cmask)
         gl.store(mlp + 1, l_i, mask=cmask)
@@ -675,7 +650,7 @@ def _blocks(pl: Plan, half: int) -> dict[str, list[int]]:
 
 
 def _constexprs(pl: Plan, n_rep: int, half: int, bias: bool, norm: bool) -> dict[str, Any]:
-    return dict(NREP=n_rep, G=pl.g, HALF=half, RKP=pl.rk1, RK2=pl.rk2, RVP=pl.rvl, RVH=pl.rvh, RVO=pl.rvo, VEND=pl.vend,
+    return dict(NREP=n_rep, G=pl.g, HALF=half, RKP=pl.rk1, RK2=pl.rk2, RVP=pl.rvl, RVH=pl.rvh, RVO=pl.rvo,
                 XBYTES=2 * pl.block_t * (pl.rk1 + pl.rk2), VBYTES=2 * pl.block_t * (pl.rvl + pl.rvh), MQ=pl.mq,
                 BLOCK_T=pl.block_t, XS=pl.xs, VS=pl.vs, HAS_BIAS=bias, HAS_NORM=norm, QC=pl.qc,
                 XREG=pl.xreg)  # fmt: skip
