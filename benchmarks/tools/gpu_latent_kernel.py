@@ -126,7 +126,7 @@ def main() -> int:
     ap.add_argument(
         "--gluon-launches",
         default="",
-        help="';'-separated Gluon launches (latent_gluon.LAUNCHES entries: bt,nw,qc,xreg[,occ]), each "
+        help="';'-separated Gluon launches (latent_gluon.LAUNCHES entries: bt,nw,qc,xreg[,occ[,ws]]), each "
         "timed alone (no OCCUPANCY_LAUNCH) on the default path beside --gluon's (which keeps the module's launches)",
     )
     ap.add_argument(

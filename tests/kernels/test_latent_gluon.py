@@ -83,6 +83,32 @@ def test_value_boxes_split_only_where_asked(monkeypatch):
     assert lg.value_boxes(144, 4) == (256, 0) and lg.value_boxes(280, 4) == (256, 64)
 
 
+def test_two_warpgroup_launch_shares_the_up_projections(monkeypatch):
+    """A launch of two warpgroups a program (``ws`` 2: each over its own split with its own stages) keeps one copy of
+    the up-projections and the in-tile cos/sin: at Llama-3-8B's key group of 4 and key groups of 2 at key rank 128 its
+    program holds two KV heads at 64-token tiles, as the 128-token launch does, where two programs a multiprocessor
+    hold one (the occupancy launch)."""
+    monkeypatch.setattr(lg, "OCCUPANCY_LAUNCH", ())
+    monkeypatch.setattr(lg, "MOST_HEADS", 0)
+    ws = (64, 4, 64, 1, 1, 2)
+    assert lg.launch_fields(ws) == ws and lg.launch_fields((128, 8, 64, 1)) == (128, 8, 64, 1, 1, 1)
+    for bad in ((128, 8, 64, 1, 1, 2), (64, 4, 64, 1, 2, 2), (64, 4, 64, 1, 1, 3)):
+        with pytest.raises(ValueError, match="bt,4,qc,xreg,1,2|got"):
+            lg.launch_fields(bad)
+    monkeypatch.setattr(lg, "LAUNCHES", (ws,))
+    for args in ((2, 4, 128, 216), (4, 4, 128, 232), (4, 7, 128, 224), (2, 4, 64, 144)):
+        p = lg.plan(*args)
+        assert (p.g, p.block_t, p.num_warps, p.ws) == (2, 64, 4, 2), (args, p)
+        own = lg.shared_bytes(p.g, p.rk1 + p.rk2, p.rvl + p.rvh, p.mq, p.xs, p.vs, block_t=p.block_t)
+        both = lg.shared_bytes(p.g, p.rk1 + p.rk2, p.rvl + p.rvh, p.mq, p.xs, p.vs, block_t=p.block_t, ws=2)
+        # the second warpgroup adds its stages, queries and probabilities, not the up-projections or cos/sin
+        assert both - own == 2 * (
+            p.xs * 64 * (p.rk1 + p.rk2) + p.vs * 64 * (p.rvl + p.rvh) + p.mq * 128 + 64 * p.mq
+        )
+        assert both <= lg.SMEM_BUDGET
+    assert lg.smem_budget(2) < lg.shared_bytes(2, 128, 256, 8, 1, 1, block_t=64)  # two programs would not fit
+
+
 def test_occupancy_launch_taken_where_it_holds_as_many_heads(monkeypatch):
     """Two programs a multiprocessor at 64-token tiles where such a program holds as many KV heads as the first
     launch's (the capacity cell's key and value groups of 2 at key rank 64); not where it would hold fewer."""
@@ -192,6 +218,25 @@ def test_compiles_for_sm90_within_resources(k_group, n_rep, rk, rv, bias, stack,
         assert 2 * (r["shared_bytes"] + lg.SMEM_RESERVED) <= lg.SMEM_PER_SM, r
 
 
+@needs_gluon
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("k_group", "n_rep", "rk", "rv", "bias"), [(2, 4, 128, 216, False), (4, 7, 128, 224, True)]
+)
+def test_two_warpgroups_compile_for_sm90_without_spilling(k_group, n_rep, rk, rv, bias, monkeypatch):
+    """The two-warpgroup launch (``ws`` 2) compiled for sm_90: eight warps in all (the second warpgroup a partition of
+    its own), one block's shared memory, and a bounded stack at key rank 128 (key groups of 2 at 128/216; Qwen2.5-7B's
+    key group of 4 at 128/224 with its bias): none on Triton 3.6, where the 128-token launch keeps 8 bytes; 16 at most
+    on Triton 3.9."""
+    monkeypatch.setattr(lg, "LAUNCHES", ((64, 4, 64, 1, 1, 2),))
+    monkeypatch.setattr(lg, "OCCUPANCY_LAUNCH", ())
+    k = lg.compiled_kernel(k_group, n_rep, rk, rv, bias)
+    r = cubin_resources(k)
+    assert k.metadata.num_warps == 8 and "warp_specialize" in k.asm["ttgir"]
+    assert r["stack_bytes"] <= 16 and r["registers"] <= 255, r
+    assert r["shared_bytes"] <= lg.SMEM_BUDGET + 4096
+
+
 #: (batch, heads, kv_heads, key group (= value group), cache slots, valid tokens, key ranks, value ranks, bias, norm,
 #: dtype): Llama-3-8B's key group of 4 (n_rep 4) at key ranks below and at one 64-wide chunk and value ranks below
 #: 256; Qwen2-like (n_rep 7, bias) over programs of two KV heads; a per-head key norm (Qwen3, Gemma-3) at key group
@@ -236,7 +281,7 @@ WIDE_CASES = [
 #: other launches: 32-column key chunks, and two programs a multiprocessor at 64-token tiles (``occ``, the launch's
 #: fifth field); on Llama-3-8B's key group of 4, Qwen2-like with the key bias, the key norm in fp16
 #: and key groups of 2 at the capacity cell's ranks
-VARIANT_LAUNCHES = [(128, 8, 32, 1), (64, 4, 32, 1, 2), (64, 4, 64, 1, 2)]
+VARIANT_LAUNCHES = [(128, 8, 32, 1), (64, 4, 32, 1, 2), (64, 4, 64, 1, 2), (64, 4, 64, 1, 1, 2)]
 VARIANT_CASES = [
     GPU_CASES[0],
     GPU_CASES[2],

@@ -1213,11 +1213,12 @@ def _launch_gluon(
     t = zk.shape[1]
     ctas = b * (kvh // pl.g)
     bt, nw = pl.block_t, pl.num_warps
-    splits = num_splits(ctas, t, bt, q.device, GLUON_WAVES)
+    # a program of two warpgroups (pl.ws) covers two splits, a tile of each at a time
+    splits = num_splits(ctas, t, bt * pl.ws, q.device, GLUON_WAVES)
     key = ("gluon", q.device.index, h, kvh, k_bias is not None, k_norm is not None, pl)
     if key in _RESIDENT:
-        splits = balanced_splits(splits, ctas, t, bt, _RESIDENT[key] * _sm_count(q.device.index or 0))
-    part, ml, out = _split_buffers(q, splits, pl.rvo, poison)
+        splits = balanced_splits(splits, ctas, t, bt * pl.ws, _RESIDENT[key] * _sm_count(q.device.index or 0))
+    part, ml, out = _split_buffers(q, splits * pl.ws, pl.rvo, poison)
     kern = latent_gluon.launch(
         q, zk, zv, uk, koff, voff, vr, k_bias, k_norm, inv_freq, cache_len, scale, rope_scale, eps, kvh, pl, part, ml
     )  # fmt: skip
@@ -1226,12 +1227,13 @@ def _launch_gluon(
     LAST_LAUNCH.update(kernel="gluon", block_t=bt, block_r=latent_gluon.RANK_TILE, num_warps=nw, column_chunk=pl.qc,
                        x_registers=pl.xreg, stages=[pl.xs, pl.vs], key_boxes=[pl.rk1, pl.rk2],
                        value_boxes=[pl.rvl, pl.rvh], splits=splits, sub=pl.g, waves=GLUON_WAVES, rope_table=True,
-                       raw_keys=False, value_tma=True, paired_keys=False, occupancy=pl.occ)  # fmt: skip
+                       raw_keys=False, value_tma=True, paired_keys=False, occupancy=pl.occ,
+                       warpgroups=pl.ws)  # fmt: skip
     n_regs = getattr(kern, "n_regs", None)
     if n_regs:
         LAST_LAUNCH["registers"] = int(n_regs)
         LAST_LAUNCH["shared"] = int(kern.metadata.shared)
-        LAST_LAUNCH["resident"] = resident_programs(n_regs, int(kern.metadata.shared), nw, q.device)
+        LAST_LAUNCH["resident"] = resident_programs(n_regs, int(kern.metadata.shared), nw * pl.ws, q.device)
         _RESIDENT.setdefault(key, LAST_LAUNCH["resident"])
     _KERNELS_RAN.add("gluon")
     return _combine(part, ml, out)

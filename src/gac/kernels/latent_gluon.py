@@ -89,10 +89,17 @@ LAUNCHES = tuple(
 # thread; 1.08-1.32x the default launch's time on an H200) and the raw queries staged in shared memory once a
 # program (0.94-1.05x)
 def launch_fields(launch: tuple[int, ...]) -> tuple[int, ...]:
-    """A launch of :data:`LAUNCHES` with its optional field filled in: ``(bt, nw, qc, xreg, occ)``."""
-    if len(launch) not in (4, 5):
-        raise ValueError(f"a Gluon launch is bt,nw,qc,xreg[,occ]; got {','.join(map(str, launch))}")
-    return (*launch, 1)[:5]
+    """A launch of :data:`LAUNCHES` with its optional fields filled in: ``(bt, nw, qc, xreg, occ, ws)``; ``ws`` 2
+    runs two warpgroups of ``nw`` warps a program, each over its own split with its own stages, sharing the
+    up-projections (``nw`` 4 and ``occ`` 1 only)."""
+    if len(launch) not in (4, 5, 6):
+        raise ValueError(f"a Gluon launch is bt,nw,qc,xreg[,occ[,ws]]; got {','.join(map(str, launch))}")
+    full = (*launch, 1, 1)[:6]
+    if full[5] not in (1, 2) or (full[5] == 2 and (full[1] != 4 or full[4] != 1)):
+        raise ValueError(
+            f"a Gluon launch of two warpgroups (ws 2) is bt,4,qc,xreg,1,2; got {','.join(map(str, launch))}"
+        )
+    return full
 
 
 #: the launch that takes the place of the first of :data:`LAUNCHES` wherever its program holds as many KV heads
@@ -113,6 +120,9 @@ OCCUPANCY_LAUNCH = tuple(
 OCCUPANCY_FROM_SLOTS = 4096
 #: the first launch tried (the one timed in calls 29-30)
 LAUNCH = LAUNCHES[0]
+#: registers a thread of the second warpgroup of a two-warpgroup launch (``ws`` 2, :func:`launch_fields`) asks for;
+#: the first takes what is left of the register file
+WS_REGS = int(os.environ.get("GAC_GLUON_WS_REGS", "240"))
 #: the most KV heads a program takes (``GAC_GLUON_HEADS``, a benchmark's override; 0: as many as fit)
 MOST_HEADS = int(os.environ.get("GAC_GLUON_HEADS", "0"))
 #: the largest padded key rank served (``GAC_GLUON_MAX_RANK``, up to 256): past 128 the program's up-projections take
@@ -166,6 +176,7 @@ class Plan(NamedTuple):
     rvh: int
     rvo: int
     occ: int = 1
+    ws: int = 1
 
 
 def key_boxes(rk_max: int) -> tuple[int, int]:
@@ -197,21 +208,23 @@ def value_boxes(rv_max: int, num_warps: int) -> tuple[int, int]:
 
 
 def shared_bytes(
-    g: int, rkp: int, rvp: int, mq: int, xs: int, vs: int, head_dim: int = 128, block_t: int | None = None
-) -> int:
-    """Shared memory of one program (bf16): up-projections, key and value stages (``rkp`` and ``rvp`` columns a
-    token), queries, probabilities, and the in-tile cos/sin (fp16)."""
+    g: int, rkp: int, rvp: int, mq: int, xs: int, vs: int, head_dim: int = 128, block_t: int | None = None,
+    ws: int = 1,
+) -> int:  # fmt: skip
+    """Shared memory of one program (bf16): up-projections and the in-tile cos/sin (fp16), and each of its ``ws``
+    warpgroups' key and value stages (``rkp`` and ``rvp`` columns a token), queries and probabilities."""
     bt = block_t or LAUNCH[0]
-    return 2 * (g * head_dim * rkp + xs * bt * rkp + vs * bt * rvp + mq * head_dim + bt * mq + bt * head_dim)
+    own = xs * bt * rkp + vs * bt * rvp + mq * head_dim + bt * mq
+    return 2 * (g * head_dim * rkp + ws * own + bt * head_dim)
 
 
 def stages(
-    g: int, rkp: int, rvp: int, mq: int, block_t: int | None = None, occ: int = 1
+    g: int, rkp: int, rvp: int, mq: int, block_t: int | None = None, occ: int = 1, ws: int = 1
 ) -> tuple[int, int] | None:
-    """``(XS, VS)``: key and value stages that fit (``occ`` programs a multiprocessor), the most value stages first;
-    None if one of each does not."""
+    """``(XS, VS)``: key and value stages that fit (``occ`` programs a multiprocessor, ``ws`` warpgroups each), the
+    most value stages first; None if one of each does not."""
     for xs, vs in ((2, 2), (2, 1), (1, 1)):
-        if shared_bytes(g, rkp, rvp, mq, xs, vs, block_t=block_t) <= smem_budget(occ):
+        if shared_bytes(g, rkp, rvp, mq, xs, vs, block_t=block_t, ws=ws) <= smem_budget(occ):
             return xs, vs
     return None
 
@@ -219,17 +232,17 @@ def stages(
 def _first_fit(launches: tuple, k_group: int, n_rep: int, rk_max: int, rv_max: int) -> Plan | None:
     rk1, rk2 = key_boxes(rk_max)
     for launch in launches:
-        bt, nw, qc, xreg, occ = launch_fields(launch)
+        bt, nw, qc, xreg, occ, ws = launch_fields(launch)
         rvl, rvh = value_boxes(rv_max, nw)
         for g in range(min(MOST_HEADS or k_group, k_group), 0, -1):
             rows = next_pow2(g * n_rep, 8 if nw < 8 else 16)
             if k_group % g or rows > 16:
                 continue
-            st = stages(g, rk1 + rk2, rvl + rvh, rows, block_t=bt, occ=occ)
+            st = stages(g, rk1 + rk2, rvl + rvh, rows, block_t=bt, occ=occ, ws=ws)
             if st is not None:
                 qcw = min(qc, 32) if rk1 + rk2 > WIDE_KEYS else qc
                 return Plan(g, bt, nw, qcw, bool(xreg), *st, rows, rk1, rk2, rvl, rvh, next_pow2(rv_max),
-                            int(occ))  # fmt: skip
+                            int(occ), int(ws))  # fmt: skip
     return None
 
 
@@ -382,36 +395,64 @@ if HAVE_GLUON:
         return r1, r2, ssq
 
     @gluon.jit
-    def _gluon_flash_kernel(
-        q_ptr,  # [B, H, HD] roped queries
-        zk_desc, zk2_desc,  # descriptors of the key latents as [B*T, Σ r] rows, blocks [BLOCK_T, RKP] / [.., RK2]
-        zv_desc, zvh_desc,  # and of the value latents, blocks [BLOCK_T, RVP] / [BLOCK_T, RVH]
-        uk_desc, uk2_desc,  # of the up-projections as [KVH*HD, RK] rows, blocks [HALF, RKP] / [HALF, RK2]
-        koff_ptr, voff_ptr, vr_ptr,  # [KVH] int32 key latent offset, value latent offset and rank of each KV head
-        kb_ptr, kn_ptr,  # [KVH, HD] key bias, [HD] key RMSNorm weight (unused without HAS_BIAS / HAS_NORM)
-        inv_ptr,  # [HD/2] fp32 rotary inverse frequencies
-        ts_ptr,  # [2, NT, HD/2] fp32 cos and sin of the tile starts' angles (tile_starts)
-        ti_ptr,  # [2, BLOCK_T, HD/2] fp32 cos and sin of the in-tile offsets' angles (tile_starts)
-        len_ptr,  # [1] valid cached tokens
-        o_ptr, ml_ptr,  # [B, H, NSPLIT, RVO] fp32 partial outputs, [B, H, NSPLIT, 2] running max (log2) and sum
-        sqb, sqh, T, NT, sob, soh, sos, smb, smh,
-        KGROUPS, NSPLIT,
-        qk_scale, rope_scale, eps,
+    def _load_up(
+        uk_desc, uk2_desc, bar_u, u_smem, u2_smem, kvh0, G: gl.constexpr, HALF: gl.constexpr, RKP: gl.constexpr,
+        RK2: gl.constexpr,
+    ):  # fmt: skip
+        """The key group's up-projections, once a program, on ``bar_u``."""
+        mbarrier.expect(bar_u, 2 * G * HALF * (RKP + RK2) * 2)
+        for j in gl.static_range(2 * G):
+            _tma_load(uk_desc, [(2 * kvh0 + j) * HALF, 0], bar_u, u_smem.index(j))
+            if RK2 > 0:
+                _tma_load(uk2_desc, [(2 * kvh0 + j) * HALF, RKP], bar_u, u2_smem.index(j))
+
+    @gluon.jit
+    def _fill_cs(
+        cs_smem,
+        ti_ptr,
+        rope_scale,
+        BLOCK_T: gl.constexpr,
+        QC: gl.constexpr,
+        HALF: gl.constexpr,
+        mma_k: gl.constexpr,
+    ):
+        """The in-tile offsets' cos/sin (the tile start turns the queries), in shared memory as fp16 (2^-11 relative,
+        below the keys' own bf16 rounding), chunk by chunk: the low half's chunk ``c`` at ``c``, the high half's at
+        ``NC + c``. Held in registers as two [64, 64] fp32 tiles they took 64 a thread and the program spilled
+        (compiled for sm_90 by Triton 3.6)."""
+        NC: gl.constexpr = HALF // QC
+        offs_i = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(1, mma_k))
+        offs_f = gl.arange(0, QC, layout=gl.SliceLayout(0, mma_k))
+        for c in gl.static_range(NC):
+            tib = ti_ptr + offs_i[:, None] * HALF + c * QC + offs_f[None, :]
+            cs_smem.index(c).store((gl.load(tib) * rope_scale).to(gl.float16))
+            cs_smem.index(NC + c).store((gl.load(tib + BLOCK_T * HALF) * rope_scale).to(gl.float16))
+
+    @gluon.jit
+    def _tiles(
+        q_ptr, descs, smem, bars, ptrs, strides, part, qk_scale, rope_scale, eps,
         NREP: gl.constexpr, G: gl.constexpr, HALF: gl.constexpr, RKP: gl.constexpr, RK2: gl.constexpr,
         RVP: gl.constexpr, RVH: gl.constexpr, RVO: gl.constexpr, XBYTES: gl.constexpr, VBYTES: gl.constexpr,
         MQ: gl.constexpr, BLOCK_T: gl.constexpr, XS: gl.constexpr, VS: gl.constexpr,
-        HAS_BIAS: gl.constexpr, HAS_NORM: gl.constexpr, QC: gl.constexpr, XREG: gl.constexpr,
+        HAS_BIAS: gl.constexpr, HAS_NORM: gl.constexpr, QC: gl.constexpr, XREG: gl.constexpr, WS: gl.constexpr,
         num_warps: gl.constexpr,
     ):  # fmt: skip
+        """One program's (or, with ``WS`` 2, one warpgroup's) share of the cache: split ``WS·split + part`` of
+        ``WS·NSPLIT``, tile by tile, into its slot of the partial outputs."""
+        zk_desc, zk2_desc, zv_desc, zvh_desc, uk_desc, uk2_desc = descs
+        koff_ptr, voff_ptr, vr_ptr, kb_ptr, kn_ptr, ts_ptr, ti_ptr, len_ptr, o_ptr, ml_ptr = ptrs
+        sqb, sqh, T, NT, sob, soh, sos, smb, smh, KGROUPS, NSPLIT = strides
+        u_smem, u2_smem, x_smem, x2_smem, v_smem, vh_smem, q_smem, cs_smem, p_smem = smem
+        bar_u, bar_x, bar_v = bars
         dt: gl.constexpr = q_ptr.dtype.element_ty
         pid = gl.program_id(0)
-        split = gl.program_id(1)
+        split = gl.program_id(1) * WS + part
         b = pid // KGROUPS
         kg = pid % KGROUPS
         kvh0 = kg * G
         h0 = kvh0 * NREP
         n_valid = gl.load(len_ptr).to(gl.int32)
-        per = gl.cdiv(gl.cdiv(n_valid, NSPLIT), BLOCK_T) * BLOCK_T
+        per = gl.cdiv(gl.cdiv(n_valid, NSPLIT * WS), BLOCK_T) * BLOCK_T
         start = split * per
         end = gl.minimum(start + per, n_valid)
         n_tiles = gl.cdiv(gl.maximum(end - start, 0), BLOCK_T)
@@ -429,32 +470,8 @@ if HAVE_GLUON:
         blk: gl.constexpr = gl.BlockedLayout(
             size_per_thread=[1, 8], threads_per_warp=[8, 4], warps_per_cta=[num_warps, 1], order=[1, 0]
         )
-
-        # shared memory: up-projections, key and value stages, the turned queries (chunk c of the low half at c, of
-        # the high half at NC + c), the in-tile cos/sin (fp16, chunk by chunk), the probabilities
-        u_smem = gl.allocate_shared_memory(dt, [2 * G, HALF, RKP], uk_desc.layout)
-        x_smem = gl.allocate_shared_memory(dt, [XS, BLOCK_T, RKP], zk_desc.layout)
-        v_smem = gl.allocate_shared_memory(dt, [VS, BLOCK_T, RVP], zv_desc.layout)
-        if RK2 > 0:  # key ranks past a power of two: their columns in boxes of their own
-            u2_smem = gl.allocate_shared_memory(dt, [2 * G, HALF, RK2], uk2_desc.layout)
-            x2_smem = gl.allocate_shared_memory(dt, [XS, BLOCK_T, RK2], zk2_desc.layout)
-        else:  # never read (every use is under RK2 > 0)
-            u2_smem = u_smem
-            x2_smem = x_smem
-        if RVH > 0:  # noqa: SIM108 - value columns past 256; a static branch, as the one above
-            vh_smem = gl.allocate_shared_memory(dt, [VS, BLOCK_T, RVH], zvh_desc.layout)
-        else:
-            vh_smem = v_smem
-        q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([MQ, QC], dt)
-        q_smem = gl.allocate_shared_memory(dt, [2 * NC, MQ, QC], q_layout)
-        cs_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_T, QC], gl.float16)
-        cs_smem = gl.allocate_shared_memory(gl.float16, [2 * NC, BLOCK_T, QC], cs_layout)
-        p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_T, MQ], dt)
-        p_smem = gl.allocate_shared_memory(dt, [BLOCK_T, MQ], p_layout)
-        bar_u = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        bar_x = gl.allocate_shared_memory(gl.int64, [XS, 1], mbarrier.MBarrierLayout())
-        bar_v = gl.allocate_shared_memory(gl.int64, [VS, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(bar_u, count=1)
+        if WS == 1:
+            mbarrier.init(bar_u, count=1)
         for s in gl.static_range(XS):
             mbarrier.init(bar_x.index(s), count=1)
         for s in gl.static_range(VS):
@@ -463,12 +480,8 @@ if HAVE_GLUON:
         koff = gl.load(koff_ptr + kvh0)
         voff = gl.load(voff_ptr + kvh0)
         row0 = b * T + start
-        # the group's up-projections, once a program
-        mbarrier.expect(bar_u, 2 * G * HALF * (RKP + RK2) * 2)
-        for j in gl.static_range(2 * G):
-            _tma_load(uk_desc, [(2 * kvh0 + j) * HALF, 0], bar_u, u_smem.index(j))
-            if RK2 > 0:
-                _tma_load(uk2_desc, [(2 * kvh0 + j) * HALF, RKP], bar_u, u2_smem.index(j))
+        if WS == 1:
+            _load_up(uk_desc, uk2_desc, bar_u, u_smem, u2_smem, kvh0, G, HALF, RKP, RK2)
         # the first tiles' latents
         for s in gl.static_range(XS):
             _load_boxes(zk_desc, zk2_desc, bar_x.index(s), x_smem.index(s), x2_smem.index(s), row0 + s * BLOCK_T,
@@ -476,17 +489,10 @@ if HAVE_GLUON:
         for s in gl.static_range(VS):
             _load_boxes(zv_desc, zvh_desc, bar_v.index(s), v_smem.index(s), vh_smem.index(s), row0 + s * BLOCK_T,
                         voff, s < n_tiles, RVP, RVH, VBYTES)  # fmt: skip
+        if WS == 1:
+            _fill_cs(cs_smem, ti_ptr, rope_scale, BLOCK_T, QC, HALF, mma_k)
 
-        # The in-tile offsets' cos/sin (the tile start turns the queries), in shared memory as fp16 (2^-11 relative,
-        # below the keys' own bf16 rounding): held in registers as two [64, 64] fp32 tiles they took 64 a thread and
-        # the program spilled (compiled for sm_90 by Triton 3.6).
-        offs_i = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(1, mma_k))
         offs_f = gl.arange(0, QC, layout=gl.SliceLayout(0, mma_k))
-        for c in gl.static_range(NC):
-            tib = ti_ptr + offs_i[:, None] * HALF + c * QC + offs_f[None, :]
-            cs_smem.index(c).store((gl.load(tib) * rope_scale).to(gl.float16))
-            cs_smem.index(NC + c).store((gl.load(tib + BLOCK_T * HALF) * rope_scale).to(gl.float16))
-
         offs_m = gl.arange(0, MQ, layout=gl.SliceLayout(1, blk))
         offs_d = gl.arange(0, QC, layout=gl.SliceLayout(0, blk))
         mrow = offs_m < G * NREP
@@ -574,7 +580,6 @@ if HAVE_GLUON:
             _load_boxes(zv_desc, zvh_desc, bar_v.index(sv), v_smem.index(sv), vh_smem.index(sv),
                         row0 + nxt * BLOCK_T, voff, nxt < n_tiles, RVP, RVH, VBYTES)  # fmt: skip
 
-        mbarrier.invalidate(bar_u)
         for s in gl.static_range(XS):
             mbarrier.invalidate(bar_x.index(s))
         for s in gl.static_range(VS):
@@ -597,6 +602,109 @@ if HAVE_GLUON:
         mlp = ml_ptr + b * smb + rows * smh + split * 2
         gl.store(mlp, m_i, mask=cmask)
         gl.store(mlp + 1, l_i, mask=cmask)
+
+    @gluon.jit
+    def _gluon_flash_kernel(
+        q_ptr,  # [B, H, HD] roped queries
+        zk_desc, zk2_desc,  # descriptors of the key latents as [B*T, Σ r] rows, blocks [BLOCK_T, RKP] / [.., RK2]
+        zv_desc, zvh_desc,  # and of the value latents, blocks [BLOCK_T, RVP] / [BLOCK_T, RVH]
+        uk_desc, uk2_desc,  # of the up-projections as [KVH*HD, RK] rows, blocks [HALF, RKP] / [HALF, RK2]
+        koff_ptr, voff_ptr, vr_ptr,  # [KVH] int32 key latent offset, value latent offset and rank of each KV head
+        kb_ptr, kn_ptr,  # [KVH, HD] key bias, [HD] key RMSNorm weight (unused without HAS_BIAS / HAS_NORM)
+        inv_ptr,  # [HD/2] fp32 rotary inverse frequencies
+        ts_ptr,  # [2, NT, HD/2] fp32 cos and sin of the tile starts' angles (tile_starts)
+        ti_ptr,  # [2, BLOCK_T, HD/2] fp32 cos and sin of the in-tile offsets' angles (tile_starts)
+        len_ptr,  # [1] valid cached tokens
+        o_ptr, ml_ptr,  # [B, H, WS*NSPLIT, RVO] fp32 partial outputs, [B, H, WS*NSPLIT, 2] running max (log2), sum
+        sqb, sqh, T, NT, sob, soh, sos, smb, smh,
+        KGROUPS, NSPLIT,
+        qk_scale, rope_scale, eps,
+        NREP: gl.constexpr, G: gl.constexpr, HALF: gl.constexpr, RKP: gl.constexpr, RK2: gl.constexpr,
+        RVP: gl.constexpr, RVH: gl.constexpr, RVO: gl.constexpr, XBYTES: gl.constexpr, VBYTES: gl.constexpr,
+        MQ: gl.constexpr, BLOCK_T: gl.constexpr, XS: gl.constexpr, VS: gl.constexpr,
+        HAS_BIAS: gl.constexpr, HAS_NORM: gl.constexpr, QC: gl.constexpr, XREG: gl.constexpr,
+        WS: gl.constexpr, WS_REGS: gl.constexpr, num_warps: gl.constexpr,
+    ):  # fmt: skip
+        dt: gl.constexpr = q_ptr.dtype.element_ty
+        pid = gl.program_id(0)
+        kvh0 = (pid % KGROUPS) * G
+        NC: gl.constexpr = HALF // QC
+        mma_k: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, QC, 16]
+        )
+
+        # shared memory: up-projections and the in-tile cos/sin (fp16, chunk by chunk: the low half's chunk c at c,
+        # the high half's at NC + c), shared by the program's warpgroups; each one's key and value stages, turned
+        # queries and probabilities
+        u_smem = gl.allocate_shared_memory(dt, [2 * G, HALF, RKP], uk_desc.layout)
+        if RK2 > 0:  # noqa: SIM108 - key ranks past a power of two: their columns in boxes of their own
+            u2_smem = gl.allocate_shared_memory(dt, [2 * G, HALF, RK2], uk2_desc.layout)
+        else:  # never read (every use is under RK2 > 0)
+            u2_smem = u_smem
+        cs_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_T, QC], gl.float16)
+        cs_smem = gl.allocate_shared_memory(gl.float16, [2 * NC, BLOCK_T, QC], cs_layout)
+        bar_u = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        if (
+            WS == 2
+        ):  # before the warpgroups part (one warpgroup's program: in _tiles, as the first loads go out)
+            mbarrier.init(bar_u, count=1)
+            _load_up(uk_desc, uk2_desc, bar_u, u_smem, u2_smem, kvh0, G, HALF, RKP, RK2)
+            _fill_cs(cs_smem, ti_ptr, rope_scale, BLOCK_T, QC, HALF, mma_k)
+
+        descs = (zk_desc, zk2_desc, zv_desc, zvh_desc, uk_desc, uk2_desc)
+        q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([MQ, QC], dt)
+        p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_T, MQ], dt)
+        x_smem = gl.allocate_shared_memory(dt, [XS, BLOCK_T, RKP], zk_desc.layout)
+        v_smem = gl.allocate_shared_memory(dt, [VS, BLOCK_T, RVP], zv_desc.layout)
+        if RK2 > 0:  # noqa: SIM108
+            x2_smem = gl.allocate_shared_memory(dt, [XS, BLOCK_T, RK2], zk2_desc.layout)
+        else:
+            x2_smem = x_smem
+        if RVH > 0:  # noqa: SIM108 - value columns past 256; a static branch, as the one above
+            vh_smem = gl.allocate_shared_memory(dt, [VS, BLOCK_T, RVH], zvh_desc.layout)
+        else:
+            vh_smem = v_smem
+        q_smem = gl.allocate_shared_memory(dt, [2 * NC, MQ, QC], q_layout)
+        p_smem = gl.allocate_shared_memory(dt, [BLOCK_T, MQ], p_layout)
+        bar_x = gl.allocate_shared_memory(gl.int64, [XS, 1], mbarrier.MBarrierLayout())
+        bar_v = gl.allocate_shared_memory(gl.int64, [VS, 1], mbarrier.MBarrierLayout())
+        smem = (u_smem, u2_smem, x_smem, x2_smem, v_smem, vh_smem, q_smem, cs_smem, p_smem)
+        bars = (bar_u, bar_x, bar_v)
+        ptrs = (koff_ptr, voff_ptr, vr_ptr, kb_ptr, kn_ptr, ts_ptr, ti_ptr, len_ptr, o_ptr, ml_ptr)
+        strides = (sqb, sqh, T, NT, sob, soh, sos, smb, smh, KGROUPS, NSPLIT)
+        if WS == 1:
+            _tiles(q_ptr, descs, smem, bars, ptrs, strides, 0, qk_scale, rope_scale, eps, NREP, G, HALF, RKP, RK2,
+                   RVP, RVH, RVO, XBYTES, VBYTES, MQ, BLOCK_T, XS, VS, HAS_BIAS, HAS_NORM, QC, XREG, WS,
+                   num_warps)  # fmt: skip
+            mbarrier.invalidate(bar_u)
+        else:
+            # two warpgroups, each with its own stages, share the up-projections: one's rebuild, RoPE and softmax
+            # chain runs while the other's waits
+            x_smem1 = gl.allocate_shared_memory(dt, [XS, BLOCK_T, RKP], zk_desc.layout)
+            v_smem1 = gl.allocate_shared_memory(dt, [VS, BLOCK_T, RVP], zv_desc.layout)
+            if RK2 > 0:  # noqa: SIM108
+                x2_smem1 = gl.allocate_shared_memory(dt, [XS, BLOCK_T, RK2], zk2_desc.layout)
+            else:
+                x2_smem1 = x_smem1
+            if RVH > 0:  # noqa: SIM108
+                vh_smem1 = gl.allocate_shared_memory(dt, [VS, BLOCK_T, RVH], zvh_desc.layout)
+            else:
+                vh_smem1 = v_smem1
+            q_smem1 = gl.allocate_shared_memory(dt, [2 * NC, MQ, QC], q_layout)
+            p_smem1 = gl.allocate_shared_memory(dt, [BLOCK_T, MQ], p_layout)
+            bar_x1 = gl.allocate_shared_memory(gl.int64, [XS, 1], mbarrier.MBarrierLayout())
+            bar_v1 = gl.allocate_shared_memory(gl.int64, [VS, 1], mbarrier.MBarrierLayout())
+            smem1 = (u_smem, u2_smem, x_smem1, x2_smem1, v_smem1, vh_smem1, q_smem1, cs_smem, p_smem1)
+            bars1 = (bar_u, bar_x1, bar_v1)
+            gl.warp_specialize(
+                [(_tiles, (q_ptr, descs, smem, bars, ptrs, strides, 0, qk_scale, rope_scale, eps, NREP, G, HALF, RKP,
+                           RK2, RVP, RVH, RVO, XBYTES, VBYTES, MQ, BLOCK_T, XS, VS, HAS_BIAS, HAS_NORM, QC, XREG, WS,
+                           num_warps)),
+                 (_tiles, (q_ptr, descs, smem1, bars1, ptrs, strides, 1, qk_scale, rope_scale, eps, NREP, G, HALF,
+                           RKP, RK2, RVP, RVH, RVO, XBYTES, VBYTES, MQ, BLOCK_T, XS, VS, HAS_BIAS, HAS_NORM, QC, XREG,
+                           WS, num_warps))],
+                [num_warps], [WS_REGS],
+            )  # fmt: skip
 
 
 def compiled_kernel(
@@ -653,7 +761,7 @@ def _constexprs(pl: Plan, n_rep: int, half: int, bias: bool, norm: bool) -> dict
     return dict(NREP=n_rep, G=pl.g, HALF=half, RKP=pl.rk1, RK2=pl.rk2, RVP=pl.rvl, RVH=pl.rvh, RVO=pl.rvo,
                 XBYTES=2 * pl.block_t * (pl.rk1 + pl.rk2), VBYTES=2 * pl.block_t * (pl.rvl + pl.rvh), MQ=pl.mq,
                 BLOCK_T=pl.block_t, XS=pl.xs, VS=pl.vs, HAS_BIAS=bias, HAS_NORM=norm, QC=pl.qc,
-                XREG=pl.xreg)  # fmt: skip
+                XREG=pl.xreg, WS=pl.ws, WS_REGS=WS_REGS)  # fmt: skip
 
 
 def _gl_dtype(dtype: torch.dtype) -> Any:
@@ -710,10 +818,13 @@ def launch(
     part: torch.Tensor, ml: torch.Tensor,
 ) -> Any:  # fmt: skip
     """Fill ``part`` ``[B, H, NSPLIT, RVO]`` and ``ml`` ``[B, H, NSPLIT, 2]`` as the Triton flash kernel does, by the
-    launch ``pl`` (:func:`refusal` must have passed). Returns the compiled kernel."""
+    launch ``pl`` (:func:`refusal` must have passed; ``NSPLIT`` a multiple of its warpgroups ``pl.ws``, each of which
+    fills a split). Returns the compiled kernel."""
     b, h, hd = q.shape
     d = descriptors(zk, zv, uk, pl)
-    splits = part.shape[2]
+    if part.shape[2] % pl.ws:
+        raise ValueError(f"{part.shape[2]} splits for a launch of {pl.ws} warpgroups a program")
+    splits = part.shape[2] // pl.ws
     ts, ti = tile_starts(inv_freq, zk.shape[1], pl.block_t)
     return _gluon_flash_kernel[(b * (kvh // pl.g), splits)](
         q, d["zk_desc"], d["zk2_desc"], d["zv_desc"], d["zvh_desc"], d["uk_desc"], d["uk2_desc"], koff, voff, vr,
