@@ -109,6 +109,22 @@ def test_two_warpgroup_launch_shares_the_up_projections(monkeypatch):
     assert lg.smem_budget(2) < lg.shared_bytes(2, 128, 256, 8, 1, 1, block_t=64)  # two programs would not fit
 
 
+def test_two_warpgroups_taken_where_the_occupancy_launch_holds_fewer_heads(monkeypatch):
+    """From two sequences, the two-warpgroup launch takes the 128-token launch's place where it holds as many KV heads
+    and the occupancy launch does not (key rank 128: Llama-3-8B's and Qwen2.5-7B's key groups of 4, groups of 2 at
+    128/216); where the occupancy launch holds as many (key rank 64 at groups of 2) that one stays."""
+    monkeypatch.setattr(lg, "MOST_HEADS", 0)
+    for args in ((4, 4, 128, 232), (4, 7, 128, 224), (2, 4, 128, 216)):
+        p = lg.plan(*args, batch=16, slots=32768)
+        assert (p.ws, p.block_t, p.g, p.occ) == (2, 64, 2, 1), (args, p)
+        one = lg.plan(*args, batch=1, slots=32768)
+        assert (one.ws, one.block_t) == (1, 128), (args, one)  # one sequence ran slower on it
+        assert lg.plan(*args).ws == 1  # batch not known
+    assert lg.plan(2, 4, 64, 144, batch=16, slots=32768).occ == 2
+    monkeypatch.setattr(lg, "WARPGROUPS_LAUNCH", ())
+    assert lg.plan(4, 4, 128, 232, batch=16, slots=32768).block_t == 128
+
+
 def test_occupancy_launch_taken_where_it_holds_as_many_heads(monkeypatch):
     """Two programs a multiprocessor at 64-token tiles where such a program holds as many KV heads as the first
     launch's (the capacity cell's key and value groups of 2 at key rank 64); not where it would hold fewer."""
@@ -297,7 +313,11 @@ VARIANT_CASES = [
     [(c, {}) for c in GPU_CASES]
     + [(c, {"MAX_RANK": 256}) for c in SPLIT_CASES]
     + [(c, {"MAX_RANK": 256, "LAUNCHES": (lg.LAUNCH, (64, 4, 32, 1))}) for c in WIDE_CASES]
-    + [(c, {"LAUNCHES": (v,), "OCCUPANCY_LAUNCH": ()}) for v in VARIANT_LAUNCHES for c in VARIANT_CASES]
+    + [
+        (c, {"LAUNCHES": (v,), "OCCUPANCY_LAUNCH": (), "WARPGROUPS_LAUNCH": ()})
+        for v in VARIANT_LAUNCHES
+        for c in VARIANT_CASES
+    ]
     + [(c, {"VALUE_SPLIT": False}) for c in VARIANT_CASES[3:]],
 )
 def test_gluon_kernel_matches_float64(case, setup, monkeypatch):
@@ -514,6 +534,8 @@ def test_descriptors_take_the_plan_boxes(monkeypatch):
     assert d["zk_desc"].block_shape == [128, 128] and d["zv_desc"].block_shape == [128, 256]
     assert d["uk_desc"].block_shape == [64, 128]
     assert d["zk2_desc"] is d["zk_desc"] and d["zvh_desc"] is d["zv_desc"] and d["uk2_desc"] is d["uk_desc"]
-    monkeypatch.setattr(lg, "OCCUPANCY_LAUNCH", ())  # the 128-token launch's boxes
+    monkeypatch.setattr(
+        lg, "OCCUPANCY_LAUNCH", ()
+    )  # the 128-token launch's boxes (no batch: not two warpgroups)
     d = lg.descriptors(zk, zv, pack["uk"], lg.plan(4, 7, 128, 280))  # values past 256: a second box of 128
     assert d["zvh_desc"].block_shape == [128, 128] and d["zvh_desc"] is not d["zv_desc"]

@@ -118,6 +118,19 @@ OCCUPANCY_LAUNCH = tuple(
 #: one sequence over at most this many cache slots keeps the 128-token launch (:func:`plan`): there the occupancy launch
 #: took 1.10-1.20x its time at 4096 slots (5 of 5 shapes, calls 50-51), and 0.77-0.82x at 32768
 OCCUPANCY_FROM_SLOTS = 4096
+#: the launch that takes the place of the first of :data:`LAUNCHES` where the occupancy launch holds fewer KV heads
+#: and this one as many, from :data:`WARPGROUPS_FROM` sequences (:func:`plan`): two warpgroups a program, each over
+#: its own split at 64-token tiles with its own key and value stages, sharing the up-projections and the in-tile
+#: cos/sin, so that one warpgroup's chain runs while the other waits where two programs' up-projections do not fit
+#: one multiprocessor (key rank 128). Kernel alone on an H200 (``benchmarks/results/h200/palu-default/README.md``,
+#: call 54), against the 128-token launch: Llama-3-8B's key group of 4 at 128/232 0.75-0.85x its time from 16
+#: sequences, Qwen2.5-7B's at 128/224 0.88-0.95x, key and value groups of 2 at 128/216 and 128/168 (262 sequences x
+#: 32k) 0.86x; one sequence 0.92-1.20x. ``GAC_GLUON_WS_LAUNCH`` overrides it ("" for none)
+WARPGROUPS_LAUNCH = tuple(
+    int(x) for x in os.environ.get("GAC_GLUON_WS_LAUNCH", "64,4,64,1,1,2").split(",") if x
+)
+#: the fewest sequences that take :data:`WARPGROUPS_LAUNCH`: one sequence ran 0.92-1.20x the 128-token launch's time
+WARPGROUPS_FROM = 2
 #: the first launch tried (the one timed in calls 29-30)
 LAUNCH = LAUNCHES[0]
 #: registers a thread of the second warpgroup of a two-warpgroup launch (``ws`` 2, :func:`launch_fields`) asks for;
@@ -251,13 +264,20 @@ def plan(k_group: int, n_rep: int, rk_max: int, rv_max: int, batch: int = 0, slo
     key group, at most 16 query rows (more spilled, compiled for sm_90), and its up-projections beside one stage of
     each latent in shared memory; None if no launch fits even one head's. :data:`OCCUPANCY_LAUNCH` takes its place
     where its program holds as many KV heads, but for one sequence (``batch``) over at most
-    :data:`OCCUPANCY_FROM_SLOTS` cache slots (``slots``; 0: not known)."""
+    :data:`OCCUPANCY_FROM_SLOTS` cache slots (``slots``; 0: not known); elsewhere :data:`WARPGROUPS_LAUNCH` does
+    where its program holds as many, from :data:`WARPGROUPS_FROM` sequences."""
     p = _first_fit(LAUNCHES, k_group, n_rep, rk_max, rv_max)
+    if p is None:
+        return None
     short = batch == 1 and 0 < slots <= OCCUPANCY_FROM_SLOTS
-    if p is not None and OCCUPANCY_LAUNCH and not short:
+    if OCCUPANCY_LAUNCH and not short:
         o = _first_fit((OCCUPANCY_LAUNCH,), k_group, n_rep, rk_max, rv_max)
         if o is not None and o.g == p.g:
             return o
+    if WARPGROUPS_LAUNCH and batch >= WARPGROUPS_FROM:
+        w = _first_fit((WARPGROUPS_LAUNCH,), k_group, n_rep, rk_max, rv_max)
+        if w is not None and w.g == p.g:
+            return w
     return p
 
 
