@@ -43,7 +43,7 @@ def test_the_h200_record_of_key_and_value_groups_says_what_its_cells_hold():
         (r["shape"][6:11], r["key_group"], r["value_group"]): r
         for r in (tool.grid_row(root, *g) for g in runs["grid"])
     }
-    # the README's counts (calls 34-40): points at >= 0.9x dense, and within the memory bound
+    # the README's counts (calls 34-40, Llama's default call 56): points at >= 0.9x dense, and within the memory bound
     assert {k: r["at_least_0.9"] for k, r in rows.items()} == {
         ("llama", 4, 4): 3, ("llama", 2, 4): 3, ("llama", 2, 2): 9,
         ("qwen2", 4, 4): 3, ("qwen2", 1, 4): 3, ("qwen2", 2, 2): 9,
@@ -71,5 +71,5 @@ def test_the_h200_record_of_key_and_value_groups_says_what_its_cells_hold():
         (c["key_group"], c["value_group"]): c for c in (tool.capacity_row(root, *c) for c in runs["capacity"])
     }
     assert caps[2, 2]["palu"]["batch"] == 262 and caps[2, 2]["dense"]["batch"] == 132
-    assert round(caps[2, 2]["tokens_per_s_vs_dense"], 2) == 1.59  # call 52: the occupancy launch
+    assert round(caps[2, 2]["tokens_per_s_vs_dense"], 2) == 1.65  # call 55: two warpgroups a program at key rank 128
     assert round(caps[4, 4]["tokens_per_s_vs_dense"], 2) == 0.88

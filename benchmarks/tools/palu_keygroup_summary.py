@@ -52,14 +52,14 @@ RUNS = {
     "h200": {
         "out": "by-key-group",
         "grid": [
-            ("call35/llama", LLAMA, 4, 4),
+            ("default-decode-llama-call56", LLAMA, 4, 4),
             ("keygroup2", LLAMA, 2, 4),
             ("keygroup2-values2", LLAMA, 2, 2),
             ("call34/qwen", QWEN, 4, 4),
             ("g1-qwen", QWEN, 1, 4),
             ("keygroup2-values2", QWEN, 2, 2),
         ],
-        "capacity": [("capacity", 4, 4), ("capacity-keygroup2-values2-call52", 2, 2)],
+        "capacity": [("capacity", 4, 4), ("capacity-keygroup2-values2-call55", 2, 2)],
     },
 }
 
