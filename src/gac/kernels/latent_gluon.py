@@ -39,8 +39,12 @@ and Qwen2.5-7B shapes so grouped decoded at 0.91-1.16x dense (calls 39-40). Key 
 compile, pass the GPU tests and are reachable by ``GAC_GLUON_MAX_RANK`` and ``GAC_GLUON_LAUNCH``, but ran 1.0-2.3x
 the Triton kernel's time (calls 32-33), so they are not the default. One 64-token launch is: :data:`OCCUPANCY_LAUNCH`,
 two programs a multiprocessor, wherever its program holds as many KV heads as the 128-token one (value tiles below
-256 columns then read in two boxes, :func:`value_boxes`). With it the capacity cell of key and value groups of 2
-(Llama-3-8B shape, 32k) served 1.59x dense's tokens/s, against 1.46x before (calls 49 and 52).
+256 columns then read in two boxes, :func:`value_boxes`). Where that program would hold fewer KV heads (key rank 128,
+whose up-projections leave room for one program a multiprocessor), :data:`WARPGROUPS_LAUNCH` runs two warpgroups a
+program over two splits of the cache, each with its own stages, sharing one copy of the up-projections and cos/sin
+(``gl.warp_specialize``): 0.75-0.95x the 128-token launch's time from 16 sequences (call 54). With both, the capacity
+cell of key and value groups of 2 (Llama-3-8B shape, 32k) served 1.65x dense's tokens/s, against 1.59x with the
+occupancy launch alone and 1.46x before (calls 41, 49, 52 and 55).
 """
 
 from __future__ import annotations
