@@ -71,5 +71,5 @@ def test_the_h200_record_of_key_and_value_groups_says_what_its_cells_hold():
         (c["key_group"], c["value_group"]): c for c in (tool.capacity_row(root, *c) for c in runs["capacity"])
     }
     assert caps[2, 2]["palu"]["batch"] == 262 and caps[2, 2]["dense"]["batch"] == 132
-    assert round(caps[2, 2]["tokens_per_s_vs_dense"], 2) == 1.65  # call 55: two warpgroups a program at key rank 128
+    assert round(caps[2, 2]["tokens_per_s_vs_dense"], 2) == 1.65  # call 55: two warpgroups at key rank 128
     assert round(caps[4, 4]["tokens_per_s_vs_dense"], 2) == 0.88
