@@ -668,9 +668,8 @@ if HAVE_GLUON:
         cs_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_T, QC], gl.float16)
         cs_smem = gl.allocate_shared_memory(gl.float16, [2 * NC, BLOCK_T, QC], cs_layout)
         bar_u = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        if (
-            WS == 2
-        ):  # before the warpgroups part (one warpgroup's program: in _tiles, as the first loads go out)
+        # two warpgroups: the up-projections and cos/sin before they part (one: in _tiles, as its first loads go out)
+        if WS == 2:
             mbarrier.init(bar_u, count=1)
             _load_up(uk_desc, uk2_desc, bar_u, u_smem, u2_smem, kvh0, G, HALF, RKP, RK2)
             _fill_cs(cs_smem, ti_ptr, rope_scale, BLOCK_T, QC, HALF, mma_k)
