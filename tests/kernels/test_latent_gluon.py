@@ -294,8 +294,9 @@ WIDE_CASES = [
 ]
 
 
-#: other launches: 32-column key chunks, and two programs a multiprocessor at 64-token tiles (``occ``, the launch's
-#: fifth field); on Llama-3-8B's key group of 4, Qwen2-like with the key bias, the key norm in fp16
+#: other launches: 32-column key chunks, two programs a multiprocessor at 64-token tiles (``occ``, the launch's fifth
+#: field) and two warpgroups a program (``ws``, the sixth); on Llama-3-8B's key group of 4, Qwen2-like with the key
+#: bias, the key norm in fp16
 #: and key groups of 2 at the capacity cell's ranks
 VARIANT_LAUNCHES = [(128, 8, 32, 1), (64, 4, 32, 1, 2), (64, 4, 64, 1, 2), (64, 4, 64, 1, 1, 2)]
 VARIANT_CASES = [
@@ -534,8 +535,7 @@ def test_descriptors_take_the_plan_boxes(monkeypatch):
     assert d["zk_desc"].block_shape == [128, 128] and d["zv_desc"].block_shape == [128, 256]
     assert d["uk_desc"].block_shape == [64, 128]
     assert d["zk2_desc"] is d["zk_desc"] and d["zvh_desc"] is d["zv_desc"] and d["uk2_desc"] is d["uk_desc"]
-    monkeypatch.setattr(
-        lg, "OCCUPANCY_LAUNCH", ()
-    )  # the 128-token launch's boxes (no batch: not two warpgroups)
+    # the 128-token launch's boxes (no batch given: not two warpgroups either)
+    monkeypatch.setattr(lg, "OCCUPANCY_LAUNCH", ())
     d = lg.descriptors(zk, zv, pack["uk"], lg.plan(4, 7, 128, 280))  # values past 256: a second box of 128
     assert d["zvh_desc"].block_shape == [128, 128] and d["zvh_desc"] is not d["zv_desc"]
