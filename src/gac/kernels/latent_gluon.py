@@ -453,6 +453,33 @@ if HAVE_GLUON:
             cs_smem.index(NC + c).store((gl.load(tib + BLOCK_T * HALF) * rope_scale).to(gl.float16))
 
     @gluon.jit
+    def _own_smem(
+        zk_desc, zk2_desc, zv_desc, zvh_desc, dt: gl.constexpr, RKP: gl.constexpr, RK2: gl.constexpr,
+        RVP: gl.constexpr, RVH: gl.constexpr, MQ: gl.constexpr, BLOCK_T: gl.constexpr, XS: gl.constexpr,
+        VS: gl.constexpr, QC: gl.constexpr, NC: gl.constexpr,
+    ):  # fmt: skip
+        """One warpgroup's own shared memory: key and value stages (second boxes where the ranks need them), the
+        turned queries (the low half's chunk ``c`` at ``c``, the high half's at ``NC + c``), the probabilities, and
+        the stages' mbarriers."""
+        x_smem = gl.allocate_shared_memory(dt, [XS, BLOCK_T, RKP], zk_desc.layout)
+        v_smem = gl.allocate_shared_memory(dt, [VS, BLOCK_T, RVP], zv_desc.layout)
+        if RK2 > 0:  # noqa: SIM108 - key ranks past a power of two; a static branch
+            x2_smem = gl.allocate_shared_memory(dt, [XS, BLOCK_T, RK2], zk2_desc.layout)
+        else:  # never read (every use is under RK2 > 0)
+            x2_smem = x_smem
+        if RVH > 0:  # noqa: SIM108 - value columns past 256; a static branch, as the one above
+            vh_smem = gl.allocate_shared_memory(dt, [VS, BLOCK_T, RVH], zvh_desc.layout)
+        else:
+            vh_smem = v_smem
+        q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([MQ, QC], dt)
+        q_smem = gl.allocate_shared_memory(dt, [2 * NC, MQ, QC], q_layout)
+        p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_T, MQ], dt)
+        p_smem = gl.allocate_shared_memory(dt, [BLOCK_T, MQ], p_layout)
+        bar_x = gl.allocate_shared_memory(gl.int64, [XS, 1], mbarrier.MBarrierLayout())
+        bar_v = gl.allocate_shared_memory(gl.int64, [VS, 1], mbarrier.MBarrierLayout())
+        return x_smem, x2_smem, v_smem, vh_smem, q_smem, p_smem, bar_x, bar_v
+
+    @gluon.jit
     def _tiles(
         q_ptr, descs, smem, bars, ptrs, strides, part, qk_scale, rope_scale, eps,
         NREP: gl.constexpr, G: gl.constexpr, HALF: gl.constexpr, RKP: gl.constexpr, RK2: gl.constexpr,
@@ -675,22 +702,9 @@ if HAVE_GLUON:
             _fill_cs(cs_smem, ti_ptr, rope_scale, BLOCK_T, QC, HALF, mma_k)
 
         descs = (zk_desc, zk2_desc, zv_desc, zvh_desc, uk_desc, uk2_desc)
-        q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([MQ, QC], dt)
-        p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_T, MQ], dt)
-        x_smem = gl.allocate_shared_memory(dt, [XS, BLOCK_T, RKP], zk_desc.layout)
-        v_smem = gl.allocate_shared_memory(dt, [VS, BLOCK_T, RVP], zv_desc.layout)
-        if RK2 > 0:  # noqa: SIM108
-            x2_smem = gl.allocate_shared_memory(dt, [XS, BLOCK_T, RK2], zk2_desc.layout)
-        else:
-            x2_smem = x_smem
-        if RVH > 0:  # noqa: SIM108 - value columns past 256; a static branch, as the one above
-            vh_smem = gl.allocate_shared_memory(dt, [VS, BLOCK_T, RVH], zvh_desc.layout)
-        else:
-            vh_smem = v_smem
-        q_smem = gl.allocate_shared_memory(dt, [2 * NC, MQ, QC], q_layout)
-        p_smem = gl.allocate_shared_memory(dt, [BLOCK_T, MQ], p_layout)
-        bar_x = gl.allocate_shared_memory(gl.int64, [XS, 1], mbarrier.MBarrierLayout())
-        bar_v = gl.allocate_shared_memory(gl.int64, [VS, 1], mbarrier.MBarrierLayout())
+        x_smem, x2_smem, v_smem, vh_smem, q_smem, p_smem, bar_x, bar_v = _own_smem(
+            zk_desc, zk2_desc, zv_desc, zvh_desc, dt, RKP, RK2, RVP, RVH, MQ, BLOCK_T, XS, VS, QC, NC
+        )
         smem = (u_smem, u2_smem, x_smem, x2_smem, v_smem, vh_smem, q_smem, cs_smem, p_smem)
         bars = (bar_u, bar_x, bar_v)
         ptrs = (koff_ptr, voff_ptr, vr_ptr, kb_ptr, kn_ptr, ts_ptr, ti_ptr, len_ptr, o_ptr, ml_ptr)
@@ -703,20 +717,9 @@ if HAVE_GLUON:
         else:
             # two warpgroups, each with its own stages, share the up-projections: one's rebuild, RoPE and softmax
             # chain runs while the other's waits
-            x_smem1 = gl.allocate_shared_memory(dt, [XS, BLOCK_T, RKP], zk_desc.layout)
-            v_smem1 = gl.allocate_shared_memory(dt, [VS, BLOCK_T, RVP], zv_desc.layout)
-            if RK2 > 0:  # noqa: SIM108
-                x2_smem1 = gl.allocate_shared_memory(dt, [XS, BLOCK_T, RK2], zk2_desc.layout)
-            else:
-                x2_smem1 = x_smem1
-            if RVH > 0:  # noqa: SIM108
-                vh_smem1 = gl.allocate_shared_memory(dt, [VS, BLOCK_T, RVH], zvh_desc.layout)
-            else:
-                vh_smem1 = v_smem1
-            q_smem1 = gl.allocate_shared_memory(dt, [2 * NC, MQ, QC], q_layout)
-            p_smem1 = gl.allocate_shared_memory(dt, [BLOCK_T, MQ], p_layout)
-            bar_x1 = gl.allocate_shared_memory(gl.int64, [XS, 1], mbarrier.MBarrierLayout())
-            bar_v1 = gl.allocate_shared_memory(gl.int64, [VS, 1], mbarrier.MBarrierLayout())
+            x_smem1, x2_smem1, v_smem1, vh_smem1, q_smem1, p_smem1, bar_x1, bar_v1 = _own_smem(
+                zk_desc, zk2_desc, zv_desc, zvh_desc, dt, RKP, RK2, RVP, RVH, MQ, BLOCK_T, XS, VS, QC, NC
+            )
             smem1 = (u_smem, u2_smem, x_smem1, x2_smem1, v_smem1, vh_smem1, q_smem1, cs_smem, p_smem1)
             bars1 = (bar_u, bar_x1, bar_v1)
             gl.warp_specialize(
