@@ -274,14 +274,10 @@ def plan(k_group: int, n_rep: int, rk_max: int, rv_max: int, batch: int = 0, slo
     if p is None:
         return None
     short = batch == 1 and 0 < slots <= OCCUPANCY_FROM_SLOTS
-    if OCCUPANCY_LAUNCH and not short:
-        o = _first_fit((OCCUPANCY_LAUNCH,), k_group, n_rep, rk_max, rv_max)
-        if o is not None and o.g == p.g:
-            return o
-    if WARPGROUPS_LAUNCH and batch >= WARPGROUPS_FROM:
-        w = _first_fit((WARPGROUPS_LAUNCH,), k_group, n_rep, rk_max, rv_max)
-        if w is not None and w.g == p.g:
-            return w
+    for alt, wanted in ((OCCUPANCY_LAUNCH, not short), (WARPGROUPS_LAUNCH, batch >= WARPGROUPS_FROM)):
+        a = _first_fit((alt,), k_group, n_rep, rk_max, rv_max) if alt and wanted else None
+        if a is not None and a.g == p.g:
+            return a
     return p
 
 
