@@ -379,12 +379,24 @@ def test_key_group_one_takes_triton_and_says_why():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER or not lg.HAVE_GLUON, reason="needs a Hopper GPU and Gluon")
-@pytest.mark.parametrize(("family", "kg"), [("llama", 2), ("qwen2", 2), ("qwen3", 2), ("granite", 2)])
-def test_model_decode_takes_the_gluon_kernel(family, kg):
+@pytest.mark.parametrize(
+    ("family", "kg", "key_rank"),
+    [
+        ("llama", 2, 0),
+        ("qwen2", 2, 0),
+        ("qwen3", 2, 0),
+        ("granite", 2, 0),
+        ("llama", 2, 128),
+        ("qwen2", 2, 128),
+    ],
+)
+def test_model_decode_takes_the_gluon_kernel(family, kg, key_rank):
     """A PaLU model at head_dim 128 (Llama, Qwen2 with its key bias, Qwen3 with its key norm, Granite found by
     structural discovery), bf16: its decode steps take the Gluon kernel (recorded) and give the Triton kernel's
     logits and the reference path's. (Compared element by element at 5e-2, the first form of this test failed on
-    the GPU at bf16's rounding of logits near 2, one unit in the last place 0.0156.)"""
+    the GPU at bf16's rounding of logits near 2, one unit in the last place 0.0156.) With every key group at rank
+    128 (``key_rank``) and values at 144, two sequences take the default path's two-warpgroup launch
+    (``WARPGROUPS_LAUNCH``), recorded."""
     from transformers import StaticCache
 
     from gac.api import CompressConfig, plan
@@ -398,6 +410,8 @@ def test_model_decode_takes_the_gluon_kernel(family, kg):
     p = plan(copy.deepcopy(base), CompressConfig(compressor="palu", param_ratio=0.3, align="none", options=opts),
              calib_batches=batches)  # fmt: skip
     dims = {s.name: -(-p.native[s.name] // 8) * 8 for s in p.sites}  # 16-byte latent rows: descriptor loads
+    if key_rank:  # and values at 144 columns: two value boxes (128 + 64)
+        dims.update({s.name: key_rank if ".k_proj:" in s.name else 144 for s in p.sites})
     m = copy.deepcopy(base)
     p.compressor.apply(m, p.sites, dims)
     m = m.to("cuda", torch.bfloat16)
@@ -417,6 +431,8 @@ def test_model_decode_takes_the_gluon_kernel(family, kg):
         if use:
             assert kl.LAST_LAUNCH["kernel"] == ("gluon" if kernel == "auto" else "triton"), kl.LAST_LAUNCH
             assert "gluon" in latent_attention_paths(m)["latent_kernels"]
+            if kernel == "auto" and key_rank == 128 and lg.WARPGROUPS_LAUNCH:
+                assert kl.LAST_LAUNCH["warpgroups"] == 2, kl.LAST_LAUNCH
 
     # bf16 logits: the two kernels' apart by their own rounding only, the reference path's by the whole step's
     def rel(a, b):
