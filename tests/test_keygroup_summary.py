@@ -43,23 +43,27 @@ def test_the_h200_record_of_key_and_value_groups_says_what_its_cells_hold():
         (r["shape"][6:11], r["key_group"], r["value_group"]): r
         for r in (tool.grid_row(root, *g) for g in runs["grid"])
     }
-    # the README's counts (calls 34-40, Llama's default call 56): points at >= 0.9x dense, and within the issue's memory bound
+    # the README's counts (Llama's default call 56, Qwen's call 57, groups of 2 calls 58-59, Llama's key group 2 with
+    # values 4 call 38, Qwen's key group 1 call 3): points at >= 0.9x dense, and within the issue's memory bound
     assert {k: r["at_least_0.9"] for k, r in rows.items()} == {
         ("llama", 4, 4): 3, ("llama", 2, 4): 3, ("llama", 2, 2): 9,
         ("qwen2", 4, 4): 3, ("qwen2", 1, 4): 3, ("qwen2", 2, 2): 9,
     }  # fmt: skip
-    assert {k: r["memory_within"] for k, r in rows.items() if k[1:] == (2, 2)} == {
-        ("llama", 2, 2): 9,
-        ("qwen2", 2, 2): 9,
-    }
+    # Qwen's groups of 2 miss at one sequence by 46-63 MB: that run's dense cell compiled from a warm cache, and a
+    # point's peak includes its compile (dense's peaks there 60-120 MB under call 57's, PaLU's within 5 MB of its own)
+    assert {k: r["memory_within"] for k, r in rows.items()} == {
+        ("llama", 4, 4): 9, ("llama", 2, 4): 9, ("llama", 2, 2): 9,
+        ("qwen2", 4, 4): 8, ("qwen2", 1, 4): 9, ("qwen2", 2, 2): 6,
+    }  # fmt: skip
+    assert all(x["batch"] == 1 for r in rows.values() for x in r["decode"] if not x["within"])
 
-    # >= 1.1x from 16 sequences past 16k: Llama at 3 of its 4 points with groups of 2, Qwen at none
+    # >= 1.1x from 16 sequences past 16k: with groups of 2 Llama at 4 of its 4 points, Qwen at 2; the default at none
     def fast(k):
         return sum(x["speedup"] >= 1.1 for x in rows[k]["decode"] if x["batch"] >= 16 and x["kv"] >= 16384)
 
     assert (fast(("llama", 2, 2)), fast(("qwen2", 2, 2)), fast(("llama", 4, 4)), fast(("qwen2", 4, 4))) == (
-        3,
-        0,
+        4,
+        2,
         0,
         0,
     )
@@ -72,4 +76,5 @@ def test_the_h200_record_of_key_and_value_groups_says_what_its_cells_hold():
     }
     assert caps[2, 2]["palu"]["batch"] == 262 and caps[2, 2]["dense"]["batch"] == 132
     assert round(caps[2, 2]["tokens_per_s_vs_dense"], 2) == 1.65  # call 55: two warpgroups at key rank 128
-    assert round(caps[4, 4]["tokens_per_s_vs_dense"], 2) == 0.88
+    assert round(caps[4, 4]["tokens_per_s_vs_dense"], 2) == 1.05  # call 60
+    assert caps[4, 4]["palu"]["batch"] == 258

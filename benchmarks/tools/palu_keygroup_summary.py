@@ -54,12 +54,12 @@ RUNS = {
         "grid": [
             ("default-decode-llama-call56", LLAMA, 4, 4),
             ("keygroup2", LLAMA, 2, 4),
-            ("keygroup2-values2", LLAMA, 2, 2),
-            ("call34/qwen", QWEN, 4, 4),
+            ("keygroup2-values2-decode-call58-59", LLAMA, 2, 2),
+            ("default-decode-qwen-call57", QWEN, 4, 4),
             ("g1-qwen", QWEN, 1, 4),
-            ("keygroup2-values2", QWEN, 2, 2),
+            ("keygroup2-values2-decode-call58-59", QWEN, 2, 2),
         ],
-        "capacity": [("capacity", 4, 4), ("capacity-keygroup2-values2-call55", 2, 2)],
+        "capacity": [("capacity-call60", 4, 4), ("capacity-keygroup2-values2-call55", 2, 2)],
     },
 }
 

@@ -786,28 +786,36 @@ def test_a_speed_skeleton_stores_a_full_width_group_as_palu_does():
 
 
 @pytest.mark.parametrize(
-    ("folder", "shape", "worst_before"),
+    ("folder", "shape"),
     [
-        ("h100/palu-default/keygroup/g2-llama", "shape-llama3-8b-8", 1.26),
-        ("h100/palu-default/keygroup/g2-qwen", "shape-qwen2.5-7b-8", 1.43),
-        ("h100/palu-default/keygroup/g1-llama", "shape-llama3-8b-8", 1.29),
-        ("h100/palu-default/keygroup/g1-qwen", "shape-qwen2.5-7b-8", 1.32),
-        ("h200/palu-default/keygroup2", "shape-llama3-8b-8", 1.14),
-        ("h200/palu-default/g1-qwen", "shape-qwen2.5-7b-8", 1.15),
+        ("h100/palu-default/keygroup/g2-llama", "shape-llama3-8b-8"),
+        ("h100/palu-default/keygroup/g2-qwen", "shape-qwen2.5-7b-8"),
+        ("h100/palu-default/keygroup/g1-llama", "shape-llama3-8b-8"),
+        ("h100/palu-default/keygroup/g1-qwen", "shape-qwen2.5-7b-8"),
+        ("h200/palu-default/keygroup2", "shape-llama3-8b-8"),
+        ("h200/palu-default/g1-qwen", "shape-qwen2.5-7b-8"),
     ],
 )
-def test_values_grouped_wider_than_keys_are_priced_as_read_once_per_key_group(folder, shape, worst_before):
+def test_values_grouped_wider_than_keys_are_priced_as_read_once_per_key_group(folder, shape, monkeypatch):
     """The latent kernel runs a program per key group, and each reads its whole value group: values grouped wider
     than the keys are read ``value_group / key_group`` times (:func:`value_reads`). Priced once, the committed
-    cells of keys grouped by 1 or 2 with values by 4 were predicted up to ``worst_before`` x their measured speedup
-    over dense (the guard's optimistic side); priced as the kernel reads them, within 16%, and at least 5 points
-    nearer at the worst point."""
+    cells of keys grouped by 1 or 2 with values by 4 are predicted up to 1.15-1.43x their measured speedup over
+    dense under the shipped classes (the guard's optimistic side); priced as the kernel reads them, within 16%, and
+    at least 5 points nearer at the worst point."""
+    import gac.hardware.latency as lat
     from gac.runtime.cells import compare_cells
 
     d = ROOT / "benchmarks/results" / folder / "cells" / shape
     base, palu = (json.loads((d / f"{c}.json").read_text()) for c in ("base", "palu-r0.5-gac"))
-    (rec,) = compare_cells(base, [palu]).values()
-    ratios = [r["ratio"] for r in rec["rows"] if r["phase"] == "decode"]
-    assert len(ratios) == 9
-    assert max(ratios) < min(1.16, worst_before - 0.05)
+
+    def decode_ratios() -> list[float]:
+        (rec,) = compare_cells(base, [palu]).values()
+        return [r["ratio"] for r in rec["rows"] if r["phase"] == "decode"]
+
+    ratios = decode_ratios()
+    monkeypatch.setattr(lat, "value_reads", lambda key_group, value_group: 1)
+    once = decode_ratios()
+    assert len(ratios) == len(once) == 9
+    assert max(once) > 1.14
+    assert max(ratios) < min(1.16, max(once) - 0.05)
     assert min(ratios) > 0.8
