@@ -630,8 +630,8 @@ def test_the_guards_refusal_says_how_to_measure_palus_capacity(llama64):
     # already in key and value groups of 2: told what such groups were measured at, and that they need the flag
     assert "\n" not in msg and msg.endswith("; " + p.compressor.refusal())
     assert msg.endswith("key and value groups of 2 KV heads, as here, " + PaluCompressor.GROUPS2_RECORD + " on a "
-                        "Hopper GPU, where the latency model prices their decode below dense (up to 16% pessimistic "
-                        "at long context): they need --allow-slower")  # fmt: skip
+                        "Hopper GPU, where the latency model prices their decode at short contexts below dense (up to "
+                        "17% pessimistic at long context): they need --allow-slower")  # fmt: skip
     assert "--capacity-context" in msg and "-O k_group_size=2" not in msg
     # the default groups (4 KV heads: one group): groups of 2 named, with the flag they need
     cfg = dataclasses.replace(cfg, options={})

@@ -141,19 +141,20 @@ class PaluCompressor(Compressor):
     """Group-head low-rank K/V projections with a latent KV cache."""
 
     # What the latency guard's refusal adds. A smaller KV cache pays in memory where its decode is slower (on an H200,
-    # Llama-3-8B shape at 32k: 1.97x the sequences at 0.97x dense's tokens/s, benchmarks/results/h200/palu-default/
-    # call9/); key and value groups of two KV heads, where the Hopper kernel serves every rebuilt layer, decoded at
-    # 0.91-1.16x dense on the Llama-3-8B and Qwen2.5-7B shapes and served 1.65x dense's tokens/s at 32k, but
+    # Llama-3-8B shape at 32k: 1.95x the sequences at 1.05x dense's tokens/s, benchmarks/results/h200/palu-default/
+    # capacity-call60/); key and value groups of two KV heads, where the Hopper kernel serves every rebuilt layer,
+    # decoded at 0.93-1.31x dense on the Llama-3-8B and Qwen2.5-7B shapes and served 1.65x dense's tokens/s at 32k, but
     # prefilled a 128-token prompt at 0.94x (0.87x before its rebuild took one GEMM), and the latency model prices
-    # their decode below dense (up to 16% pessimistic at long context), so the guard refuses them as well (H200,
-    # calls 39-44 and 49-55 of that folder: keygroup2-values2/, capacity-keygroup2-values2-call55/, call43/, call44/).
+    # their decode at the default serving shapes (512 cached tokens) below dense (up to 17% pessimistic at long
+    # context), so the guard refuses them as well (H200, calls 42-44, 55 and 58-59 of that folder:
+    # keygroup2-values2-decode-call58-59/, capacity-keygroup2-values2-call55/, call43/, call44/).
     CAPACITY_HINT = (
         "PaLU's smaller cache may still pay in memory: compressed with --allow-slower, `gac eval infer --variant DIR "
         "--baseline-model-id MODEL --capacity-context 32768 --out R` measures the most sequences that fit, and "
         "their tokens/s, beside dense"
     )
     GROUPS2_RECORD = (
-        "decoded at 0.91-1.16x dense from 4k cached tokens on the Llama-3-8B and Qwen2.5-7B shapes, and at 1.65x "
+        "decoded at 0.93-1.31x dense from 4k cached tokens on the Llama-3-8B and Qwen2.5-7B shapes, and at 1.65x "
         "dense's tokens/s in the same memory at 32k (H200), but prefilled a 128-token prompt at 0.94x"
     )
     refusal_hint = (
@@ -172,8 +173,8 @@ class PaluCompressor(Compressor):
         if self._gsize.get("k") == 2 and self._gsize.get("v") == 2:
             return (
                 f"{self.CAPACITY_HINT}; key and value groups of 2 KV heads, as here, {self.GROUPS2_RECORD} on a "
-                "Hopper GPU, where the latency model prices their decode below dense (up to 16% pessimistic at "
-                "long context): they need --allow-slower"
+                "Hopper GPU, where the latency model prices their decode at short contexts below dense (up to 17% "
+                "pessimistic at long context): they need --allow-slower"
             )
         if kvh % 2:
             return self.CAPACITY_HINT

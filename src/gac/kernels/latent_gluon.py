@@ -35,9 +35,10 @@ programs of whole KV heads, at most 16 query rows, that fit shared memory at one
 :func:`refusal` names why any other launch is not served, and :func:`slower` why a served one is left to the Triton
 kernel, timed faster there (key group 1; one KV head a program of a key group the Triton kernel holds whole, from 16
 sequences). At key and value groups of 2 it took 0.78-0.81x the Triton kernel's time (call 36), and the Llama-3-8B
-and Qwen2.5-7B shapes so grouped decoded at 0.91-1.16x dense (calls 39-40). Key ranks past 128 and 64-token tiles
-compile, pass the GPU tests and are reachable by ``GAC_GLUON_MAX_RANK`` and ``GAC_GLUON_LAUNCH``, but ran 1.0-2.3x
-the Triton kernel's time (calls 32-33), so they are not the default. One 64-token launch is: :data:`OCCUPANCY_LAUNCH`,
+and Qwen2.5-7B shapes so grouped decoded at 0.91-1.16x dense (calls 39-40; 0.93-1.31x with the launches below,
+calls 58-59). Key ranks past 128 and 64-token tiles compile, pass the GPU tests and are reachable by
+``GAC_GLUON_MAX_RANK`` and ``GAC_GLUON_LAUNCH``, but ran 1.0-2.3x the Triton kernel's time (calls 32-33), so they
+are not the default. One 64-token launch is: :data:`OCCUPANCY_LAUNCH`,
 two programs a multiprocessor, wherever its program holds as many KV heads as the 128-token one (value tiles below
 256 columns then read in two boxes, :func:`value_boxes`). Where that program would hold fewer KV heads (key rank 128,
 whose up-projections leave room for one program a multiprocessor), :data:`WARPGROUPS_LAUNCH` runs two warpgroups a
