@@ -76,6 +76,27 @@ def test_a_decode_only_grid_times_decode_and_names_its_kernels():
     assert set(v["kernels"]) == {"decode"} and v["kernels"]["decode"]["batch"] == 2
 
 
+def test_each_point_records_its_peak_and_its_timed_calls_peak_apart():
+    # a point's peak (compile, autotune and capture included) and its timed calls' peak alone: off CUDA neither
+    v = run_sweep([Variant("dense", tiny_model)], TINY, "cpu")["variants"]["dense"]
+    for r in v["prefill"] + v["decode"]:
+        assert r["peak_mem_gib"] is None and r["steady_peak_mem_gib"] is None, r
+    assert infer._peaks(5.5, 5.25) == {"peak_mem_gib": 5.5, "steady_peak_mem_gib": 5.25}
+    assert infer._peaks(5.0, 5.25) == {"peak_mem_gib": 5.25, "steady_peak_mem_gib": 5.25}
+    assert infer._peaks(None, None) == {"peak_mem_gib": None, "steady_peak_mem_gib": None}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_gpu_point_s_timed_calls_peak_lies_between_what_it_held_and_its_whole_peak():
+    cfg = SweepConfig(**{**TINY.to_dict(), "profile_kernels": False, "decode_batches": (2,)})
+    v = run_sweep([Variant("dense", lambda: tiny_model("llama").cuda())], cfg, "cuda")["variants"]["dense"]
+    for r in v["prefill"]:
+        assert 0 < r["steady_peak_mem_gib"] <= r["peak_mem_gib"], r
+    for r in v["decode"]:
+        assert r["held_before_gib"] <= r["steady_peak_mem_gib"] <= r["peak_mem_gib"], r
+
+
 def test_each_decode_point_records_the_dense_decode_attention_it_took(monkeypatch):
     from gac.kernels import attention
 

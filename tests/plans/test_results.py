@@ -121,3 +121,10 @@ def test_report_shows_peak_memory_per_decode_point_and_the_capacity_point():
     assert "| m/base | 32768 | 78.6 | 32,768 | 72 | 2,418 |" in text and "62 ok, 72 ok, 73 oom" in text
     assert "| 137 (1.90×) | 1,565 (0.65×) |" in text and "m/svd" not in text
     assert memory_lines("m", [failed]) == []  # nothing recorded: no section
+    assert "timed steps alone" not in text  # cells from before the steady peaks were recorded: one table
+    for _, d in (base, palu):  # the timed steps' peaks beside them, where both cells recorded them
+        for r, steady in zip(d["results"]["evals"]["infer"]["decode"], (0.02, 1.5), strict=True):
+            r["steady_peak_mem_gib"] = r["peak_mem_gib"] - steady
+    text = "\n".join(memory_lines("m", [base, palu, failed]))
+    assert "| m/palu | 5.41 (5.49) | 37.28 (69.37) |" in text
+    assert "timed steps alone" in text and "| m/palu | 5.39 (5.47) | 35.78 (67.87) |" in text

@@ -112,6 +112,28 @@ def _free(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+def _peak_gib(device: torch.device, reset: bool = False) -> float | None:
+    """The CUDA allocator's peak since its last reset (GiB; None off CUDA), then reset it if ``reset``.
+
+    A point reads it after its setup (compile, autotune, graph capture) and resets it, so that its record keeps both
+    the whole point's peak (``peak_mem_gib``) and the timed calls' alone (``steady_peak_mem_gib``): compilation's
+    transient buffers depend on the compile cache's state. On an H200 the same dense cell peaked 60-120 MB lower
+    compiled from a warm cache than from a cold one (``benchmarks/results/h200/palu-default/README.md``, call 59).
+    """
+    if device.type != "cuda":
+        return None
+    peak = torch.cuda.max_memory_allocated(device) / 2**30
+    if reset:
+        torch.cuda.reset_peak_memory_stats(device)
+    return peak
+
+
+def _peaks(setup: float | None, steady: float | None) -> dict[str, float | None]:
+    """A point's peak memory fields from its setup's peak and its timed calls' (:func:`_peak_gib`)."""
+    whole = None if setup is None or steady is None else max(setup, steady)
+    return {"peak_mem_gib": whole, "steady_peak_mem_gib": steady}
+
+
 def _time_calls(fn: Callable[[], Any], device: torch.device, warmup: int, reps: int) -> dict[str, float]:
     """``fn`` timed by the one harness (:func:`gac.hardware.timing.time_calls`): ``warmup`` untimed calls,
     then ``reps`` each bracketed by CUDA events or the clock; the infer JSON's statistics."""
@@ -299,15 +321,17 @@ def prefill_point(
     step()
     sync(dev)
     setup_s = time.perf_counter() - t0
+    setup_peak = _peak_gib(dev, reset=True)
     try:
         st = _time_calls(step, dev, cfg.prefill_warmup, cfg.prefill_reps)
     finally:
         close()
+    peaks = _peaks(setup_peak, _peak_gib(dev))
     rec: dict[str, Any] = {"phase": "prefill", "batch": batch, "seq": seq, "status": "ok", **st}
     rec["tokens_per_s"] = batch * seq / (st["median_ms"] * 1e-3)
     rec.update(graphs=graphs, compiled=forward is not None, setup_s=setup_s)
     rec["compiles"] = compiled_frames() - frames0 if forward is not None else 0
-    rec["peak_mem_gib"] = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None
+    rec.update(peaks)
     return rec
 
 
@@ -337,10 +361,12 @@ def decode_point(
         step()  # the compile of an uncaptured step, also outside the latency
     sync(dev)
     setup_s = time.perf_counter() - t0
+    setup_peak = _peak_gib(dev, reset=True)
     try:
         step.set_position(kv - n)  # the timed steps end on the cache's last slot
         st = _time_calls(step, dev, cfg.decode_warmup, cfg.decode_reps)
         kvb = step.kv_bytes
+        peaks = _peaks(setup_peak, _peak_gib(dev))
     finally:
         step.close()
     sec = st["median_ms"] * 1e-3
@@ -366,7 +392,7 @@ def decode_point(
     if copy_gbps:
         rec["weight_bw_frac"] = rec["weight_gbps"] / copy_gbps
         rec["total_bw_frac"] = rec["total_gbps"] / copy_gbps
-    rec["peak_mem_gib"] = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None
+    rec.update(peaks)
     rec["held_before_gib"] = alloc0 / 2**30  # allocated when the point began (the weights, and anything kept)
     modes = model_decode_modes(model, batch, kv)  # gac_sdpa's decode attention (decode_mode); none off it
     if modes:
@@ -810,7 +836,7 @@ def add_speedups(res: dict[str, Any], baseline: str | None = None) -> None:
 CSV_FIELDS = (
     "variant", "phase", "batch", "seq", "kv", "status", "median_ms", "q25_ms", "q75_ms", "min_ms", "reps",
     "tokens_per_s", "speedup", "weight_gbps", "weight_bw_frac", "bytes_ideal_speedup", "flop_ideal_speedup",
-    "speedup_vs_ideal", "peak_mem_gib", "flops",
+    "speedup_vs_ideal", "peak_mem_gib", "steady_peak_mem_gib", "flops",
 )  # fmt: skip
 
 

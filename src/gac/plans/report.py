@@ -466,16 +466,24 @@ def memory_lines(model: str, mcells: list[CellRecord]) -> list[str]:
     rows = [(c.id, inf) for c, inf in rows]
     lines: list[str] = []
 
-    def peaks(inf: dict[str, Any]) -> dict[str, float]:
-        return {point_key(r): r["peak_mem_gib"] for r in inf.get("decode") or [] if r.get("peak_mem_gib")}
+    def peaks(inf: dict[str, Any], key: str) -> dict[str, float]:
+        return {point_key(r): r[key] for r in inf.get("decode") or [] if r.get(key)}
 
-    bpk = peaks(base) if base else {}
-    pts = [k for k in bpk if any(k in peaks(inf) for cid, inf in rows if inf is not base)]
-    if pts:
-        lines += [f"Peak GPU memory per decode point, GiB ({model}; the dense base's in brackets):", "",
+    titles = {
+        "peak_mem_gib": "Peak GPU memory per decode point, GiB",
+        # recorded since the point's setup and its timed steps were read apart (gac.eval.infer._peak_gib)
+        "steady_peak_mem_gib": "Peak GPU memory of each decode point's timed steps alone (its compile and graph "
+        "capture apart), GiB",
+    }
+    for key, title in titles.items():
+        bpk = peaks(base, key) if base else {}
+        pts = [k for k in bpk if any(k in peaks(inf, key) for cid, inf in rows if inf is not base)]
+        if not pts:
+            continue
+        lines += [f"{title} ({model}; the dense base's in brackets):", "",
                   "| cell | " + " | ".join(pts) + " |", "|" + "---|" * (len(pts) + 1)]  # fmt: skip
         for cid, inf in rows:
-            pk = peaks(inf)
+            pk = peaks(inf, key)
             lines.append(f"| {cid} | " + " | ".join(
                 f"{_f(pk.get(k), '.2f')} ({bpk[k]:.2f})" if inf is not base else f"{bpk[k]:.2f}" for k in pts
             ) + " |")  # fmt: skip
