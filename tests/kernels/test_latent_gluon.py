@@ -388,6 +388,7 @@ def test_key_group_one_takes_triton_and_says_why():
         ("granite", 2, 0),
         ("llama", 2, 128),
         ("qwen2", 2, 128),
+        ("qwen3", 2, 128),
     ],
 )
 def test_model_decode_takes_the_gluon_kernel(family, kg, key_rank):
