@@ -125,6 +125,28 @@ def test_two_warpgroups_taken_where_the_occupancy_launch_holds_fewer_heads(monke
     assert lg.plan(4, 4, 128, 232, batch=16, slots=32768).block_t == 128
 
 
+def test_two_warpgroups_taken_where_they_hold_more_heads(monkeypatch):
+    """From two sequences the two-warpgroup launch also takes the place of a 128-token launch that holds fewer KV heads
+    (its 64-token stages take half the shared memory): Llama-3-8B's key group of 4 at key rank 128 and values of at
+    most 128 columns (the latency class's calls), four KV heads a program at one stage each where the 128-token launch
+    holds two (0.63-0.80x its time, H200 call 61); at 264-384 value columns two where the 128-token launch and the
+    occupancy launch hold one (Qwen2.5-7B's layer 3 at 128/280: 0.75-0.96x the occupancy launch's time from 16
+    sequences, call 65). One sequence keeps the launch before; the occupancy launch is still taken only where it holds
+    as many."""
+    monkeypatch.setattr(lg, "MOST_HEADS", 0)
+    for args, g, was in (((4, 4, 128, 128), 4, 2), ((4, 4, 96, 72), 4, 2), ((4, 4, 128, 384), 2, 1),
+                         ((4, 7, 128, 344), 2, 1), ((4, 7, 128, 280), 2, 1), ((4, 4, 128, 304), 2, 1),
+                         ((2, 4, 128, 352), 2, 1)):  # fmt: skip
+        p = lg.plan(*args, batch=16, slots=32768)
+        assert (p.ws, p.block_t, p.g, p.xs, p.vs) == (2, 64, g, 1, 1), (args, p)
+        assert lg.plan(*args, batch=1, slots=32768).g == was
+        assert lg.shared_bytes(p.g, p.rk1, p.rvl + p.rvh, p.mq, 1, 1, block_t=64, ws=2) <= lg.SMEM_BUDGET
+    # the default cells' key-rank-128 layers (values 208-248): two KV heads either way, as before
+    assert lg.plan(4, 4, 128, 232, batch=16, slots=32768).g == 2
+    monkeypatch.setattr(lg, "WARPGROUPS_LAUNCH", ())
+    assert lg.plan(4, 4, 128, 128, batch=16, slots=32768).block_t == 128
+
+
 def test_occupancy_launch_taken_where_it_holds_as_many_heads(monkeypatch):
     """Two programs a multiprocessor at 64-token tiles where such a program holds as many KV heads as the first
     launch's (the capacity cell's key and value groups of 2 at key rank 64); not where it would hold fewer."""
@@ -280,8 +302,13 @@ GPU_CASES = [
     ),
     (2, 16, 4, 2, 700, 650, [112, 128], [144, 96], True, True, torch.float16),
     (1, 32, 8, 4, 200, 130, [128, 128], [256, 256], False, False, torch.bfloat16),
-    # past 256 value columns, one KV head a program: Qwen2.5-7B's layer 3 (value boxes 256 + 128, bias)
+    # past 256 value columns: Qwen2.5-7B's layer 3 (value boxes 256 + 128, bias); from two sequences two KV heads a
+    # program on two warpgroups (one, on the occupancy launch, before call 65's rule)
     (2, 28, 4, 4, 700, 689, [128], [280], True, False, torch.bfloat16),
+    # two warpgroups holding more KV heads than the 128-token launch would: four at values of 128 columns at most,
+    # two past 256 (Qwen2-like, bias)
+    (2, 32, 8, 4, 1100, 1037, [128, 96], [128, 96], False, False, torch.bfloat16),
+    (2, 28, 4, 4, 700, 689, [128], [344], True, False, torch.bfloat16),
 ]
 #: key ranks past 128 (``GAC_GLUON_MAX_RANK`` only), one KV head a program: Llama-3-8B's layer 4 (key boxes 128 + 64),
 #: the same with a key norm and bias in fp16

@@ -43,7 +43,10 @@ two programs a multiprocessor, wherever its program holds as many KV heads as th
 256 columns then read in two boxes, :func:`value_boxes`). Where that program would hold fewer KV heads (key rank 128,
 whose up-projections leave room for one program a multiprocessor), :data:`WARPGROUPS_LAUNCH` runs two warpgroups a
 program over two splits of the cache, each with its own stages, sharing one copy of the up-projections and cos/sin
-(``gl.warp_specialize``): 0.75-0.95x the 128-token launch's time from 16 sequences (call 54). With both, the capacity
+(``gl.warp_specialize``): 0.75-0.95x the 128-token launch's time from 16 sequences (call 54). Its 64-token stages take
+half the shared memory, so it is also taken wherever its program holds more KV heads than either other launch's (four
+at value latents of at most 128 columns, two at 264-384): 0.51-0.96x the time of the launch before from two sequences,
+and the key rebuild at 54% of the measured bf16 peak at Llama-3-8B's 128/128, B=64 x 32k (calls 61, 62, 65). With both, the capacity
 cell of key and value groups of 2 (Llama-3-8B shape, 32k) served 1.65x dense's tokens/s, against 1.59x with the
 occupancy launch alone and 1.46x before (calls 41, 49, 52 and 55).
 """
@@ -124,7 +127,7 @@ OCCUPANCY_LAUNCH = tuple(
 #: took 1.10-1.20x its time at 4096 slots (5 of 5 shapes, calls 50-51), and 0.77-0.82x at 32768
 OCCUPANCY_FROM_SLOTS = 4096
 #: the launch that takes the place of the first of :data:`LAUNCHES` where the occupancy launch holds fewer KV heads
-#: and this one as many, from :data:`WARPGROUPS_FROM` sequences (:func:`plan`): two warpgroups a program, each over
+#: and this one at least as many, from :data:`WARPGROUPS_FROM` sequences (:func:`plan`): two warpgroups a program, each over
 #: its own split at 64-token tiles with its own key and value stages, sharing the up-projections and the in-tile
 #: cos/sin, so that one warpgroup's chain runs while the other waits where two programs' up-projections do not fit
 #: one multiprocessor (key rank 128). Kernel alone on an H200 (``benchmarks/results/h200/palu-default/README.md``,
@@ -270,13 +273,27 @@ def plan(k_group: int, n_rep: int, rk_max: int, rv_max: int, batch: int = 0, slo
     each latent in shared memory; None if no launch fits even one head's. :data:`OCCUPANCY_LAUNCH` takes its place
     where its program holds as many KV heads, but for one sequence (``batch``) over at most
     :data:`OCCUPANCY_FROM_SLOTS` cache slots (``slots``; 0: not known); elsewhere :data:`WARPGROUPS_LAUNCH` does
-    where its program holds as many, from :data:`WARPGROUPS_FROM` sequences."""
+    where its program holds as many, from :data:`WARPGROUPS_FROM` sequences, and before either wherever it holds more
+    KV heads than both (its 64-token stages take half the 128-token launch's shared memory; one stage each): four at
+    Llama-3-8B's key group of 4 at 128/128, 0.63-0.80x the 128-token launch's time from 2 sequences and 0.77-0.92x two
+    warpgroups of two KV heads (H200, call 61); two at 128/264-384 where the others held one, 0.51-0.96x the time of
+    the launch taken before (the Triton kernel, the 128-token or the occupancy launch; calls 62 and 65)."""
     p = _first_fit(LAUNCHES, k_group, n_rep, rk_max, rv_max)
     if p is None:
         return None
     short = batch == 1 and 0 < slots <= OCCUPANCY_FROM_SLOTS
-    for alt, wanted in ((OCCUPANCY_LAUNCH, not short), (WARPGROUPS_LAUNCH, batch >= WARPGROUPS_FROM)):
-        a = _first_fit((alt,), k_group, n_rep, rk_max, rv_max) if alt and wanted else None
+    occ = (
+        _first_fit((OCCUPANCY_LAUNCH,), k_group, n_rep, rk_max, rv_max)
+        if OCCUPANCY_LAUNCH and not short
+        else None
+    )
+    ws = _first_fit((WARPGROUPS_LAUNCH,), k_group, n_rep, rk_max, rv_max) if WARPGROUPS_LAUNCH else None
+    ws = ws if ws is not None and batch >= WARPGROUPS_FROM else None
+    if (
+        ws is not None and ws.g > p.g and (occ is None or ws.g > occ.g)
+    ):  # more KV heads than either other launch
+        return ws
+    for a in (occ, ws):
         if a is not None and a.g == p.g:
             return a
     return p
