@@ -241,6 +241,76 @@ def test_key_ranks_past_what_the_class_timed_are_offered_raw_instead():
     assert 448 in _candidates(default_profile("bfloat16"), s, 450)  # no class: nothing to hold it to
 
 
+def test_rank_caps_hand_what_a_capped_group_gives_up_to_the_others_and_bound_every_allocation():
+    """``key_rank_max`` / ``value_rank_max``: the reference's search runs with each group capped, so what a capped
+    group gives up goes to the others in its own order and the budget is still spent; every strategy then stays
+    within the caps (or a group's full width); recorded in the report's options."""
+    from gac.hardware.profile import load_profile
+
+    base = tiny_model("llama", hidden=128, layers=3, heads=8, kv_heads=4, head_dim=64).double()
+    prof = load_profile("h200-bfloat16")
+    cfg = lambda o: CompressConfig(compressor="palu", param_ratio=0.5, align="gac", options=o)  # noqa: E731
+    free = plan(copy.deepcopy(base), cfg({}), calib_batches=_batches(), profile=prof)
+    p = plan(copy.deepcopy(base), cfg({"key_rank_max": 64, "value_rank_max": 192}), calib_batches=_batches(),
+             profile=prof)  # fmt: skip
+    keys = [n for n in p.native if ".k_proj:" in n]
+    assert any(free.native[n] > 64 for n in keys), "the uncapped search must pass the cap for this to test"
+    assert sum(p.native.values()) == p.budget == free.budget
+    assert all(p.native[n] <= (64 if n in keys else 192) for n in p.native), p.native
+    assert sum(p.native[n] for n in p.native if n not in keys) > sum(
+        free.native[n] for n in free.native if n not in keys
+    )
+    for align in ("none", "round", "knapsack", "gac"):
+        rec = p.allocation(align, allow_slower=True) if align == "gac" else p.allocation(align)
+        assert rec.cost <= p.budget or align == "round", align  # the reference's rounding leaves the budget
+        assert all(d <= (64 if n in keys else 192) or d == 256 for n, d in rec.dims.items()), (
+            align,
+            rec.dims,
+        )
+    m = copy.deepcopy(base)
+    rep = apply_(m, p, p.allocation("gac", allow_slower=True))
+    assert rep.compressor_options["key_rank_max"] == 64 and rep.compressor_options["value_rank_max"] == 192
+
+
+def test_a_key_group_the_search_keeps_nearly_whole_stays_whole_under_a_key_rank_cap():
+    """A key group the uncapped search keeps past 7/8 of its width (the first layer's, 253 of 256) keeps its full
+    width under ``key_rank_max`` (cached raw: nothing rebuilt, as ``--align gac`` offers it), and the other groups
+    take the rest of the budget within the cap."""
+    from gac.hardware.profile import load_profile
+
+    base = tiny_model("llama", hidden=128, layers=2, heads=8, kv_heads=4, head_dim=64).double()
+    cfg = CompressConfig(compressor="palu", param_ratio=0.75, align="none", options={"key_rank_max": 64})
+    p = plan(copy.deepcopy(base), cfg, calib_batches=_batches(), profile=load_profile("h100-bfloat16"))
+    k0, k1 = "model.layers.0.self_attn.k_proj:g0", "model.layers.1.self_attn.k_proj:g0"
+    assert p.native[k0] == 256 and p.native[k1] <= 64
+    assert sum(p.native.values()) == p.budget
+
+
+@pytest.mark.parametrize(
+    ("opts", "match"),
+    [
+        ({"key_rank_max": 0}, "key_rank_max must be a positive whole rank, got 0"),
+        ({"value_rank_max": -3}, "value_rank_max must be a positive whole rank"),
+        ({"key_rank_max": 32}, r"key_rank_max=32 is below one rank modulus of the profile \(64\)"),
+        ({"value_rank_max": 4}, r"value_rank_max=4 is below one rank modulus of the profile \(8\)"),
+    ],
+)
+def test_a_rank_cap_that_cannot_be_met_is_one_line_before_any_work(opts, match):
+    """Bad input: a cap that is not a positive rank, or (``--align gac``) below one rank modulus of the profile for a
+    group (the key tile of 64 on the shipped H200 profile, 8 for values), is refused before calibration."""
+    from gac.hardware.profile import load_profile
+
+    base = tiny_model("llama", hidden=128, layers=2, heads=8, kv_heads=4, head_dim=64).double()
+    cfg = CompressConfig(compressor="palu", param_ratio=0.5, align="gac", allow_slower=True, options=opts)
+
+    def boom():
+        raise AssertionError("calibration ran")
+
+    with pytest.raises(GacError, match=match) as e:
+        plan(copy.deepcopy(base), cfg, calib_batches=iter([boom]), profile=load_profile("h200-bfloat16"))
+    assert "\n" not in str(e.value)
+
+
 def test_a_group_wider_than_the_hidden_size_takes_any_rank_exactly():
     """A group of 4 KV heads of 64 has rows W_g [256, 128] on a 128-wide model: at most 128 singular values.
     The rank search may still give it more (it caps ranks at G·hd); the extra latents are zeros, exact."""

@@ -50,7 +50,7 @@ import numpy as np
 from gac.alignment import round_down, round_nearest, round_up
 from gac.allocation.knapsack import DEFAULT_MAX_STATES, solve_mckp
 from gac.errors import GacError
-from gac.hardware.latency import Point, latent_rank, site_cache_ms, site_modulus
+from gac.hardware.latency import RAW_KEY_SHARE, Point, latent_rank, site_cache_ms, site_modulus
 from gac.hardware.profile import Profile
 from gac.sites import Site
 
@@ -581,12 +581,14 @@ def _candidates(
         cands.add(site.max_dim)  # keep dense: leaves the original dims
     if site.meta.get("rebuild_flops_per_dim_per_cached_token"):
         cands = raw_key_candidates(profile, site, cands)
+    cap = site.meta.get("rank_max")  # a compressor's own bound (PaLU's key_rank_max / value_rank_max)
+    if cap is not None and cap < site.max_dim:
+        kept = {c for c in cands if c <= cap or c >= site.max_dim}
+        top = round_down(int(cap), m) if aligned else int(cap)
+        if kept != cands and top >= max(site.min_dim, 1):
+            kept.add(top)
+        cands = kept
     return sorted(cands)
-
-
-#: a rebuilt-key site (PaLU's key groups) keeps more than this share of its width only where that rank's
-#: decode attention is predicted no slower than its keys cached raw (:func:`raw_key_candidates`)
-RAW_KEY_SHARE = 7 / 8
 
 
 def raw_key_candidates(profile: Profile, site: Site, cands: set[int]) -> set[int]:
@@ -801,6 +803,9 @@ def _round_dims(sites: list[Site], native: dict[str, int], profile: Profile) -> 
             r = max(max(1, round(d / rm)) * rm, s.min_dim)
         else:
             r = max(round_nearest(d, site_modulus(profile, s)), s.min_dim)
+        cap = s.meta.get("rank_max")  # a compressor's own bound: rounded down to it, never past it
+        if cap is not None and cap < r < s.max_dim:
+            r = round_down(int(cap), rm or site_modulus(profile, s)) or int(cap)
         dims[s.name] = s.max_dim if r >= s.max_dim else r
     return dims
 

@@ -30,6 +30,14 @@ none of its code is copied.
 
   Fisher information is the reference's: ``sqrt(mean over batches of grad²)`` of each weight
   under the language-modelling loss, averaged over a group's rows.
+* **Rank caps** (not the reference's; off by default): ``key_rank_max`` / ``value_rank_max`` cap every key / value
+  group's rank. The search runs with the caps as its groups' full ranks, so what a capped group gives up goes to the
+  others in the reference's order and the budget is still spent; a key group the uncapped search keeps past 7/8 of
+  its width keeps it whole (cached raw), and every strategy's candidates stop at the cap
+  (:func:`gac.allocation.strategies._candidates`). Keys are what the decode kernel rebuilds: on an H200 the Hopper
+  kernel serves key ranks up to 128, and keys cut to 128 with values at most 384 decoded the Llama-3-8B shape at
+  1.10x dense from 16 sequences past 16k where the search's ranks (192-256 in its first rebuilt layers) read
+  0.85-0.89x (a what-if at the same cache size, ``benchmarks/results/h200/palu-default/README.md``, calls 65-66).
 * **Rounding.** The reference rounds every group rank to a multiple of 32 after the search
   (``max(1, round(r/32))·32``), which moves it off the budget. That is what ``--align round``
   does for this compressor (``Site.meta["round_multiple"]``); ``none`` is the search's raw ranks.
@@ -189,6 +197,8 @@ class PaluCompressor(Compressor):
         decompose: str = "whiten",
         fold_values: bool = False,
         svd_dtype: str | None = None,
+        key_rank_max: int | None = None,
+        value_rank_max: int | None = None,
     ) -> None:
         if search not in SEARCH_METHODS:
             raise GacError(f"palu: search must be one of {', '.join(SEARCH_METHODS)}, got {search!r}")
@@ -201,6 +211,15 @@ class PaluCompressor(Compressor):
         ):
             if gs is not None and int(gs) < 1:
                 raise GacError(f"palu: {name} must be a positive number of KV heads, got {gs}")
+        for name, cap in (("key_rank_max", key_rank_max), ("value_rank_max", value_rank_max)):
+            if cap is not None and (isinstance(cap, bool) or int(cap) != cap or int(cap) < 1):
+                raise GacError(f"palu: {name} must be a positive whole rank, got {cap!r}")
+        #: the largest rank a key / value group may take (None: its width), but a key group the search keeps past
+        #: RAW_KEY_SHARE of its width, which keeps it whole (cached raw): :meth:`native_allocation`
+        self.rank_max = {
+            "k": None if key_rank_max is None else int(key_rank_max),
+            "v": None if value_rank_max is None else int(value_rank_max),
+        }
         self.group_size = None if group_size is None else int(group_size)
         #: key and value group sizes (each defaults to ``group_size``)
         self.k_group_size = self.group_size if k_group_size is None else int(k_group_size)
@@ -339,6 +358,9 @@ class PaluCompressor(Compressor):
                                 "params_per_dim": ad.hidden + gd,
                                 "dense_params": gd * ad.hidden,
                                 "cost_unit": "latent dims per token",
+                                # key_rank_max / value_rank_max: the allocation's candidates stop there
+                                # (gac.allocation.strategies._candidates)
+                                **({"rank_max": self.rank_max[r]} if self.rank_max[r] is not None else {}),
                             },
                         )
                     )
@@ -360,6 +382,14 @@ class PaluCompressor(Compressor):
         from gac.hardware.latency import site_modulus
 
         mods = [site_modulus(profile, s) for s in sites]
+        for s, m in zip(sites, mods, strict=True):
+            cap = s.meta.get("rank_max")
+            if cap is not None and cap < min(m, s.max_dim):
+                what = {"k": "key_rank_max", "v": "value_rank_max"}[s.meta["kind"]]
+                raise GacError(
+                    f"palu: {what}={cap} is below one rank modulus of the profile ({m}) for {s.name} (align gac); "
+                    f"use at least {m}"
+                )
         if budget < sum(mods):
             dense = sum(s.max_dim for s in sites)
             m, mk = profile.modulus("lowrank_r"), max(mods)
@@ -496,32 +526,68 @@ class PaluCompressor(Compressor):
 
     # ---------------------------------------------------------- allocation
     def native_allocation(self, model: nn.Module, sites: list[Site], budget: int) -> dict[str, int]:
-        """The reference's rank search for ``budget`` latent dims (see the module docstring)."""
+        """The reference's rank search for ``budget`` latent dims (see the module docstring).
+
+        With ``key_rank_max`` / ``value_rank_max`` (:attr:`rank_max`) the search runs twice: a key group it first
+        keeps past :data:`~gac.hardware.latency.RAW_KEY_SHARE` of its width keeps the whole width (the keys cached
+        raw, nothing rebuilt, as ``--align gac`` would offer them), and the rest is searched again with each group
+        capped, so that what a capped group gives up goes to the others in the reference's own order
+        (:func:`fisher_ranks`); ``uniform`` caps its ranks and leaves the rest of the budget unspent."""
         if not sites:
             return {}
         if budget < len(sites):
             raise GacError(
                 f"palu: a KV budget of {budget:,} latent dims is below one rank per group ({len(sites)} groups)"
             )
+        ranks = self._search(sites, budget, {s.name: s.max_dim for s in sites})
+        caps = {
+            s.name: min(s.max_dim, s.meta["rank_max"]) for s in sites if s.meta.get("rank_max") is not None
+        }
+        if not caps:
+            return ranks
+        from gac.hardware.latency import RAW_KEY_SHARE
+
+        raw = {
+            s.name: s.max_dim
+            for s in sites
+            if s.name in caps and s.meta["kind"] == "k" and ranks[s.name] > RAW_KEY_SHARE * s.max_dim
+        }
+        rest = [s for s in sites if s.name not in raw]
+        if not rest:
+            return raw
+        out = self._search(
+            rest,
+            max(budget - sum(raw.values()), len(rest)),
+            {s.name: caps.get(s.name, s.max_dim) for s in rest},
+        )
+        return {**out, **raw}
+
+    def _search(self, sites: list[Site], budget: int, caps: dict[str, int]) -> dict[str, int]:
+        """The reference's search (:attr:`search`) over ``sites``, each group's rank at most ``caps``."""
         if self.search == "uniform":
             return {
-                s.name: max(1, min(s.max_dim, math.floor(s.max_dim * budget / sum(x.max_dim for x in sites))))
+                s.name: max(
+                    1, min(caps[s.name], math.floor(s.max_dim * budget / sum(x.max_dim for x in sites)))
+                )
                 for s in sites
             }
         if self.search == "fisher":
-            ranks = fisher_ranks([self.group_fisher(s) for s in sites], [s.max_dim for s in sites], budget)
+            ranks = fisher_ranks([self.group_fisher(s) for s in sites], [caps[s.name] for s in sites], budget)
             return {s.name: max(1, r) for s, r in zip(sites, ranks, strict=True)}
         # fisher_uniform: one rank per projection, split evenly over its groups
         mods: dict[str, list[Site]] = {}
         for s in sites:
             mods.setdefault(s.members[0], []).append(s)
         names = list(mods)
-        caps = [sum(x.max_dim for x in mods[n]) for n in names]
-        ranks = fisher_ranks([self.module_fisher(n) for n in names], caps, budget)
+        ranks = fisher_ranks(
+            [self.module_fisher(n) for n in names],
+            [sum(caps[x.name] for x in mods[n]) for n in names],
+            budget,
+        )
         out: dict[str, int] = {}
         for n, r in zip(names, ranks, strict=True):
             for s in mods[n]:
-                out[s.name] = max(1, r // len(mods[n]))
+                out[s.name] = max(1, min(caps[s.name], r // len(mods[n])))
         return out
 
     # ----------------------------------------------------------------- apply
@@ -607,6 +673,8 @@ class PaluCompressor(Compressor):
             "search": self.search,
             "decompose": self.decompose,
             "fold_values": self.fold_values,
+            "key_rank_max": self.rank_max["k"],
+            "value_rank_max": self.rank_max["v"],
             "round_multiple": REF_ROUND,
             "budget_unit": "latent dims per token (KV cache)",
         }

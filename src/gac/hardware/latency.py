@@ -133,6 +133,11 @@ class Point:
 #: KV length of a decode serving shape given without one (``decode:16``): the speed grid's shorter
 #: KV point, where the projections' share of a step (and so the effect of factorizing) is largest.
 DEFAULT_DECODE_KV = 512
+
+#: a rebuilt-key site (PaLU's key groups) keeps more than this share of its width only where that rank's decode
+#: attention is predicted no slower than its keys cached raw (:func:`gac.allocation.strategies.raw_key_candidates`)
+RAW_KEY_SHARE = 7 / 8
+
 #: The serving shapes a compressed model is guarded at unless told otherwise: the grid users run.
 DEFAULT_SERVE = (
     "prefill:1x128,prefill:1x512,prefill:1x2048,prefill:8x128,prefill:8x512,prefill:8x2048,"
