@@ -10,7 +10,9 @@ the reference's "J-LRD"); ``--group-size 1`` runs per-head groups. ``--ratios`` 
 fractions kept (the reference's ``--param_ratio_target``). ``--k-group-size``/``--v-group-size``
 group keys and values apart (each defaults to ``--group-size``). One calibration per ratio serves all
 four align strategies; rows are written atomically and a re-run (or another group setting into the
-same file) skips finished rows (keyed by ratio, align, key and value group size).
+same file) skips finished rows (keyed by ratio, align, key and value group size, and ``--key-rank-max`` /
+``--value-rank-max``: PaLU's ``key_rank_max`` / ``value_rank_max`` options, each group's rank at most that, and
+``--search``).
 
 Run (the committed result)::
 
@@ -36,6 +38,13 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=None)
     ap.add_argument("--k-group-size", type=int, default=None, help="key group size (default: --group-size)")
     ap.add_argument("--v-group-size", type=int, default=None, help="value group size (default: --group-size)")
+    ap.add_argument(
+        "--search", default=None, help="palu option search (default: the compressor's, fisher_uniform)"
+    )
+    ap.add_argument("--key-rank-max", type=int, default=None, help="palu option key_rank_max (default: none)")
+    ap.add_argument(
+        "--value-rank-max", type=int, default=None, help="palu option value_rank_max (default: none)"
+    )
     ap.add_argument("--calib-samples", type=int, default=32)
     ap.add_argument("--calib-len", type=int, default=256)
     ap.add_argument("--eval-len", type=int, default=512)
@@ -100,7 +109,8 @@ def main() -> None:
     result.setdefault("runs", [])
 
     def key(ratio: float, align: str, opts: dict) -> tuple:
-        return (ratio, align, opts.get("k_group_size"), opts.get("v_group_size"))
+        return (ratio, align, opts.get("k_group_size"), opts.get("v_group_size"), opts.get("key_rank_max"),
+                opts.get("value_rank_max"), opts.get("search", "fisher_uniform"))  # fmt: skip
 
     def save() -> None:
         result["elapsed_s"] = round(time.time() - t_start, 1)
@@ -115,7 +125,7 @@ def main() -> None:
         save()
     aligns = args.aligns.split(",")
     options = {"svd_dtype": "float32"}
-    for k in ("group_size", "k_group_size", "v_group_size"):
+    for k in ("group_size", "k_group_size", "v_group_size", "key_rank_max", "value_rank_max", "search"):
         if getattr(args, k) is not None:
             options[k] = getattr(args, k)
     done = {key(r["ratio"], r["align"], r["options"]) for r in result["runs"]}
