@@ -309,6 +309,9 @@ GPU_CASES = [
     # two past 256 (Qwen2-like, bias)
     (2, 32, 8, 4, 1100, 1037, [128, 96], [128, 96], False, False, torch.bfloat16),
     (2, 28, 4, 4, 700, 689, [128], [344], True, False, torch.bfloat16),
+    # the same launches with a per-head key norm (Qwen3), fp16: four heads at 128/120, two at 128/280
+    (2, 32, 8, 4, 700, 650, [128, 120], [128, 120], False, True, torch.float16),
+    (2, 32, 8, 4, 700, 650, [128, 128], [280, 264], False, True, torch.float16),
 ]
 #: key ranks past 128 (``GAC_GLUON_MAX_RANK`` only), one KV head a program: Llama-3-8B's layer 4 (key boxes 128 + 64),
 #: the same with a key norm and bias in fp16
