@@ -553,12 +553,14 @@ class PaluCompressor(Compressor):
             if s.name in caps and s.meta["kind"] == "k" and ranks[s.name] > RAW_KEY_SHARE * s.max_dim
         }
         rest = [s for s in sites if s.name not in raw]
+        if budget - sum(raw.values()) < len(
+            rest
+        ):  # whole key groups would leave the rest below one rank each
+            raw, rest = {}, sites
         if not rest:
             return raw
         out = self._search(
-            rest,
-            max(budget - sum(raw.values()), len(rest)),
-            {s.name: caps.get(s.name, s.max_dim) for s in rest},
+            rest, budget - sum(raw.values()), {s.name: caps.get(s.name, s.max_dim) for s in rest}
         )
         return {**out, **raw}
 
