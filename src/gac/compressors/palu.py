@@ -553,9 +553,8 @@ class PaluCompressor(Compressor):
             if s.name in caps and s.meta["kind"] == "k" and ranks[s.name] > RAW_KEY_SHARE * s.max_dim
         }
         rest = [s for s in sites if s.name not in raw]
-        if budget - sum(raw.values()) < len(
-            rest
-        ):  # whole key groups would leave the rest below one rank each
+        # whole key groups that would leave the rest below one rank each are capped as the others
+        if budget - sum(raw.values()) < len(rest):
             raw, rest = {}, sites
         if not rest:
             return raw
