@@ -523,6 +523,11 @@ def plan(
         console.print(
             f"serving shapes: the default's {dropped} exceed the model's context; not guarded", markup=False
         )
+    bind_profile = getattr(
+        comp, "bind_profile", None
+    )  # a compressor's bounds from the profile (palu's rank caps)
+    if bind_profile is not None:
+        bind_profile(sites, prof, config.align)
     budget = _budget(sites, config, comp, prof)
     t0 = time.perf_counter()
     calib_info = _calibrate(model, comp, config, tokenizer, calib_batches)

@@ -286,6 +286,56 @@ def test_a_key_group_the_search_keeps_nearly_whole_stays_whole_under_a_key_rank_
     assert sum(p.native.values()) == p.budget
 
 
+def test_align_gac_caps_ranks_where_the_profile_timed_the_decode_kernel_change():
+    """Under ``--align gac`` with no cap given, the shipped H200 profile's class (key group 4: key rank 128, values up
+    to 384 on the Hopper kernel, key ranks 248-256 on the Triton one) caps every key group at 128 and value group at
+    384, as ``-O key_rank_max=128 -O value_rank_max=384`` would, and the report says where the caps came from.
+    ``kernel_caps=false``, ``--align none`` and a profile whose calls name no kernel (the H100's) leave the search
+    as it is; a cap given by option replaces the profile's."""
+    from gac.hardware.profile import load_profile
+
+    base = tiny_model("llama", hidden=256, layers=2, heads=8, kv_heads=4, head_dim=128).double()
+    h200 = load_profile("h200-bfloat16")
+    lim = h200.kernel_rank_limit(4, 8)
+    assert (lim["key"], lim["value"], lim["kernel"], lim["past"]) == (128, 384, "gluon", ["triton"])
+    assert h200.kernel_rank_limit(4, 28)["key"] == 128  # the class's wide rows (Qwen2.5-7B's 28 query rows)
+    assert h200.kernel_rank_limit(2, 8) is None and h200.kernel_rank_limit(1, 7) is None
+    assert load_profile("h100-bfloat16").kernel_rank_limit(4, 16) is None
+
+    def run(align, prof, **o):
+        cfg = CompressConfig(
+            compressor="palu", param_ratio=0.5, align=align, allow_slower=align == "gac", options=o
+        )
+        return plan(copy.deepcopy(base), cfg, calib_batches=_batches(), profile=prof)
+
+    free = run("gac", h200, kernel_caps=False)
+    p = run("gac", h200)
+    explicit = run("gac", h200, key_rank_max=128, value_rank_max=384)
+    keys = [n for n in p.native if ".k_proj:" in n]
+    assert any(128 < free.native[n] < 512 for n in keys), (
+        "the uncapped search must pass the cap for this to test"
+    )
+    assert p.native == explicit.native and sum(p.native.values()) == p.budget == free.budget
+    assert all(p.native[n] <= (128 if n in keys else 384) or p.native[n] == 512 for n in p.native), p.native
+    rec = p.allocation("gac", allow_slower=True)
+    assert rec.cost <= p.budget
+    assert all(d <= (128 if n in keys else 384) or d == 512 for n, d in rec.dims.items()), rec.dims
+    opts = p.compressor.options()
+    assert (opts["key_rank_max"], opts["value_rank_max"]) == (128, 384)
+    assert (
+        opts["rank_max_from"].startswith("profile h200-bfloat16")
+        and "timed key rank 128" in opts["rank_max_from"]
+    )
+    assert explicit.compressor.options()["rank_max_from"] == "option"
+    assert (
+        free.compressor.options()["rank_max_from"] is None
+        and free.compressor.options()["key_rank_max"] is None
+    )
+    for q in (run("none", h200), run("gac", load_profile("h100-bfloat16"))):
+        assert q.compressor.options()["key_rank_max"] is None
+        assert q.native == free.native
+
+
 @pytest.mark.parametrize(
     ("opts", "match"),
     [

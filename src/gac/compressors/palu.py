@@ -199,6 +199,7 @@ class PaluCompressor(Compressor):
         svd_dtype: str | None = None,
         key_rank_max: int | None = None,
         value_rank_max: int | None = None,
+        kernel_caps: bool = True,
     ) -> None:
         if search not in SEARCH_METHODS:
             raise GacError(f"palu: search must be one of {', '.join(SEARCH_METHODS)}, got {search!r}")
@@ -220,6 +221,12 @@ class PaluCompressor(Compressor):
             "k": None if key_rank_max is None else int(key_rank_max),
             "v": None if value_rank_max is None else int(value_rank_max),
         }
+        #: where the caps came from: "option", the profile's class (:meth:`bind_profile`), or None (no caps)
+        self.rank_max_from: str | None = (
+            "option" if any(v is not None for v in self.rank_max.values()) else None
+        )
+        #: under --align gac, with neither cap given: the caps of the profile's decode kernel (:meth:`bind_profile`)
+        self.kernel_caps = bool(kernel_caps)
         self.group_size = None if group_size is None else int(group_size)
         #: key and value group sizes (each defaults to ``group_size``)
         self.k_group_size = self.group_size if k_group_size is None else int(k_group_size)
@@ -372,6 +379,35 @@ class PaluCompressor(Compressor):
             "hidden": ad.hidden,
         }
         return out
+
+    def bind_profile(self, sites: list[Site], profile: Any, align: str) -> None:
+        """Under ``--align gac``, where neither ``key_rank_max`` nor ``value_rank_max`` is given (and ``kernel_caps``
+        is on, the default), cap every key / value group at the largest key / value rank the profile's
+        ``latent_attention`` class timed on the decode kernel that serves the key group's smaller ranks, where its
+        larger ones ran on another (:meth:`gac.hardware.profile.Profile.kernel_rank_limit`: keys 128 and values 384
+        at key group 4 on the shipped H200 profiles; none on the H100 one, whose calls predate the kernel's record,
+        nor at key groups 1 and 2). The caps then act as the options do (the module docstring's "Rank caps"), and
+        the report's options record them with :attr:`rank_max_from`."""
+        if (
+            not self.kernel_caps
+            or self.rank_max_from is not None
+            or profile is None
+            or not sites
+            or not align.startswith("gac")
+        ):
+            return
+        keys = [s for s in sites if s.meta["kind"] == "k"]
+        lim = profile.kernel_rank_limit(self._gsize["k"], int(keys[0].meta.get("query_rows") or 0))
+        if lim is None:
+            return
+        self.rank_max = {"k": int(lim["key"]), "v": int(lim["value"])}
+        self.rank_max_from = (
+            f"profile {profile.id}: the latent_attention class timed key rank {lim['key']} (values up to "
+            f"{lim['value']}) on the {lim['kernel']} kernel and larger key ranks on {', '.join(lim['past'])}"
+            + (f": {lim['kernel']} refused {lim['why']}" if lim.get("why") else "")
+        )
+        for s in sites:
+            s.meta["rank_max"] = self.rank_max[s.meta["kind"]]
 
     def check_budget(self, sites: list[Site], budget: int, profile: Any, align: str) -> None:
         """Aligned ranks (``gac``) need at least one rank modulus of the profile per group: the projection's, and
@@ -676,6 +712,8 @@ class PaluCompressor(Compressor):
             "fold_values": self.fold_values,
             "key_rank_max": self.rank_max["k"],
             "value_rank_max": self.rank_max["v"],
+            "rank_max_from": self.rank_max_from,
+            "kernel_caps": self.kernel_caps,
             "round_multiple": REF_ROUND,
             "budget_unit": "latent dims per token (KV cache)",
         }

@@ -396,6 +396,50 @@ class Profile:
         _, calls = self._key_calls(key_group, rows)
         return max((int(c.get("rank_run") or c.get("rank") or 0) for c in calls), default=None)
 
+    def kernel_rank_limit(self, key_group: int = 1, rows: int = 0) -> dict[str, Any] | None:
+        """Where the measured class ran a key group's smaller key ranks on one decode kernel and its larger ones on
+        another (each timed call records the kernel that ran it), the largest key rank and value rank it timed on the
+        first: ``{"key", "value", "kernel", "past", "why"}``; None where its calls name no kernel, where one kernel
+        ran every rank, or with no class (the roofline).
+
+        On the shipped H200 class, key group 4 (and its ``wide`` rows) ran key rank 128 with values up to 384 on the
+        Hopper kernel and key ranks 248-256 on the Triton one ("the up-projections of a program stay on chip up to
+        rank 128"). PaLU's ranks capped there (keys 128, values 384) decoded the Llama-3-8B shape at 1.10x dense from
+        16 sequences past 16k, where the search's key ranks of 192-256 read 0.85-0.89x, at the same cache size
+        (``benchmarks/results/h200/palu-default/README.md``, calls 65-66). Key groups 1 and 2 ran every rank on one
+        kernel: no limit there.
+
+        >>> load_profile("h200-bfloat16").kernel_rank_limit(4, 16)["key"], default_profile().kernel_rank_limit(4)
+        (128, None)
+        """
+        _, calls = self._key_calls(key_group, rows)
+        by: dict[str, list[dict[str, Any]]] = {}
+        for c in calls:
+            k = (c.get("launch") or {}).get("kernel")
+            if not k:
+                return None
+            by.setdefault(str(k), []).append(c)
+        if len(by) < 2:
+            return None
+
+        def rank(c: dict[str, Any]) -> int:
+            return int(c.get("rank_run") or c.get("rank") or 0)
+
+        # the kernel of the smallest rank, and whether every rank past its largest ran elsewhere
+        first = min(by, key=lambda k: min(rank(c) for c in by[k]))
+        top = max(rank(c) for c in by[first])
+        past = [c for k, cs in by.items() if k != first for c in cs]
+        if not past or min(rank(c) for c in past) <= top:
+            return None
+        why = next((c["launch"].get("gluon_refused") for c in past if c["launch"].get("gluon_refused")), None)
+        return {
+            "key": top,
+            "value": max(int(c.get("rank_v") or c.get("rank") or 0) for c in by[first]),
+            "kernel": first,
+            "past": sorted({str(c["launch"]["kernel"]) for c in past}),
+            "why": why,
+        }
+
     def key_rank_modulus(self, modulus: int, key_group: int, rows: int, width: int) -> int:
         """The modulus of a rebuilt key rank (PaLU's latent keys) of a group ``width`` wide: ``modulus`` (its
         projection's), and where the group is wider than the kernel's key rank tile (:meth:`key_rank_tile`), the
