@@ -281,6 +281,7 @@ def test_serving_frontier_in_the_report(tmp_path):
     free = json.loads((d / "cells" / "tiny-llama" / "svd-r0.7-gac-allow-slower.json").read_text())["results"]
     assert free["serve"] == "prefill:1x64,decode:1x64" and free["guard"]["allow_slower"]
     assert set(free["predicted_serve"]) == {"prefill_b1_s64", "decode_b1_kv64"} and free["guard"]["slower"]
+    assert free["options"] == {"svd_dtype": None}  # the compressor's options, as it ran
     assert main(["report", str(d)]) == 0
     md = (d / "report.md").read_text()
     assert "Worst serving-shape speedup" in md and "| tiny-llama/svd-r0.7-gac-allow-slower |" in md

@@ -142,6 +142,8 @@ def _allocation_results(report: Any, alloc: Any) -> dict[str, Any]:
         "pct_aligned": a.get("pct_aligned"),
         "predicted_speedup": a.get("predicted_speedup"),
         "dims": {k: int(v) for k, v in alloc.dims.items()},
+        # the compressor's options as it ran (PaLU's: its group sizes and the rank caps with where they came from)
+        "options": report.compressor_options,
         "serve": report.config.get("serve"),
         "guard": a.get("guard"),
         "predicted_serve": {r["point"]: r["speedup"] for r in a.get("serve") or []},
