@@ -46,6 +46,7 @@ def main() -> int:
     out = {
         "command": shlex.join([Path(sys.executable).name, *sys.argv]),
         "spec": a.spec, "options": opts, "ratio": a.ratio, "profile": a.profile,
+        "compressor_options": p.compressor.options(),  # the caps as applied, and where they came from
         "budget": p.budget, "native": p.native, "gac": rec.dims, "gac_cost": rec.cost, "notes": rec.notes,
         "torch": torch.__version__, "seconds": round(time.time() - t0, 1),
     }  # fmt: skip

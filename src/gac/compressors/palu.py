@@ -30,14 +30,20 @@ none of its code is copied.
 
   Fisher information is the reference's: ``sqrt(mean over batches of grad²)`` of each weight
   under the language-modelling loss, averaged over a group's rows.
-* **Rank caps** (not the reference's; off by default): ``key_rank_max`` / ``value_rank_max`` cap every key / value
-  group's rank. The search runs with the caps as its groups' full ranks, so what a capped group gives up goes to the
-  others in the reference's order and the budget is still spent; a key group the uncapped search keeps past 7/8 of
-  its width keeps it whole (cached raw), and every strategy's candidates stop at the cap
-  (:func:`gac.allocation.strategies._candidates`). Keys are what the decode kernel rebuilds: on an H200 the Hopper
-  kernel serves key ranks up to 128, and keys cut to 128 with values at most 384 decoded the Llama-3-8B shape at
-  1.10x dense from 16 sequences past 16k where the search's ranks (192-256 in its first rebuilt layers) read
-  0.85-0.89x (a what-if at the same cache size, ``benchmarks/results/h200/palu-default/README.md``, calls 65-66).
+* **Rank caps** (not the reference's): ``key_rank_max`` / ``value_rank_max`` cap every key / value group's rank. The
+  search runs with the caps as its groups' full ranks, so what a capped group gives up goes to the others in the
+  reference's order and the budget is still spent; a key group the uncapped search keeps past 7/8 of its width keeps
+  it whole (cached raw), and every strategy's candidates stop at the cap
+  (:func:`gac.allocation.strategies._candidates`). Under ``--align gac`` with neither given, the caps come from the
+  profile (:meth:`PaluCompressor.bind_profile`): where its ``latent_attention`` class timed a key group's smaller
+  key ranks on one decode kernel and its larger ones on another, the largest key and value ranks timed on the first
+  (keys 128 and values 384 at key group 4 on the shipped H200 profiles, where the Hopper kernel keeps a program's
+  up-projections on chip up to rank 128; none on the H100 profile, whose calls predate the kernel's record).
+  ``-O kernel_caps=false`` turns that off. On an H200 the default decode grid then read 0.94-1.10x dense on the
+  Llama-3-8B shape and 0.89-1.09x on Qwen2.5-7B's, where the search's key ranks (192-256 in its first rebuilt
+  layers) read 0.85-0.97x and 0.78-1.05x (``benchmarks/results/h200/palu-default/README.md``, calls 67-68 against
+  56-57); on SmolLM2 the caps bind nowhere (its keys take 19-91 of 192:
+  ``benchmarks/results/cpu/palu_default_caps_smollm2.json``).
 * **Rounding.** The reference rounds every group rank to a multiple of 32 after the search
   (``max(1, round(r/32))·32``), which moves it off the budget. That is what ``--align round``
   does for this compressor (``Site.meta["round_multiple"]``); ``none`` is the search's raw ranks.
