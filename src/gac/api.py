@@ -523,9 +523,8 @@ def plan(
         console.print(
             f"serving shapes: the default's {dropped} exceed the model's context; not guarded", markup=False
         )
-    bind_profile = getattr(
-        comp, "bind_profile", None
-    )  # a compressor's bounds from the profile (palu's rank caps)
+    # a compressor's bounds from the profile (palu's kernel rank caps), before the budget's checks
+    bind_profile = getattr(comp, "bind_profile", None)
     if bind_profile is not None:
         bind_profile(sites, prof, config.align)
     budget = _budget(sites, config, comp, prof)

@@ -341,12 +341,14 @@ def test_align_gac_caps_ranks_where_the_profile_timed_the_decode_kernel_change()
     [
         ({"key_rank_max": 0}, "key_rank_max must be a positive whole rank, got 0"),
         ({"value_rank_max": -3}, "value_rank_max must be a positive whole rank"),
+        ({"kernel_caps": 3}, "option kernel_caps must be true or false, got 3"),
         ({"key_rank_max": 32}, r"key_rank_max=32 is below one rank modulus of the profile \(64\)"),
         ({"value_rank_max": 4}, r"value_rank_max=4 is below one rank modulus of the profile \(8\)"),
     ],
 )
 def test_a_rank_cap_that_cannot_be_met_is_one_line_before_any_work(opts, match):
-    """Bad input: a cap that is not a positive rank, or (``--align gac``) below one rank modulus of the profile for a
+    """Bad input: a cap that is not a positive rank, a ``kernel_caps`` that is not true or false, or (``--align gac``)
+    a cap below one rank modulus of the profile for a
     group (the key tile of 64 on the shipped H200 profile, 8 for values), is refused before calibration."""
     from gac.hardware.profile import load_profile
 

@@ -404,10 +404,10 @@ class Profile:
 
         On the shipped H200 class, key group 4 (and its ``wide`` rows) ran key rank 128 with values up to 384 on the
         Hopper kernel and key ranks 248-256 on the Triton one ("the up-projections of a program stay on chip up to
-        rank 128"). PaLU's ranks capped there (keys 128, values 384) decoded the Llama-3-8B shape at 1.10x dense from
-        16 sequences past 16k, where the search's key ranks of 192-256 read 0.85-0.89x, at the same cache size
-        (``benchmarks/results/h200/palu-default/README.md``, calls 65-66). Key groups 1 and 2 ran every rank on one
-        kernel: no limit there.
+        rank 128"). With PaLU's ranks capped there (its ``bind_profile``, ``--align gac``'s default) the Llama-3-8B
+        shape decoded at 0.94-1.10x dense, where the search's key ranks of 192-256 read 0.85-0.97x, at the same cache
+        size (``benchmarks/results/h200/palu-default/README.md``, calls
+        67 and 56). Key groups 1 and 2 ran every rank on one kernel: no limit there.
 
         >>> load_profile("h200-bfloat16").kernel_rank_limit(4, 16)["key"], default_profile().kernel_rank_limit(4)
         (128, None)
