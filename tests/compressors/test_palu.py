@@ -348,8 +348,8 @@ def test_align_gac_caps_ranks_where_the_profile_timed_the_decode_kernel_change()
 )
 def test_a_rank_cap_that_cannot_be_met_is_one_line_before_any_work(opts, match):
     """Bad input: a cap that is not a positive rank, a ``kernel_caps`` that is not true or false, or (``--align gac``)
-    a cap below one rank modulus of the profile for a
-    group (the key tile of 64 on the shipped H200 profile, 8 for values), is refused before calibration."""
+    a cap below one rank modulus of the profile for a group (the key tile of 64 on the shipped H200 profile, 8 for
+    values), is refused before calibration."""
     from gac.hardware.profile import load_profile
 
     base = tiny_model("llama", hidden=128, layers=2, heads=8, kv_heads=4, head_dim=64).double()
