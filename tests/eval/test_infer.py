@@ -454,6 +454,24 @@ def test_capacity_search_climbs_past_a_pessimistic_prediction_and_keeps_the_last
     assert dev.tried == [3, 2, 1]
 
 
+def test_capacity_workspace_grows_by_the_timed_steps_peaks_not_the_compiles():
+    """What a sequence adds comes from the timed steps' peaks at batch 1 and 2: a compile transient at batch 2 (1 GiB
+    here, as dense Llama-3-8B at 32k showed on an H200) no longer reads as a gigabyte a sequence; the fixed part keeps
+    batch 1's whole peak; points without the timed peak fall back to the whole ones."""
+    gib = 2**30
+
+    def pt(b, whole, steady):
+        return {"batch": b, "peak_mem_gib": 5 + b + whole, "steady_peak_mem_gib": steady and 5 + b + steady,
+                "held_before_gib": 5.0, "kv_bytes": b * gib}  # fmt: skip
+
+    fixed, per = infer.workspace([pt(1, 0.2, 0.06), pt(2, 1.25, 0.07)])
+    assert per == pytest.approx(0.01 * gib) and fixed == pytest.approx(0.19 * gib)
+    budget, held = 139 * gib, 5.3 * gib
+    assert (budget - held - fixed) // (gib + per) == 132  # the old reading, 1.05 GiB a sequence, started at 65
+    fixed, per = infer.workspace([pt(1, 0.2, None), pt(2, 1.25, None)])
+    assert per == pytest.approx(1.05 * gib) and fixed == 0
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_capacity_on_gpu_runs_the_largest_batch_that_fits_the_budget():

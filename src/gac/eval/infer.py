@@ -485,6 +485,42 @@ def largest_fitting_batch(
     return best
 
 
+#: what :func:`capacity_point` keeps of the decode points at batch 1 and 2 it reads the workspace from
+WORKSPACE_FIELDS = ("batch", "peak_mem_gib", "steady_peak_mem_gib", "held_before_gib", "kv_bytes")
+
+
+def workspace(points: list[dict[str, Any]]) -> tuple[float, float]:
+    """The fixed workspace and what one sequence adds, in bytes, from decode points at batch 1 and 2 (each point's
+    peak beyond what was allocated when it began and its cache).
+
+    What a sequence adds is read off the timed steps' peaks (``steady_peak_mem_gib``; the whole peaks where a point
+    lacks it): the whole point's peak also holds its compile's and capture's transient buffers, which need not grow
+    with the batch. Dense Llama-3-8B at 32k on an H200 took 134 MB a sequence from whole peaks in call 60 and 1.1 GB
+    in call 69, where 132 sequences fit both times, and the search began at 118 and at 65
+    (``benchmarks/results/h200/palu-default/capacity-call60/``, ``capacity-call69/``). The fixed part keeps batch 1's
+    whole peak.
+
+    >>> gib = 2**30
+    >>> pts = [{"peak_mem_gib": 7.0, "steady_peak_mem_gib": 6.1, "held_before_gib": 5.0, "kv_bytes": gib},
+    ...        {"peak_mem_gib": 9.1, "steady_peak_mem_gib": 7.2, "held_before_gib": 5.0, "kv_bytes": 2 * gib}]
+    >>> [round(x / gib, 3) for x in workspace(pts)]
+    [0.9, 0.1]
+    """
+
+    def beyond(p: dict[str, Any], key: str) -> float:
+        return (float(p[key]) - float(p["held_before_gib"])) * 2**30 - float(p["kv_bytes"])
+
+    whole = [beyond(p, "peak_mem_gib") for p in points]
+    key = (
+        "steady_peak_mem_gib"
+        if all(p.get("steady_peak_mem_gib") is not None for p in points)
+        else "peak_mem_gib"
+    )
+    grow = [beyond(p, key) for p in points]
+    per_seq = max(0.0, grow[1] - grow[0])
+    return max(0.0, whole[0] - per_seq), per_seq
+
+
 def capacity_point(
     model: nn.Module,
     cfg: SweepConfig,
@@ -499,7 +535,8 @@ def capacity_point(
     ``max batch = (budget - held - workspace₀) // (KV bytes per token x context + workspace per sequence)``
     (``held``: what is allocated when the search begins, the weights at least),
     with the workspace (activations, logits, compile and graph pools) from the peak memory of decode
-    steps at batch 1 and 2 beyond what was allocated when each began and the cache; from that batch
+    steps at batch 1 and 2 beyond what was allocated when each began and the cache (what a sequence adds from their
+    timed steps' peaks, the fixed part from batch 1's whole peak); from that batch
     :func:`largest_fitting_batch` searches down until one fits, then up (each try recorded: batch, status,
     direction, peak).
     """
@@ -511,13 +548,12 @@ def capacity_point(
     # what stays allocated between points: the weights, and anything the process keeps beyond them (a
     # sweep's earlier points can leave more than the weights; each try's peak counts it too)
     held = max(int(torch.cuda.memory_allocated(dev)), w)
-    ws = []
+    points = []
     for b in (1, 2):
         r = decode_point(model, b, ctx, cfg, graphs, wbytes, copy_gbps, forward)
-        ws.append((r["peak_mem_gib"] - r["held_before_gib"]) * 2**30 - r["kv_bytes"])
+        points.append({k: r.get(k) for k in WORKSPACE_FIELDS})
         _free(dev)
-    per_seq = max(0.0, ws[1] - ws[0])
-    fixed = max(0.0, ws[0] - per_seq)
+    fixed, per_seq = workspace(points)
     predicted = int((plan["budget"] - held - fixed) // (seq + per_seq))
     if predicted < 1:  # the measured workspace leaves no room for one sequence
         raise GacError(
@@ -533,6 +569,7 @@ def capacity_point(
         "kv_bytes_per_token": plan["kv_per_token"],
         "workspace_fixed_bytes": fixed,
         "workspace_per_seq_bytes": per_seq,
+        "workspace_points": points,  # the decode points at batch 1 and 2 the workspace was read from
         "predicted_max_batch": predicted,
         "tries": [],
     }
