@@ -467,7 +467,9 @@ def test_capacity_workspace_grows_by_the_timed_steps_peaks_not_the_compiles():
     fixed, per = infer.workspace([pt(1, 0.2, 0.06), pt(2, 1.25, 0.07)])
     assert per == pytest.approx(0.01 * gib) and fixed == pytest.approx(0.19 * gib)
     budget, held = 139 * gib, 5.3 * gib
-    assert (budget - held - fixed) // (gib + per) == 132  # the old reading, 1.05 GiB a sequence, started at 65
+    assert (budget - held - fixed) // (
+        gib + per
+    ) == 132  # the old reading, 1.05 GiB a sequence, started at 65
     fixed, per = infer.workspace([pt(1, 0.2, None), pt(2, 1.25, None)])
     assert per == pytest.approx(1.05 * gib) and fixed == 0
 
