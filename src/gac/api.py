@@ -525,8 +525,9 @@ def plan(
         )
     # a compressor's bounds from the profile (palu's kernel rank caps), before the budget's checks
     bind_profile = getattr(comp, "bind_profile", None)
-    if bind_profile is not None:
-        bind_profile(sites, prof, config.align)
+    note = bind_profile(sites, prof, config.align) if bind_profile is not None else None
+    if note:
+        console.print(note, markup=False)
     budget = _budget(sites, config, comp, prof)
     t0 = time.perf_counter()
     calib_info = _calibrate(model, comp, config, tokenizer, calib_batches)

@@ -286,7 +286,7 @@ def test_a_key_group_the_search_keeps_nearly_whole_stays_whole_under_a_key_rank_
     assert sum(p.native.values()) == p.budget
 
 
-def test_align_gac_caps_ranks_where_the_profile_timed_the_decode_kernel_change():
+def test_align_gac_caps_ranks_where_the_profile_timed_the_decode_kernel_change(capsys):
     """Under ``--align gac`` with no cap given, the shipped H200 profile's class (key group 4: key rank 128, values up
     to 384 on the Hopper kernel, key ranks 248-256 on the Triton one) caps every key group at 128 and value group at
     384, as ``-O key_rank_max=128 -O value_rank_max=384`` would, and the report says where the caps came from.
@@ -309,7 +309,11 @@ def test_align_gac_caps_ranks_where_the_profile_timed_the_decode_kernel_change()
         return plan(copy.deepcopy(base), cfg, calib_batches=_batches(), profile=prof)
 
     free = run("gac", h200, kernel_caps=False)
+    assert "capped" not in capsys.readouterr().err
     p = run("gac", h200)
+    said = " ".join(capsys.readouterr().err.split())
+    assert "palu: key ranks capped at 128 and value ranks at 384, where profile h200-bfloat16" in said, said
+    assert "(4 of 4 groups are wider; -O kernel_caps=false lifts the caps)" in said, said
     explicit = run("gac", h200, key_rank_max=128, value_rank_max=384)
     keys = [n for n in p.native if ".k_proj:" in n]
     assert any(128 < free.native[n] < 512 for n in keys), (

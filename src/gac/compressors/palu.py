@@ -386,14 +386,15 @@ class PaluCompressor(Compressor):
         }
         return out
 
-    def bind_profile(self, sites: list[Site], profile: Any, align: str) -> None:
+    def bind_profile(self, sites: list[Site], profile: Any, align: str) -> str | None:
         """Under ``--align gac``, where neither ``key_rank_max`` nor ``value_rank_max`` is given (and ``kernel_caps``
         is on, the default), cap every key / value group at the largest key / value rank the profile's
         ``latent_attention`` class timed on the decode kernel that serves the key group's smaller ranks, where its
         larger ones ran on another (:meth:`gac.hardware.profile.Profile.kernel_rank_limit`: keys 128 and values 384
         at key group 4 on the shipped H200 profiles; none on the H100 one, whose calls predate the kernel's record,
         nor at key groups 1 and 2). The caps then act as the options do (the module docstring's "Rank caps"), and
-        the report's options record them with :attr:`rank_max_from`."""
+        the report's options record them with :attr:`rank_max_from`. Returns the line that says so (None where no
+        cap was set)."""
         if (
             not self.kernel_caps
             or self.rank_max_from is not None
@@ -401,11 +402,11 @@ class PaluCompressor(Compressor):
             or not sites
             or not align.startswith("gac")
         ):
-            return
+            return None
         keys = [s for s in sites if s.meta["kind"] == "k"]
         lim = profile.kernel_rank_limit(self._gsize["k"], int(keys[0].meta.get("query_rows") or 0))
         if lim is None:
-            return
+            return None
         self.rank_max = {"k": int(lim["key"]), "v": int(lim["value"])}
         self.rank_max_from = (
             f"profile {profile.id}: the latent_attention class timed key rank {lim['key']} (values up to "
@@ -414,6 +415,14 @@ class PaluCompressor(Compressor):
         )
         for s in sites:
             s.meta["rank_max"] = self.rank_max[s.meta["kind"]]
+        bound = [s for s in sites if s.meta["rank_max"] < s.max_dim]
+        if not bound:
+            return None
+        return (
+            f"palu: key ranks capped at {lim['key']} and value ranks at {lim['value']}, where profile {profile.id}'s "
+            f"latent decode kernel changes ({len(bound)} of {len(sites)} groups are wider; -O kernel_caps=false "
+            "lifts the caps)"
+        )
 
     def check_budget(self, sites: list[Site], budget: int, profile: Any, align: str) -> None:
         """Aligned ranks (``gac``) need at least one rank modulus of the profile per group: the projection's, and
