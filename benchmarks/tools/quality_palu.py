@@ -13,9 +13,9 @@ four align strategies; rows are written atomically and a re-run (or another grou
 same file) skips finished rows (keyed by ratio, align, key and value group size, and ``--key-rank-max`` /
 ``--value-rank-max``: PaLU's ``key_rank_max`` / ``value_rank_max`` options, each group's rank at most that, and
 ``--search``). With ``--allow-slower`` the one plan runs under ``--align gac``, so on a profile whose latent class
-sets PaLU's kernel rank caps (the H200's) every row carries them, ``none``'s too; SmolLM2's groups are too narrow for
-them to bind (``benchmarks/results/cpu/palu_default_caps_smollm2.json``), and the committed rows use the default
-profile, which sets none.
+sets PaLU's kernel rank caps (the H200's, for head_dim 128) every row of such a model carries them, ``none``'s too;
+SmolLM2 (head_dim 64) takes none (``benchmarks/results/cpu/palu_default_smollm2_h200.json``), and the committed rows
+use the default profile, which sets none.
 
 Run (the committed result)::
 

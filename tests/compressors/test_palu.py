@@ -301,6 +301,9 @@ def test_align_gac_caps_ranks_where_the_profile_timed_the_decode_kernel_change(c
     assert h200.kernel_rank_limit(4, 28)["key"] == 128  # the class's wide rows (Qwen2.5-7B's 28 query rows)
     assert h200.kernel_rank_limit(2, 8) is None and h200.kernel_rank_limit(1, 7) is None
     assert load_profile("h100-bfloat16").kernel_rank_limit(4, 16) is None
+    assert (
+        h200.kernel_rank_limit(4, 16, head_dim=64) is None
+    )  # the class timed head_dim 128, the Hopper kernel's
 
     def run(align, prof, **o):
         cfg = CompressConfig(
@@ -338,6 +341,11 @@ def test_align_gac_caps_ranks_where_the_profile_timed_the_decode_kernel_change(c
     for q in (run("none", h200), run("gac", load_profile("h100-bfloat16"))):
         assert q.compressor.options()["key_rank_max"] is None
         assert q.native == free.native
+    # head_dim 64 (key groups 256 wide): the Hopper kernel does not serve it, so nothing is capped
+    narrow = tiny_model("llama", hidden=256, layers=2, heads=8, kv_heads=4, head_dim=64).double()
+    cfg = CompressConfig(compressor="palu", param_ratio=0.5, align="gac", allow_slower=True)
+    q = plan(narrow, cfg, calib_batches=_batches(), profile=h200)
+    assert q.compressor.options()["key_rank_max"] is None and "capped" not in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

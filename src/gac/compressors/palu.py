@@ -42,8 +42,8 @@ none of its code is copied.
   ``-O kernel_caps=false`` turns that off. On an H200 the default decode grid then read 0.94-1.10x dense on the
   Llama-3-8B shape and 0.89-1.09x on Qwen2.5-7B's, where the search's key ranks (192-256 in its first rebuilt
   layers) read 0.85-0.97x and 0.78-1.05x (``benchmarks/results/h200/palu-default/README.md``, calls 67-68 against
-  56-57); on SmolLM2 the caps bind nowhere (its keys take 19-91 of 192:
-  ``benchmarks/results/cpu/palu_default_caps_smollm2.json``).
+  56-57). Only for head_dim 128, the one the class timed: SmolLM2 (64) takes none, and its keys take 19-91 of 192
+  anyway (``benchmarks/results/cpu/palu_default_smollm2_h200.json``).
 * **Rounding.** The reference rounds every group rank to a multiple of 32 after the search
   (``max(1, round(r/32))·32``), which moves it off the budget. That is what ``--align round``
   does for this compressor (``Site.meta["round_multiple"]``); ``none`` is the search's raw ranks.
@@ -391,8 +391,8 @@ class PaluCompressor(Compressor):
         is on, the default), cap every key / value group at the largest key / value rank the profile's
         ``latent_attention`` class timed on the decode kernel that serves the key group's smaller ranks, where its
         larger ones ran on another (:meth:`gac.hardware.profile.Profile.kernel_rank_limit`: keys 128 and values 384
-        at key group 4 on the shipped H200 profiles; none on the H100 one, whose calls predate the kernel's record,
-        nor at key groups 1 and 2). The caps then act as the options do (the module docstring's "Rank caps"), and
+        at key group 4 on the shipped H200 profiles, for head_dim 128, the one the class timed; none on the H100 one,
+        whose calls predate the kernel's record, nor at key groups 1 and 2). The caps then act as the options do (the module docstring's "Rank caps"), and
         the report's options record them with :attr:`rank_max_from`. Returns the line that says so (None where no
         cap was set)."""
         if (
@@ -404,7 +404,9 @@ class PaluCompressor(Compressor):
         ):
             return None
         keys = [s for s in sites if s.meta["kind"] == "k"]
-        lim = profile.kernel_rank_limit(self._gsize["k"], int(keys[0].meta.get("query_rows") or 0))
+        lim = profile.kernel_rank_limit(
+            self._gsize["k"], int(keys[0].meta.get("query_rows") or 0), int(keys[0].meta["head_dim"])
+        )
         if lim is None:
             return None
         self.rank_max = {"k": int(lim["key"]), "v": int(lim["value"])}

@@ -396,11 +396,14 @@ class Profile:
         _, calls = self._key_calls(key_group, rows)
         return max((int(c.get("rank_run") or c.get("rank") or 0) for c in calls), default=None)
 
-    def kernel_rank_limit(self, key_group: int = 1, rows: int = 0) -> dict[str, Any] | None:
+    def kernel_rank_limit(
+        self, key_group: int = 1, rows: int = 0, head_dim: int | None = None
+    ) -> dict[str, Any] | None:
         """Where the measured class ran a key group's smaller key ranks on one decode kernel and its larger ones on
         another (each timed call records the kernel that ran it), the largest key rank and value rank it timed on the
         first: ``{"key", "value", "kernel", "past", "why"}``; None where its calls name no kernel, where one kernel
-        ran every rank, or with no class (the roofline).
+        ran every rank, with no class (the roofline), or where ``head_dim`` is given and the class timed another (the
+        Hopper kernel serves head_dim 128 alone: a model of another runs every rank on the Triton one).
 
         On the shipped H200 class, key group 4 (and its ``wide`` rows) ran key rank 128 with values up to 384 on the
         Hopper kernel and key ranks 248-256 on the Triton one ("the up-projections of a program stay on chip up to
@@ -413,6 +416,9 @@ class Profile:
         (128, None)
         """
         _, calls = self._key_calls(key_group, rows)
+        geom = (self.latent_class(rows).get("fit") or {}).get("geometry") or {}
+        if head_dim is not None and int(geom.get("head_dim") or 0) != int(head_dim):
+            return None
         by: dict[str, list[dict[str, Any]]] = {}
         for c in calls:
             k = (c.get("launch") or {}).get("kernel")
