@@ -10,7 +10,7 @@ import torch
 
 from gac.api import CompressConfig, apply_, compress_, gac_config_for_save, plan
 from gac.compat import cache_arg, output_cache
-from gac.compressors.palu import fisher_ranks, round_reference
+from gac.compressors.palu import PaluCompressor, fisher_ranks, round_reference
 from gac.errors import GacError
 from gac.models.inventory import kv_bytes_per_token
 from gac.nn.latent import LatentAttention, LatentCache, latent_modules
@@ -334,6 +334,15 @@ def test_align_gac_caps_ranks_where_the_profile_timed_the_decode_kernel_change(c
         and "timed key rank 128" in opts["rank_max_from"]
     )
     assert explicit.compressor.options()["rank_max_from"] == "option"
+    # the guard's refusal says first what the default's caps were measured at (and only where the profile set them)
+    assert p.compressor.refusal().startswith(PaluCompressor.CAPPED_RECORD + "; ")
+    assert "kernel rank caps" not in explicit.compressor.refusal() + free.compressor.refusal()
+    guarded = CompressConfig(compressor="palu", param_ratio=0.5, align="gac", serve="decode:16x64")
+    g = plan(copy.deepcopy(base), guarded, calib_batches=_batches(), profile=h200)
+    with pytest.raises(GacError, match="cannot be met without a slowdown") as e:
+        g.allocation()
+    assert "\n" not in str(e.value) and PaluCompressor.CAPPED_RECORD in str(e.value)
+    capsys.readouterr()
     assert (
         free.compressor.options()["rank_max_from"] is None
         and free.compressor.options()["key_rank_max"] is None
@@ -748,7 +757,6 @@ def test_the_guards_refusal_says_how_to_measure_palus_capacity(llama64):
     sequences that fit and their tokens/s (``gac eval infer --capacity-context``)."""
     import dataclasses
 
-    from gac.compressors.palu import PaluCompressor
     from gac.hardware.profile import default_profile
 
     # launches cost more than the bytes the latent cache saves at one sequence: the guard refuses

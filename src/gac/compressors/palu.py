@@ -177,10 +177,22 @@ class PaluCompressor(Compressor):
         "--allow-slower; their quality is unmeasured) " + GROUPS2_RECORD
     )
 
+    #: what the default's kernel rank caps were measured at (:meth:`bind_profile`), said where the guard refuses them
+    CAPPED_RECORD = (
+        "with the kernel rank caps set here, key group 4 decoded the Llama-3-8B and Qwen2.5-7B shapes at 0.94-1.10x "
+        "and 0.89-1.09x dense from 4k cached tokens on an H200 (1.05-1.10x on Llama from 16 sequences past 16k), "
+        "where the latency model prices it at 0.95x: --allow-slower compresses anyway"
+    )
+
     def refusal(self) -> str:
         """:attr:`refusal_hint` for the model :meth:`sites` read: groups of 2 are named only where they divide its
         KV heads, and a model already grouped so is told what such groups were measured at, and that they need
-        ``--allow-slower`` (the latency model prices their decode below dense)."""
+        ``--allow-slower`` (the latency model prices their decode below dense). Where the profile set the kernel rank
+        caps (:meth:`bind_profile`), :attr:`CAPPED_RECORD` comes first."""
+        hint = self._refusal()
+        return f"{self.CAPPED_RECORD}; {hint}" if (self.rank_max_from or "").startswith("profile") else hint
+
+    def _refusal(self) -> str:
         kvh = int((getattr(self, "_geom", None) or {}).get("kv_heads") or 0)
         if not kvh:
             return self.refusal_hint
