@@ -46,9 +46,9 @@ program over two splits of the cache, each with its own stages, sharing one copy
 (``gl.warp_specialize``): 0.75-0.95x the 128-token launch's time from 16 sequences (call 54). Its 64-token stages take
 half the shared memory, so it is also taken wherever its program holds more KV heads than either other launch's (four
 at value latents of at most 128 columns, two at 264-384): 0.51-0.96x the time of the launch before from two sequences,
-and the key rebuild at 54% of the measured bf16 peak at Llama-3-8B's 128/128, B=64 x 32k (calls 61, 62, 65). With both, the capacity
-cell of key and value groups of 2 (Llama-3-8B shape, 32k) served 1.65x dense's tokens/s, against 1.59x with the
-occupancy launch alone and 1.46x before (calls 41, 49, 52 and 55).
+and the key rebuild at 54% of the measured bf16 peak at Llama-3-8B's 128/128, B=64 x 32k (calls 61, 62, 65). With
+both, the capacity cell of key and value groups of 2 (Llama-3-8B shape, 32k) served 1.65x dense's tokens/s, against
+1.59x with the occupancy launch alone and 1.46x before (calls 41, 49, 52 and 55).
 """
 
 from __future__ import annotations
@@ -127,8 +127,8 @@ OCCUPANCY_LAUNCH = tuple(
 #: took 1.10-1.20x its time at 4096 slots (5 of 5 shapes, calls 50-51), and 0.77-0.82x at 32768
 OCCUPANCY_FROM_SLOTS = 4096
 #: the launch that takes the place of the first of :data:`LAUNCHES` where the occupancy launch holds fewer KV heads
-#: and this one at least as many, from :data:`WARPGROUPS_FROM` sequences (:func:`plan`): two warpgroups a program, each over
-#: its own split at 64-token tiles with its own key and value stages, sharing the up-projections and the in-tile
+#: and this one at least as many, from :data:`WARPGROUPS_FROM` sequences (:func:`plan`): two warpgroups a program, each
+#: over its own split at 64-token tiles with its own key and value stages, sharing the up-projections and the in-tile
 #: cos/sin, so that one warpgroup's chain runs while the other waits where two programs' up-projections do not fit
 #: one multiprocessor (key rank 128). Kernel alone on an H200 (``benchmarks/results/h200/palu-default/README.md``,
 #: call 54), against the 128-token launch: Llama-3-8B's key group of 4 at 128/232 0.75-0.85x its time from 16
@@ -287,8 +287,11 @@ def plan(k_group: int, n_rep: int, rk_max: int, rv_max: int, batch: int = 0, slo
         if OCCUPANCY_LAUNCH and not short
         else None
     )
-    ws = _first_fit((WARPGROUPS_LAUNCH,), k_group, n_rep, rk_max, rv_max) if WARPGROUPS_LAUNCH else None
-    ws = ws if ws is not None and batch >= WARPGROUPS_FROM else None
+    ws = (
+        _first_fit((WARPGROUPS_LAUNCH,), k_group, n_rep, rk_max, rv_max)
+        if WARPGROUPS_LAUNCH and batch >= WARPGROUPS_FROM
+        else None
+    )
     if (
         ws is not None and ws.g > p.g and (occ is None or ws.g > occ.g)
     ):  # more KV heads than either other launch
