@@ -405,9 +405,9 @@ class PaluCompressor(Compressor):
         ``latent_attention`` class timed on the decode kernel that serves the key group's smaller ranks, where its
         larger ones ran on another (:meth:`gac.hardware.profile.Profile.kernel_rank_limit`: keys 128 and values 384
         at key group 4 on the shipped H200 profiles, for head_dim 128, the one the class timed; none on the H100 one,
-        whose calls predate the kernel's record, nor at key groups 1 and 2). The caps then act as the options do (the module docstring's "Rank caps"), and
-        the report's options record them with :attr:`rank_max_from`. Returns the line that says so (None where no
-        cap was set)."""
+        whose calls predate the kernel's record, nor at key groups 1 and 2). The caps then act as the options do (the
+        module docstring's "Rank caps"), and the report's options record them with :attr:`rank_max_from`. Returns the
+        line that says so (None where no cap was set)."""
         if (
             not self.kernel_caps
             or self.rank_max_from is not None
